@@ -1,0 +1,1 @@
+"""mlxd: local LLM serving daemon on MLX."""

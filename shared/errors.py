@@ -1,0 +1,115 @@
+"""Domain errors and the two wire error envelopes (OpenAI and Anthropic).
+
+Handlers raise these; one middleware per process maps them to a response, so clients never
+see a traceback.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+
+
+class MlxdError(Exception):
+    """Base of every error a client may see. `status` is the HTTP status."""
+
+    status = 500
+    type = "server_error"
+    anthropic_type = "api_error"
+
+    def __init__(self, message: str, *, param: str | None = None, code: str | None = None):
+        super().__init__(message)
+        self.message = message
+        self.param = param
+        self.code = code
+
+
+class BadRequest(MlxdError):
+    status = 400
+    type = "invalid_request_error"
+    anthropic_type = "invalid_request_error"
+
+
+class Unauthorized(MlxdError):
+    status = 401
+    type = "authentication_error"
+    anthropic_type = "authentication_error"
+
+
+class NotFound(MlxdError):
+    status = 404
+    type = "not_found_error"
+    anthropic_type = "not_found_error"
+
+
+class ModelNotFound(NotFound):
+    def __init__(self, model: str):
+        super().__init__(f"The model '{model}' does not exist", param="model", code="model_not_found")
+
+
+class MethodNotAllowed(MlxdError):
+    status = 405
+    type = "invalid_request_error"
+    anthropic_type = "invalid_request_error"
+
+
+class PayloadTooLarge(MlxdError):
+    status = 413
+    type = "invalid_request_error"
+    anthropic_type = "request_too_large"
+
+
+class TooManyRequests(MlxdError):
+    status = 429
+    type = "rate_limit_error"
+    anthropic_type = "rate_limit_error"
+
+
+class BadGateway(MlxdError):
+    status = 502
+    type = "server_error"
+    anthropic_type = "api_error"
+
+
+class Unavailable(MlxdError):
+    """Full queue, out of memory, a model that cannot start: retry later."""
+
+    status = 503
+    type = "server_error"
+    anthropic_type = "overloaded_error"
+
+
+def openai_body(err: MlxdError) -> dict[str, Any]:
+    """The OpenAI error envelope."""
+    return {
+        "error": {
+            "message": err.message,
+            "type": err.type,
+            "param": err.param,
+            "code": err.code,
+        }
+    }
+
+
+def anthropic_body(err: MlxdError) -> dict[str, Any]:
+    """The Anthropic error envelope."""
+    return {"type": "error", "error": {"type": err.anthropic_type, "message": err.message}}
+
+
+def is_anthropic_path(path: str) -> bool:
+    """Anthropic clients expect their own envelope on /v1/messages*."""
+    return path.startswith("/v1/messages")
+
+
+def error_bytes(err: MlxdError, path: str) -> bytes:
+    """Serialize `err` in the envelope the route's API uses."""
+    body = anthropic_body(err) if is_anthropic_path(path) else openai_body(err)
+    return orjson.dumps(body)
+
+
+def sse_error_bytes(err: MlxdError, path: str) -> bytes:
+    """One SSE event that ends a broken stream, in the route's envelope."""
+    if is_anthropic_path(path):
+        return b"event: error\ndata: " + orjson.dumps(anthropic_body(err)) + b"\n\n"
+    return b"data: " + orjson.dumps(openai_body(err)) + b"\n\n"

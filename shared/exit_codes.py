@@ -1,0 +1,10 @@
+"""Named worker exit codes. The supervisor maps load errors to FATAL instead of restarting."""
+
+EXIT_OK = 0
+EXIT_CRASH = 1
+EXIT_USAGE = 2
+EXIT_MODEL_LOAD_ERROR = 3  # the model folder cannot be loaded: restarting will not help
+EXIT_SOCKET_ERROR = 4  # the socket cannot be bound
+EXIT_PARENT_GONE = 5  # the supervisor died; the worker followed it
+
+NO_RESTART = frozenset({EXIT_USAGE, EXIT_MODEL_LOAD_ERROR})

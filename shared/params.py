@@ -1,0 +1,28 @@
+"""Engine-facing generation parameters: what a request asks of the sampler and the stop logic.
+
+Wire models convert themselves into this (`to_generation_params()`); the worker's engine reads
+only this, so every API surface shares one generation path.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class GenerationParams:
+    """Sampling, penalties and stop conditions for one row of the batch."""
+
+    max_tokens: int | None = None  # None: up to the context limit
+    temperature: float | None = None  # None: the model's generation_config default
+    top_p: float | None = None
+    top_k: int | None = None
+    min_p: float | None = None
+    seed: int | None = None
+    repetition_penalty: float | None = None
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    logit_bias: dict[int, float] = field(default_factory=dict)
+    stop: tuple[str, ...] = ()
+    logprobs: bool = False
+    top_logprobs: int = 0

@@ -1,0 +1,24 @@
+"""Shared pytest fixtures.
+
+Model fixtures are session-scoped: each tiny model is built once per run (it is deterministic,
+so sharing it between tests cannot leak state through the files).
+"""
+
+from __future__ import annotations
+
+import pathlib
+
+import pytest
+from tiny_model import build_tiny_model
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> pathlib.Path:
+    """A tiny llama model folder (seed 0) that mlx_lm.load opens offline."""
+    return build_tiny_model(tmp_path_factory.mktemp("tiny-llama"), arch="llama", seed=0)
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir_b(tmp_path_factory: pytest.TempPathFactory) -> pathlib.Path:
+    """A second, different tiny model (qwen3, seed 1) for multi-model tests."""
+    return build_tiny_model(tmp_path_factory.mktemp("tiny-qwen3"), arch="qwen3", seed=1)

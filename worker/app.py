@@ -1,0 +1,151 @@
+"""The worker process: aiohttp on a UNIX socket in front of one engine thread."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+import sys
+
+import orjson
+from aiohttp import web
+from mlxd.shared.exit_codes import EXIT_MODEL_LOAD_ERROR, EXIT_OK, EXIT_PARENT_GONE
+from mlxd.shared.middleware import error_middleware, request_id_middleware
+from mlxd.shared.wire_openai import ModelCard, ModelList
+
+from . import openai_routes
+from .config import WorkerConfig
+from .engine import Engine
+from .lifeline import watch_parent
+from .loaded import load_model
+from .state import WorkerState
+
+log = logging.getLogger("mlxd.worker")
+
+
+def _json(data, status: int = 200) -> web.Response:
+    return web.Response(status=status, body=orjson.dumps(data), content_type="application/json")
+
+
+async def health(request: web.Request) -> web.Response:
+    state: WorkerState = request.app["state"]
+    if state.loaded is None:
+        return _json({"status": "loading"}, status=503)
+    return _json({"status": "draining" if state.draining else "ok"})
+
+
+async def models(request: web.Request) -> web.Response:
+    cfg: WorkerConfig = request.app["state"].config
+    card = ModelCard(id=cfg.model_id, status="loaded")
+    return _json(ModelList(data=[card]).model_dump())
+
+
+async def stats(request: web.Request) -> web.Response:
+    state: WorkerState = request.app["state"]
+    body = {"model": state.config.model_id, "loaded": state.loaded is not None,
+            "draining": state.draining}
+    if state.engine is not None:
+        body.update(state.engine.stats())
+    return _json(body)
+
+
+def build_app(state: WorkerState) -> web.Application:
+    app = web.Application(
+        middlewares=[request_id_middleware, error_middleware],
+        client_max_size=state.config.max_body_bytes,
+    )
+    app["state"] = state
+    app.router.add_get("/health", health)
+    app.router.add_get("/v1/models", models)
+    app.router.add_get("/stats", stats)
+    app.router.add_post("/v1/chat/completions", openai_routes.chat_completions)
+    app.router.add_post("/v1/completions", openai_routes.completions)
+    return app
+
+
+async def serve(cfg: WorkerConfig) -> int:
+    """Bind the socket, load the model, serve until SIGTERM; return the exit code."""
+    state = WorkerState(config=cfg)
+    runner = web.AppRunner(build_app(state), handler_cancellation=True, access_log=None)
+    await runner.setup()
+    sock = cfg.socket
+    sock.parent.mkdir(parents=True, exist_ok=True)
+    if sock.exists() or sock.is_symlink():
+        sock.unlink()  # a stale socket from a crashed worker
+    old_umask = os.umask(0o177)  # the socket is created 0600
+    try:
+        await web.UnixSite(runner, str(sock)).start()
+    finally:
+        os.umask(old_umask)
+    log.info("listening model=%s socket=%s", cfg.model_id, sock)
+
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    exit_code = EXIT_OK
+    parent_gone = asyncio.Event()
+    if cfg.exit_with_parent:
+        asyncio.create_task(watch_parent(parent_gone.set))
+        asyncio.create_task(_set_when(parent_gone, stop))
+
+    try:
+        state.loaded = await asyncio.to_thread(
+            load_model, cfg.model_path, cfg.model_id, cfg.context_limit)
+    except Exception as exc:
+        log.error("cannot load model=%s path=%s: %s", cfg.model_id, cfg.model_path, exc)
+        await runner.cleanup()
+        _unlink(sock)
+        return EXIT_MODEL_LOAD_ERROR
+    state.engine = Engine(state.loaded, batch=cfg.batch, prefill_step=cfg.prefill_step)
+    state.engine.start()
+    log.info("ready model=%s context_limit=%d batch=%d", cfg.model_id,
+             state.loaded.context_limit, cfg.batch)
+
+    await stop.wait()
+    if parent_gone.is_set():
+        exit_code = EXIT_PARENT_GONE
+    await shutdown(state, runner, grace_s=0.0 if parent_gone.is_set() else cfg.grace_s)
+    _unlink(sock)
+    return exit_code
+
+
+async def shutdown(state: WorkerState, runner: web.AppRunner, grace_s: float) -> None:
+    """Stop admitting, let in-flight rows finish within the grace period, then stop."""
+    state.draining = True
+    log.info("stopping: %d rows in flight", state.engine.active_rows + state.engine.queued_rows)
+    deadline = asyncio.get_running_loop().time() + grace_s
+    while state.engine.active_rows + state.engine.queued_rows and \
+            asyncio.get_running_loop().time() < deadline:
+        await asyncio.sleep(0.05)
+    await runner.shutdown()  # closes idle keep-alive connections and cancels the rest
+    state.engine.stop()
+    await asyncio.to_thread(state.engine.join, 5.0)
+    await runner.cleanup()
+
+
+async def _set_when(trigger: asyncio.Event, target: asyncio.Event) -> None:
+    await trigger.wait()
+    target.set()
+
+
+def _unlink(path) -> None:
+    try:
+        path.unlink()
+    except FileNotFoundError:
+        pass
+
+
+def main(cfg: WorkerConfig) -> int:
+    logging.basicConfig(
+        level=os.environ.get("MLXD_LOG_LEVEL", "INFO"),
+        format=f"%(asctime)s %(levelname)s [worker {cfg.model_id}] %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+    try:
+        import uvloop
+        runner = uvloop.run
+    except ImportError:  # pragma: no cover - uvloop is a dependency on Linux and macOS
+        runner = asyncio.run
+    return runner(serve(cfg))

@@ -1,0 +1,62 @@
+"""The asyncio side of one request: submit to the engine, await its events, cancel on exit."""
+
+from __future__ import annotations
+
+import asyncio
+
+from mlxd.shared.params import GenerationParams
+
+from .engine import Engine, Event, Submission
+
+
+class Generation:
+    """Async iterator over a request's engine events.
+
+    Leaving it early (client gone, handler cancelled) cancels the row, which leaves the batch
+    at the engine's next step.
+    """
+
+    def __init__(self, engine: Engine, rid: str, prompt: list[int], params: GenerationParams,
+                 prompt_cached: int = 0):
+        self._engine = engine
+        self._queue: asyncio.Queue[Event] = asyncio.Queue()
+        loop = asyncio.get_running_loop()
+        self._sub = Submission(
+            rid=rid,
+            prompt=prompt,
+            params=params,
+            sink=lambda ev: loop.call_soon_threadsafe(self._queue.put_nowait, ev),
+            prompt_cached=prompt_cached,
+        )
+        self.done = False
+        self.prompt_tokens = len(prompt)
+
+    def __enter__(self) -> Generation:
+        self._engine.submit(self._sub)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if not self.done:
+            self._engine.cancel(self._sub)
+
+    async def next(self, timeout_s: float | None = None) -> Event | None:
+        """The next event, or None when `timeout_s` passes first (time for a keep-alive)."""
+        try:
+            ev = await asyncio.wait_for(self._queue.get(), timeout_s)
+        except asyncio.TimeoutError:
+            return None
+        if ev.finish_reason is not None:
+            self.done = True
+        return ev
+
+    async def collect(self) -> tuple[str, Event, list[dict]]:
+        """Wait for the whole completion: (text, last event, logprob entries)."""
+        parts: list[str] = []
+        logprobs: list[dict] = []
+        while True:
+            ev = await self.next()
+            parts.append(ev.text)
+            if ev.logprobs:
+                logprobs.extend(ev.logprobs)
+            if ev.finish_reason is not None:
+                return "".join(parts), ev, logprobs

@@ -1,0 +1,52 @@
+"""The worker's settings, from its command line (the supervisor builds that command line)."""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class WorkerConfig:
+    model_path: Path
+    model_id: str
+    socket: Path
+    batch: int = 8
+    context_limit: int | None = None
+    prefill_step: int = 512
+    max_body_bytes: int = 32 * 1024 * 1024
+    grace_s: float = 30.0
+    exit_with_parent: bool = True
+
+
+def parse_args(argv: list[str] | None = None) -> WorkerConfig:
+    p = argparse.ArgumentParser(prog="python -m mlxd.worker",
+                                description="Serve one MLX model over a UNIX socket.")
+    p.add_argument("--model-path", type=Path, required=True, help="mlx-lm model folder")
+    p.add_argument("--model-id", required=True, help="the name clients use in `model`")
+    p.add_argument("--socket", type=Path, required=True, help="UNIX socket path to bind")
+    p.add_argument("--batch", type=int, default=8, help="most rows decoded together (8)")
+    p.add_argument("--context-limit", type=int, default=None,
+                   help="most tokens per row, prompt plus output (default: the model's)")
+    p.add_argument("--prefill-step", type=int, default=512,
+                   help="prompt tokens per prefill chunk between decode steps (512)")
+    p.add_argument("--max-body-bytes", type=int, default=32 * 1024 * 1024)
+    p.add_argument("--grace-s", type=float, default=30.0,
+                   help="on SIGTERM, how long in-flight rows may run before cancel (30)")
+    p.add_argument("--no-exit-with-parent", action="store_true",
+                   help="keep running when the parent process dies")
+    a = p.parse_args(argv)
+    if a.batch < 1:
+        p.error("--batch must be at least 1")
+    return WorkerConfig(
+        model_path=a.model_path,
+        model_id=a.model_id,
+        socket=a.socket,
+        batch=a.batch,
+        context_limit=a.context_limit,
+        prefill_step=a.prefill_step,
+        max_body_bytes=a.max_body_bytes,
+        grace_s=a.grace_s,
+        exit_with_parent=not a.no_exit_with_parent,
+    )

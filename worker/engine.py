@@ -1,0 +1,239 @@
+"""The engine thread: the one thread that owns every MLX object of the worker.
+
+Requests arrive through a thread-safe inbox and are admitted between decode steps, at every
+step, into mlx-lm's BatchGenerator (continuous batching: prefill in chunks interleaved with
+decode, rows leave as soon as they finish). Each generated token goes through the row's
+TextStream and comes back to the request's asyncio side through its `sink`.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import mlx.core as mx
+from mlx_lm.generate import BatchGenerator, StopSequences
+from mlx_lm.generate_utils import BatchStats
+from mlxd.shared.errors import MlxdError, Unavailable
+from mlxd.shared.params import GenerationParams
+
+from .loaded import LoadedModel
+from .sampling import make_row_processors, make_row_sampler
+from .textstream import TextStream
+
+log = logging.getLogger("mlxd.worker.engine")
+
+
+@dataclass
+class Event:
+    """What the engine tells a request after a step: new text, and maybe the end."""
+
+    text: str = ""
+    completion_tokens: int = 0
+    finish_reason: str | None = None
+    logprobs: list[dict] | None = None
+    error: MlxdError | None = None
+
+
+@dataclass(eq=False)
+class Submission:
+    """One request handed to the engine. `sink` is called on the engine thread."""
+
+    rid: str
+    prompt: list[int]
+    params: GenerationParams
+    sink: Callable[[Event], None]
+    prompt_cached: int = 0
+    cancelled: bool = False
+
+
+@dataclass(eq=False)
+class _Row:
+    sub: Submission
+    uid: int
+    text: TextStream
+    generated: int = 0
+    admitted_at: float = field(default_factory=time.monotonic)
+
+
+class Engine:
+    """Owns the model's BatchGenerator on a dedicated thread."""
+
+    def __init__(self, loaded: LoadedModel, *, batch: int, prefill_step: int = 512):
+        self.m = loaded
+        self.batch = batch
+        self.prefill_step = prefill_step
+        self._inbox: queue.SimpleQueue = queue.SimpleQueue()
+        self._rows: dict[int, _Row] = {}
+        self._by_sub: dict[int, _Row] = {}
+        self._pending = 0
+        self._totals = BatchStats()
+        self.cancellations = 0
+        self.requests_done = 0
+        self._thread = threading.Thread(target=self._run, name="mlxd-engine", daemon=True)
+        self._stopped = threading.Event()
+
+    # -- called from the event loop -------------------------------------------------------
+    def start(self) -> None:
+        self._thread.start()
+
+    def submit(self, sub: Submission) -> None:
+        self._pending += 1
+        self._inbox.put(("submit", sub))
+
+    def cancel(self, sub: Submission) -> None:
+        sub.cancelled = True
+        self._inbox.put(("cancel", sub))
+
+    def stop(self) -> None:
+        """Ask the thread to exit once in-flight rows are done or cancelled."""
+        self._inbox.put(("stop", None))
+
+    def join(self, timeout_s: float | None = None) -> bool:
+        self._thread.join(timeout_s)
+        return not self._thread.is_alive()
+
+    @property
+    def active_rows(self) -> int:
+        return len(self._rows)
+
+    @property
+    def queued_rows(self) -> int:
+        return self._pending
+
+    def stats(self) -> dict:
+        t = self._totals
+        return {
+            "rows_active": len(self._rows),
+            "rows_queued": self._pending,
+            "batch_size": self.batch,
+            "prompt_tokens": t.prompt_tokens,
+            "generation_tokens": t.generation_tokens,
+            "prompt_tps": round(t.prompt_tokens / t.prompt_time, 2) if t.prompt_time else 0.0,
+            "decode_tps": round(t.generation_tokens / t.decode_time, 2) if t.decode_time else 0.0,
+            "requests_done": self.requests_done,
+            "cancellations": self.cancellations,
+            "memory_active_bytes": mx.get_active_memory(),
+            "memory_peak_bytes": mx.get_peak_memory(),
+        }
+
+    # -- the engine thread ----------------------------------------------------------------
+    def _run(self) -> None:
+        # Streams belong to the thread that creates them: make ours here.
+        stream = mx.new_stream(mx.default_device())
+        self._gen = BatchGenerator(
+            self.m.model,
+            completion_batch_size=self.batch,
+            prefill_batch_size=self.batch,
+            prefill_step_size=self.prefill_step,
+            stream=stream,
+        )
+        self._eos = StopSequences([(t,) for t in self.m.eos_ids])
+        stopping = False
+        while True:
+            stopping |= self._admit(block=not self._rows and not stopping)
+            if stopping and not self._rows:
+                break
+            if not self._rows:
+                continue
+            try:
+                with self._gen.stats() as st:
+                    _, responses = self._gen.next()
+                self._totals += st
+            except Exception as exc:  # an MLX failure must not kill the worker silently
+                log.exception("engine step failed")
+                self._fail_all(Unavailable(f"generation failed: {exc}"))
+                continue
+            for r in responses:
+                self._on_token(r)
+        self._gen.close()
+        self._stopped.set()
+
+    def _admit(self, block: bool) -> bool:
+        """Take everything waiting in the inbox. Returns True when asked to stop."""
+        stop = False
+        try:
+            item = self._inbox.get() if block else self._inbox.get_nowait()
+            while True:
+                kind, sub = item
+                if kind == "submit":
+                    self._pending -= 1
+                    if not sub.cancelled:
+                        self._insert(sub)
+                elif kind == "cancel":
+                    self._drop(sub)
+                else:
+                    stop = True
+                item = self._inbox.get_nowait()
+        except queue.Empty:
+            pass
+        return stop
+
+    def _insert(self, sub: Submission) -> None:
+        p = sub.params
+        sampler = make_row_sampler(p.temperature, p.top_p, p.top_k, p.min_p, p.seed)
+        uid = self._gen.insert(
+            [sub.prompt],
+            max_tokens=[p.max_tokens],
+            samplers=[sampler],
+            logits_processors=[make_row_processors(p)],
+            stop_sequences=[self._eos],
+        )[0]
+        row = _Row(sub=sub, uid=uid, text=TextStream(self.m.tokenizer.detokenizer, p.stop))
+        self._rows[uid] = row
+        self._by_sub[id(sub)] = row
+
+    def _drop(self, sub: Submission) -> None:
+        row = self._by_sub.pop(id(sub), None)
+        if row is None:
+            return
+        self._gen.remove([row.uid])
+        del self._rows[row.uid]
+        self.cancellations += 1
+
+    def _finish(self, row: _Row) -> None:
+        self._rows.pop(row.uid, None)
+        self._by_sub.pop(id(row.sub), None)
+        self.requests_done += 1
+
+    def _on_token(self, r) -> None:
+        row = self._rows.get(r.uid)
+        if row is None:
+            return
+        row.generated += 1
+        finish = r.finish_reason
+        logprobs = self._logprobs(row, r) if row.sub.params.logprobs else None
+        if finish == "stop":  # only end-of-sequence tokens are token-level stops here
+            text = row.text.finish()
+        else:
+            text = row.text.push(r.token)
+            if row.text.stopped:
+                self._gen.remove([r.uid])
+                finish = "stop"
+            elif finish == "length":
+                text += row.text.finish()
+        if finish is not None:
+            self._finish(row)
+        row.sub.sink(Event(text, row.generated, finish, logprobs))
+
+    def _logprobs(self, row: _Row, r) -> list[dict]:
+        lp = r.logprobs
+        entry = {"token_id": r.token, "logprob": lp[r.token].item(), "top": []}
+        k = row.sub.params.top_logprobs
+        if k:
+            top = mx.argpartition(-lp, k - 1)[:k]
+            vals = lp[top].tolist()
+            entry["top"] = sorted(zip(top.tolist(), vals), key=lambda x: -x[1])
+        return [entry]
+
+    def _fail_all(self, err: MlxdError) -> None:
+        rows = list(self._rows.values())
+        if rows:
+            self._gen.remove([row.uid for row in rows])
+        for row in rows:
+            self._finish(row)
+            row.sub.sink(Event(error=err, finish_reason="error"))

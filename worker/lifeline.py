@@ -1,0 +1,30 @@
+"""A worker never outlives its supervisor."""
+
+from __future__ import annotations
+
+import asyncio
+import ctypes
+import os
+import signal
+import sys
+
+
+def die_with_parent() -> None:
+    """Linux: have the kernel send SIGTERM when the parent exits (PR_SET_PDEATHSIG)."""
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(1, signal.SIGTERM)  # 1 = PR_SET_PDEATHSIG
+    except OSError:
+        pass
+
+
+async def watch_parent(on_gone, interval_s: float = 0.5) -> None:
+    """Everywhere: when we are re-parented, the supervisor is gone."""
+    parent = os.getppid()
+    while True:
+        await asyncio.sleep(interval_s)
+        if os.getppid() != parent:
+            on_gone()
+            return

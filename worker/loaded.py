@@ -1,0 +1,73 @@
+"""Load a model folder with mlx-lm (no network) and gather what the worker needs to know."""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+# Never reach for the hub from a worker: model folders are local by contract.
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+from mlx_lm import load  # noqa: E402
+
+
+@dataclass
+class SamplingDefaults:
+    """The model's own defaults (generation_config.json), used when a request is silent."""
+
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    min_p: float = 0.0
+
+
+@dataclass
+class LoadedModel:
+    model: Any
+    tokenizer: Any
+    config: dict
+    model_id: str
+    path: Path
+    context_limit: int
+    defaults: SamplingDefaults
+
+    @property
+    def eos_ids(self) -> list[int]:
+        return sorted(self.tokenizer.eos_token_ids)
+
+    @property
+    def vocab_size(self) -> int:
+        return int(self.config.get("vocab_size") or len(self.tokenizer))
+
+
+def load_model(path: Path, model_id: str, context_limit: int | None = None) -> LoadedModel:
+    """Load `path`; raises on any problem with the folder (the caller maps it to an exit code)."""
+    model, tokenizer, config = load(str(path), return_config=True)
+    native = int(config.get("max_position_embeddings") or 0) or 32768
+    limit = min(context_limit, native) if context_limit else native
+    return LoadedModel(
+        model=model,
+        tokenizer=tokenizer,
+        config=config,
+        model_id=model_id,
+        path=path,
+        context_limit=limit,
+        defaults=_read_defaults(path),
+    )
+
+
+def _read_defaults(path: Path) -> SamplingDefaults:
+    d = SamplingDefaults()
+    try:
+        gen = json.loads((path / "generation_config.json").read_text())
+    except (OSError, ValueError):
+        return d
+    if gen.get("do_sample") is False:
+        d.temperature = 0.0
+    for key, cast in (("temperature", float), ("top_p", float), ("top_k", int), ("min_p", float)):
+        if isinstance(gen.get(key), (int, float)):
+            setattr(d, key, cast(gen[key]))
+    return d

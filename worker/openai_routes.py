@@ -1,0 +1,148 @@
+"""POST /v1/chat/completions and /v1/completions on the worker's socket."""
+
+from __future__ import annotations
+
+import time
+import uuid
+
+import orjson
+from aiohttp import web
+from mlxd.shared.bodies import load_json, parse_model
+from mlxd.shared.errors import Unavailable
+from mlxd.shared.wire_openai import (
+    ChatChoice,
+    ChatCompletion,
+    ChatCompletionChunk,
+    ChatCompletionRequest,
+    ChunkChoice,
+    ChunkDelta,
+    Completion,
+    CompletionChoice,
+    CompletionRequest,
+    ResponseMessage,
+    Usage,
+)
+
+from . import sse
+from .bridge import Generation
+from .logprobs import chat_logprobs, completion_logprobs
+from .prompts import chat_prompt, completion_prompt, resolve_params
+from .state import WorkerState
+
+KEEPALIVE_S = 5.0
+
+
+def _json(body) -> web.Response:
+    return web.Response(body=orjson.dumps(body.model_dump()), content_type="application/json")
+
+
+def _usage(gen: Generation, completion: int) -> Usage:
+    return Usage.of(gen.prompt_tokens, completion, cached=0)
+
+
+async def chat_completions(request: web.Request) -> web.StreamResponse:
+    state: WorkerState = request.app["state"]
+    m, engine = state.ready()
+    req = parse_model(ChatCompletionRequest, load_json(await request.read()))
+    prompt = chat_prompt(m, req)
+    params = resolve_params(m, req.to_generation_params(), len(prompt))
+    rid = "chatcmpl-" + uuid.uuid4().hex[:24]
+    with Generation(engine, rid, prompt, params) as gen:
+        if not req.stream:
+            text, last, lps = await gen.collect()
+            _raise_if_failed(last)
+            choice = ChatChoice(
+                message=ResponseMessage(content=text),
+                finish_reason=last.finish_reason,
+                logprobs=chat_logprobs(m.tokenizer, lps) if params.logprobs else None,
+            )
+            return _json(ChatCompletion(id=rid, model=m.model_id, choices=[choice],
+                                        usage=_usage(gen, last.completion_tokens)))
+        created = int(time.time())
+
+        def chunk(delta: ChunkDelta, finish=None, logprobs=None) -> bytes:
+            choice = ChunkChoice(delta=delta, finish_reason=finish, logprobs=logprobs)
+            return sse.data(ChatCompletionChunk(id=rid, created=created, model=m.model_id,
+                                                choices=[choice]))
+
+        resp = await sse.open_stream(request)
+        await resp.write(chunk(ChunkDelta(role="assistant", content="")))
+        while True:
+            ev = await gen.next(KEEPALIVE_S)
+            if ev is None:
+                await resp.write(sse.KEEPALIVE)
+                continue
+            if ev.error is not None:
+                await resp.write(sse.data({"error": {"message": ev.error.message,
+                                                     "type": ev.error.type}}))
+                break
+            lp = chat_logprobs(m.tokenizer, ev.logprobs) if ev.logprobs else None
+            if ev.text or lp:
+                await resp.write(chunk(ChunkDelta(content=ev.text), logprobs=lp))
+            if ev.finish_reason is not None:
+                await resp.write(chunk(ChunkDelta(), finish=ev.finish_reason))
+                if req.include_usage:
+                    await resp.write(sse.data(ChatCompletionChunk(
+                        id=rid, created=created, model=m.model_id, choices=[],
+                        usage=_usage(gen, ev.completion_tokens))))
+                break
+        await resp.write(sse.DONE)
+        return resp
+
+
+async def completions(request: web.Request) -> web.StreamResponse:
+    state: WorkerState = request.app["state"]
+    m, engine = state.ready()
+    req = parse_model(CompletionRequest, load_json(await request.read()))
+    prompt = completion_prompt(m, req)
+    params = resolve_params(m, req.to_generation_params(), len(prompt))
+    rid = "cmpl-" + uuid.uuid4().hex[:24]
+    echo = m.tokenizer.decode(prompt) if req.echo else ""
+    with Generation(engine, rid, prompt, params) as gen:
+        if not req.stream:
+            text, last, lps = await gen.collect()
+            _raise_if_failed(last)
+            choice = CompletionChoice(
+                text=echo + text,
+                finish_reason=last.finish_reason,
+                logprobs=completion_logprobs(m.tokenizer, lps, len(echo))
+                if params.logprobs else None,
+            )
+            return _json(Completion(id=rid, model=m.model_id, choices=[choice],
+                                    usage=_usage(gen, last.completion_tokens)))
+        created = int(time.time())
+
+        def chunk(text: str, finish=None, logprobs=None, usage=None) -> bytes:
+            choices = [] if usage else [CompletionChoice(text=text, finish_reason=finish,
+                                                         logprobs=logprobs)]
+            return sse.data(Completion(id=rid, created=created, model=m.model_id,
+                                       choices=choices, usage=usage))
+
+        resp = await sse.open_stream(request)
+        if echo:
+            await resp.write(chunk(echo))
+        offset = len(echo)
+        while True:
+            ev = await gen.next(KEEPALIVE_S)
+            if ev is None:
+                await resp.write(sse.KEEPALIVE)
+                continue
+            if ev.error is not None:
+                await resp.write(sse.data({"error": {"message": ev.error.message,
+                                                     "type": ev.error.type}}))
+                break
+            lp = completion_logprobs(m.tokenizer, ev.logprobs, offset) if ev.logprobs else None
+            offset += len(ev.text)
+            if ev.text or lp or ev.finish_reason:
+                await resp.write(chunk(ev.text, ev.finish_reason, lp))
+            if ev.finish_reason is not None:
+                if req.include_usage:
+                    await resp.write(chunk("", usage=_usage(gen, ev.completion_tokens)))
+                break
+        await resp.write(sse.DONE)
+        return resp
+
+
+def _raise_if_failed(ev) -> None:
+    if ev.error is not None:
+        raise ev.error if isinstance(ev.error, Unavailable) else Unavailable(ev.error.message)

@@ -1,0 +1,29 @@
+"""What the worker's handlers share: the loaded model, its engine, and whether we admit."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from mlxd.shared.errors import Unavailable
+
+from .config import WorkerConfig
+from .engine import Engine
+from .loaded import LoadedModel
+
+
+@dataclass
+class WorkerState:
+    config: WorkerConfig
+    loaded: LoadedModel | None = None
+    engine: Engine | None = None
+    draining: bool = False
+    load_error: str | None = None
+    counters: dict = field(default_factory=lambda: {"requests": 0, "errors_4xx": 0})
+
+    def ready(self) -> tuple[LoadedModel, Engine]:
+        """The model and engine, or a 503 while loading or draining."""
+        if self.draining:
+            raise Unavailable("This worker is draining and admits no new requests")
+        if self.loaded is None or self.engine is None:
+            raise Unavailable("The model is still loading")
+        return self.loaded, self.engine
