@@ -23,7 +23,7 @@ from mlxd.shared.params import GenerationParams
 
 from .loaded import LoadedModel
 from .sampling import make_row_processors, make_row_sampler
-from .textstream import TextStream
+from .textstream import TextStream, make_detokenizer
 
 log = logging.getLogger("mlxd.worker.engine")
 
@@ -183,7 +183,7 @@ class Engine:
             logits_processors=[make_row_processors(p)],
             stop_sequences=[self._eos],
         )[0]
-        row = _Row(sub=sub, uid=uid, text=TextStream(self.m.tokenizer.detokenizer, p.stop))
+        row = _Row(sub=sub, uid=uid, text=TextStream(make_detokenizer(self.m.tokenizer), p.stop))
         self._rows[uid] = row
         self._by_sub[id(sub)] = row
 

@@ -21,9 +21,8 @@ from pathlib import Path
 
 import mlx.core as mx
 from mlx_lm.utils import make_shards, save_config
-
 from mlxd.shared.exit_codes import EXIT_USAGE
-from mlxd.worker.gguf_tokenizer import write_tokenizer
+from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers, processors
 
 SUPPORTED_ARCHITECTURES = frozenset({"llama"})
 # GGML type id -> (name, bits when mx.load keeps it quantized; 0 when it is a float tensor).
@@ -63,8 +62,9 @@ def import_gguf(gguf_path: Path, models_dir: Path, model_id: str | None = None, 
     target = models_dir / model_id
     if target.exists() and not overwrite:
         raise GGUFImportError(f"{target} already exists (pass overwrite=True / --overwrite)")
-    arch, tensor_types = read_header(gguf_path)
-    check_supported(arch, tensor_types)
+    header, tensor_types = read_header(gguf_path)
+    check_supported(header, tensor_types)
+    arch = header["general.architecture"]
     try:
         weights, meta = mx.load(str(gguf_path), return_metadata=True)
     except Exception as exc:  # mlx raises RuntimeError / ValueError with its own text
@@ -102,8 +102,8 @@ def _check_id(model_id: str) -> str:
     return model_id
 
 
-def read_header(path: Path) -> tuple[str, dict[str, int]]:
-    """Read a GGUF header: (general.architecture, {tensor name: GGML type id}).
+def read_header(path: Path) -> tuple[dict, dict[str, int]]:
+    """Read a GGUF header: ({scalar metadata key: value}, {tensor name: GGML type id}).
 
     Parsed here rather than taken from mx.load because mx.load silently turns some K-quants
     into float16 and fails on others with a bare message; the header says what each tensor is.
@@ -115,7 +115,7 @@ def read_header(path: Path) -> tuple[str, dict[str, int]]:
         raise GGUFImportError(f"{path}: not a readable GGUF file ({exc})") from exc
 
 
-def _parse_header(f) -> tuple[str, dict[str, int]]:
+def _parse_header(f) -> tuple[dict, dict[str, int]]:
     def unpack(fmt: str):
         return struct.unpack("<" + fmt, f.read(struct.calcsize(fmt)))[0]
 
@@ -155,14 +155,21 @@ def _parse_header(f) -> tuple[str, dict[str, int]]:
         f.seek(8 * unpack("I"), 1)  # dims
         types[name] = unpack("I")
         unpack("Q")  # data offset
-    return str(meta.get("general.architecture", "")), types
+    return meta, types
 
 
-def check_supported(arch: str, tensor_types: dict[str, int]) -> None:
-    """Raise GGUFImportError naming the architecture or tensor type this importer can't map."""
+def check_supported(header: dict, tensor_types: dict[str, int]) -> None:
+    """Raise GGUFImportError naming the architecture, tokenizer or tensor type not handled."""
+    arch = header.get("general.architecture")
     if arch not in SUPPORTED_ARCHITECTURES:
-        raise GGUFImportError(f"unsupported architecture {arch or '(none)'!r}; "
+        raise GGUFImportError(f"unsupported architecture {arch!r}; "
                               f"supported: {', '.join(sorted(SUPPORTED_ARCHITECTURES))}")
+    if (tok_model := header.get("tokenizer.ggml.model")) != "gpt2":
+        raise GGUFImportError(f"unsupported tokenizer model {tok_model!r}; "
+                              "supported: gpt2 (byte-level BPE)")
+    if (pre := header.get("tokenizer.ggml.pre", "gpt-2")) not in _PRE_REGEXES:
+        raise GGUFImportError(f"unsupported pre-tokenizer {pre!r}; "
+                              f"supported: {', '.join(sorted(_PRE_REGEXES))}")
     for name, ggml_type in tensor_types.items():
         if ggml_type not in _KEPT_TYPES:
             kind = _OTHER_TYPES.get(ggml_type, f"GGML type {ggml_type}")
@@ -190,7 +197,7 @@ def _meta(meta: dict, key: str, default=KeyError):
             raise GGUFImportError(f"GGUF metadata lacks {key}")
         return default
     value = meta[key]
-    return value.item() if isinstance(value, mx.array) else value
+    return value.item() if isinstance(value, mx.array) and value.ndim == 0 else value
 
 
 def build_config(meta: dict, arch: str) -> dict:
@@ -265,6 +272,58 @@ def convert_weights(raw: dict, tensor_types: dict[str, int],
         if b != bits:
             quant[path] = {"group_size": _GROUP_SIZE, "bits": b} if b else False
     return weights, quant
+
+
+# llama.cpp's pre-tokenizer regexes by tokenizer.ggml.pre (src/llama-vocab.cpp). llama.cpp splits
+# with each regex in turn, keeping unmatched text as pieces: a chain of "isolated" Splits.
+_GPT2_RE = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)"
+_LLAMA3_RE = (r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+"
+              r"|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+_PRE_REGEXES = {
+    **dict.fromkeys(("gpt-2", "mpt", "olmo", "jais"), (_GPT2_RE,)),
+    # one token per digit, as the original SmolLM / StarCoder tokenizers do
+    **dict.fromkeys(("smollm", "starcoder", "refact", "command-r", "codeshell", "exaone",
+                     "minerva-7b"), (r"\p{N}", _GPT2_RE)),
+    **dict.fromkeys(("llama3", "llama-v3", "llama-bpe"), (_LLAMA3_RE,)),
+}
+_CONTROL, _USER_DEFINED = 3, 4  # tokenizer.ggml.token_type values
+
+
+def write_tokenizer(meta: dict, folder: Path, max_length: int | None) -> None:
+    """Write tokenizer.json and tokenizer_config.json rebuilt from the GGUF vocabulary."""
+    tokens = list(_meta(meta, "tokenizer.ggml.tokens"))
+    types = _meta(meta, "tokenizer.ggml.token_type", None)
+    types = types.tolist() if isinstance(types, mx.array) else [1] * len(tokens)
+    pre = _meta(meta, "tokenizer.ggml.pre", "gpt-2")
+    merges = [tuple(m.split(" ", 1)) for m in _meta(meta, "tokenizer.ggml.merges")]
+    tok = Tokenizer(models.BPE(vocab={t: i for i, t in enumerate(tokens)}, merges=merges,
+                               ignore_merges=pre in ("llama3", "llama-v3", "llama-bpe")))
+    tok.pre_tokenizer = pre_tokenizers.Sequence(
+        [pre_tokenizers.Split(Regex(r), "isolated") for r in _PRE_REGEXES[pre]]
+        + [pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+    tok.decoder = decoders.ByteLevel()
+    tok.add_tokens([AddedToken(t, special=ty == _CONTROL, normalized=False)
+                    for t, ty in zip(tokens, types) if ty in (_CONTROL, _USER_DEFINED)])
+
+    def token(key: str) -> str | None:
+        tid = _meta(meta, f"tokenizer.ggml.{key}_token_id", None)
+        return tokens[int(tid)] if tid is not None and int(tid) < len(tokens) else None
+
+    bos, add_bos = token("bos"), bool(_meta(meta, "tokenizer.ggml.add_bos_token", False))
+    if add_bos and bos is not None:
+        tok.post_processor = processors.TemplateProcessing(
+            single=f"{bos}:0 $A:0", pair=f"{bos}:0 $A:0 {bos}:1 $B:1",
+            special_tokens=[(bos, tokens.index(bos))])
+    else:
+        tok.post_processor = processors.ByteLevel(trim_offsets=False)
+    tok.save(str(folder / "tokenizer.json"))
+    config = {"tokenizer_class": "PreTrainedTokenizerFast", "add_bos_token": add_bos,
+              "add_eos_token": False, "clean_up_tokenization_spaces": False,
+              "bos_token": bos, "eos_token": token("eos"), "unk_token": token("unknown"),
+              "pad_token": token("padding"), "model_max_length": max_length,
+              "chat_template": _meta(meta, "tokenizer.chat_template", None)}
+    config = {k: v for k, v in config.items() if v is not None}
+    (folder / "tokenizer_config.json").write_text(json.dumps(config, indent=2, ensure_ascii=False))
 
 
 def _swap_into_place(tmp: Path, target: Path) -> None:

@@ -7,6 +7,27 @@ string is never emitted.
 
 from __future__ import annotations
 
+from mlx_lm.tokenizer_utils import BPEStreamingDetokenizer
+
+
+class _ExactBPEDetokenizer(BPEStreamingDetokenizer):
+    """mlx-lm's byte-level detokenizer without its trim of the first leading space.
+
+    A completion that continues "Once upon a" must start with " time": the streamed text has
+    to equal tokenizer.decode(tokens).
+    """
+
+    def _maybe_trim_space(self, current_text):
+        return current_text
+
+
+def make_detokenizer(tokenizer):
+    """A fresh streaming detokenizer for one row."""
+    detok = tokenizer.detokenizer
+    if type(detok) is BPEStreamingDetokenizer:
+        detok.__class__ = _ExactBPEDetokenizer
+    return detok
+
 
 class TextStream:
     """Detokenizes one row and cuts its text at the first stop string."""

@@ -1,0 +1,64 @@
+"""Start real mlxd processes for tests and wait until they answer."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import openai
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def uds_client(socket: Path, timeout_s: float = 60.0) -> httpx.Client:
+    return httpx.Client(transport=httpx.HTTPTransport(uds=str(socket)), base_url="http://worker",
+                        timeout=timeout_s)
+
+
+def uds_openai(socket: Path) -> openai.OpenAI:
+    """The official SDK talking to a worker's UNIX socket."""
+    http = httpx.Client(transport=httpx.HTTPTransport(uds=str(socket)), timeout=60.0)
+    return openai.OpenAI(base_url="http://worker/v1", api_key="unused", http_client=http,
+                         max_retries=0)
+
+
+def start_worker(model_dir: Path, socket: Path, model_id: str = "tiny", *args: str,
+                 log: Path | None = None) -> subprocess.Popen:
+    cmd = [sys.executable, "-m", "mlxd.worker", "--model-path", str(model_dir),
+           "--model-id", model_id, "--socket", str(socket), *args]
+    out = open(log, "wb") if log else subprocess.DEVNULL
+    proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, cwd=ROOT,
+                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    wait_healthy(socket, proc)
+    return proc
+
+
+def wait_healthy(socket: Path, proc: subprocess.Popen, timeout_s: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"worker exited with {proc.returncode}")
+        if socket.exists():
+            try:
+                with uds_client(socket, 2.0) as c:
+                    if c.get("/health").status_code == 200:
+                        return
+            except httpx.HTTPError:
+                pass
+        time.sleep(0.1)
+    raise TimeoutError("worker did not become healthy")
+
+
+def stop(proc: subprocess.Popen, timeout_s: float = 15.0) -> int:
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+    return proc.returncode
