@@ -9,6 +9,7 @@ from __future__ import annotations
 import pathlib
 
 import pytest
+
 from tiny_model import build_tiny_model
 
 

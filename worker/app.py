@@ -10,6 +10,7 @@ import sys
 
 import orjson
 from aiohttp import web
+
 from mlxd.shared.exit_codes import EXIT_MODEL_LOAD_ERROR, EXIT_OK, EXIT_PARENT_GONE
 from mlxd.shared.middleware import error_middleware, request_id_middleware
 from mlxd.shared.wire_openai import ModelCard, ModelList

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 import mlx.core as mx
 from mlx_lm.generate import BatchGenerator, StopSequences
 from mlx_lm.generate_utils import BatchStats
+
 from mlxd.shared.errors import MlxdError, Unavailable
 from mlxd.shared.params import GenerationParams
 

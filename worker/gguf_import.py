@@ -21,8 +21,9 @@ from pathlib import Path
 
 import mlx.core as mx
 from mlx_lm.utils import make_shards, save_config
-from mlxd.shared.exit_codes import EXIT_USAGE
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers, processors
+
+from mlxd.shared.exit_codes import EXIT_USAGE
 
 SUPPORTED_ARCHITECTURES = frozenset({"llama"})
 # GGML type id -> (name, bits when mx.load keeps it quantized; 0 when it is a float tensor).

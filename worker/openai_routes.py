@@ -7,6 +7,7 @@ import uuid
 
 import orjson
 from aiohttp import web
+
 from mlxd.shared.bodies import load_json, parse_model
 from mlxd.shared.errors import Unavailable
 from mlxd.shared.wire_openai import (

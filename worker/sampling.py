@@ -17,6 +17,7 @@ from mlx_lm.sample_utils import (
     greedy_sampler,
     make_logits_processors,
 )
+
 from mlxd.shared.params import GenerationParams
 
 Sampler = Callable[[mx.array], mx.array]

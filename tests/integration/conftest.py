@@ -7,6 +7,7 @@ import tempfile
 from pathlib import Path
 
 import pytest
+
 from procs import start_worker, stop, uds_client, uds_openai
 
 CONTEXT_LIMIT = 512

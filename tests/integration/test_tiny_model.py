@@ -12,6 +12,7 @@ import pytest
 from mlx.utils import tree_flatten
 from mlx_lm.generate import generate_step
 from mlx_lm.tokenizer_utils import TokenizerWrapper
+
 from tiny_model import build_tiny_model
 
 

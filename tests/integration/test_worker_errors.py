@@ -6,6 +6,7 @@ import threading
 
 import orjson
 import pytest
+
 from conftest import CONTEXT_LIMIT, MAX_BODY_BYTES
 
 CHAT = "/v1/chat/completions"

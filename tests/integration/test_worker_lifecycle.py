@@ -9,9 +9,9 @@ import sys
 import threading
 import time
 
-from procs import start_worker, stop, uds_openai
-
 from mlxd.shared.exit_codes import EXIT_MODEL_LOAD_ERROR
+
+from procs import start_worker, stop, uds_openai
 
 
 def test_stale_socket_is_replaced_and_mode_is_0600(tiny_model_dir, short_tmp):
