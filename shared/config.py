@@ -1,0 +1,125 @@
+"""mlxd settings: command-line flags over MLXD_* environment over $MLXD_HOME/config.toml.
+
+The only module besides the entry points that reads the environment (through
+pydantic-settings). Per-model sections live under `[models."<id>"]` in the TOML file.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+from pydantic_settings import (
+    BaseSettings,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+    TomlConfigSettingsSource,
+)
+
+MiB = 1024 * 1024
+
+
+class ModelSettings(BaseModel):
+    """One `[models."<id>"]` section. Unset fields fall back to the daemon-wide ones."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    path: Path | None = None
+    pinned: bool = False
+    preload: bool = False
+    default: bool = False
+    keep_alive_s: float | None = None
+    batch: int | None = Field(None, ge=1)
+    context_limit: int | None = Field(None, ge=16)
+    kv_allowance_bytes: int | None = Field(None, ge=0)
+
+
+class Settings(BaseSettings):
+    """Every daemon setting; see docs/configuration.md."""
+
+    model_config = SettingsConfigDict(env_prefix="MLXD_", extra="ignore",
+                                      env_nested_delimiter="__")
+
+    host: str = "127.0.0.1"
+    port: int = Field(8080, ge=0, le=65535)
+    home: Path = Path("~/.mlxd")
+    log_level: str = "INFO"
+
+    default_model: str | None = None
+    models: dict[str, ModelSettings] = {}
+    discover_hf_cache: bool = True
+
+    # Lifecycle
+    keep_alive_s: float = 300.0  # 0 unloads as soon as idle, -1 never
+    max_loaded_models: int = Field(0, ge=0)  # 0: no limit but memory
+    memory_budget_bytes: int | None = Field(None, ge=0)  # default: memory_fraction of RAM
+    memory_fraction: float = Field(0.75, gt=0, le=1)
+    kv_allowance_bytes: int = Field(512 * MiB, ge=0)
+    max_concurrent_loads: int = Field(1, ge=1)
+    load_timeout_s: float = Field(300.0, gt=0)
+    queue_size: int = Field(64, ge=0)
+    queue_timeout_s: float = Field(300.0, gt=0)
+    backoff_initial_s: float = Field(1.0, ge=0)
+    backoff_max_s: float = Field(60.0, ge=0)
+    crash_limit: int = Field(5, ge=1)
+    crash_window_s: float = Field(600.0, gt=0)
+    health_interval_s: float = Field(5.0, gt=0)
+    watchdog_timeout_s: float = Field(30.0, gt=0)
+    drain_timeout_s: float = Field(30.0, ge=0)
+    shutdown_grace_s: float = Field(30.0, ge=0)
+    stop_timeout_s: float = Field(10.0, gt=0)
+
+    # Worker defaults
+    batch: int = Field(8, ge=1)
+    context_limit: int | None = Field(None, ge=16)
+    prefill_step: int = Field(512, ge=16)
+
+    # HTTP
+    max_body_bytes: int = Field(32 * MiB, ge=1024)
+
+    # -- derived -------------------------------------------------------------------------
+    @property
+    def home_dir(self) -> Path:
+        return self.home.expanduser()
+
+    @property
+    def models_dir(self) -> Path:
+        return self.home_dir / "models"
+
+    @property
+    def run_dir(self) -> Path:
+        return self.home_dir / "run"
+
+    @property
+    def logs_dir(self) -> Path:
+        return self.home_dir / "logs"
+
+    @property
+    def cache_dir(self) -> Path:
+        return self.home_dir / "cache"
+
+    def for_model(self, model_id: str) -> ModelSettings:
+        return self.models.get(model_id) or ModelSettings()
+
+
+def load_settings(flags: dict[str, Any] | None = None, config: Path | None = None) -> Settings:
+    """Build the settings: `flags` (only those given) over the environment over the TOML file.
+
+    The TOML file is `config`, else $MLXD_HOME/config.toml, where the home itself comes from
+    the flags or the environment first.
+    """
+    flags = {k: v for k, v in (flags or {}).items() if v is not None}
+    home = Path(flags.get("home") or os.environ.get("MLXD_HOME") or "~/.mlxd").expanduser()
+    toml = Path(config).expanduser() if config else home / "config.toml"
+
+    class _Layered(Settings):
+        @classmethod
+        def settings_customise_sources(cls, settings_cls, init_settings, env_settings, *_):
+            sources: list[PydanticBaseSettingsSource] = [init_settings, env_settings]
+            if toml.is_file():
+                sources.append(TomlConfigSettingsSource(settings_cls, toml_file=toml))
+            return tuple(sources)
+
+    return _Layered(**flags)

@@ -1,0 +1,319 @@
+"""The registry: which models exist, which run, who holds them, and how they load and stop.
+
+Requests `lease` a model (loading it if needed, waiting for a load in progress) and `release`
+it when their response ends. Loads go one at a time (configurable) and first make room under
+the memory budget by evicting idle models, least recently used first. Every unload drains.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import logging
+import time
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+
+from mlxd.shared.config import Settings
+from mlxd.shared.errors import BadRequest, ModelNotFound, Unavailable
+from mlxd.shared.exit_codes import NO_RESTART
+
+from .child import WorkerProcess
+from .discovery import ModelEntry, discover
+from .eviction import DoesNotFit, Resident, plan_eviction
+from .slot import ModelSlot
+from .states import RUNNING, State
+from .upstream import UpstreamPool
+
+log = logging.getLogger("mlxd.registry")
+
+
+class Counters:
+    """Lifecycle events, for /metrics and /admin."""
+
+    def __init__(self):
+        self.loads = 0
+        self.load_failures = 0
+        self.evictions = 0
+        self.unloads = 0
+        self.crashes = 0
+
+
+class Registry:
+    """Owns every ModelSlot. Dependencies (clock, memory size, spawner) are passed in."""
+
+    def __init__(self, settings: Settings, upstream: UpstreamPool, *, total_memory_bytes: int,
+                 clock: Callable[[], float] = time.monotonic,
+                 spawner: Callable[..., WorkerProcess] = WorkerProcess):
+        self.settings = settings
+        self.upstream = upstream
+        self.clock = clock
+        self.spawner = spawner
+        self.budget_bytes = settings.memory_budget_bytes or int(
+            total_memory_bytes * settings.memory_fraction)
+        self.slots: dict[str, ModelSlot] = {}
+        self.counters = Counters()
+        self._load_gate = asyncio.Semaphore(settings.max_concurrent_loads)
+        self._load_tasks: dict[str, asyncio.Task] = {}
+        self._room = asyncio.Event()
+        self._waiting_for_room = 0
+        self._background: set[asyncio.Task] = set()
+
+    # -- lookup ---------------------------------------------------------------------------
+    def entries(self) -> dict[str, ModelEntry]:
+        return discover(self.settings)
+
+    def default_model(self) -> str | None:
+        if self.settings.default_model:
+            return self.settings.default_model
+        return next((mid for mid, ms in self.settings.models.items() if ms.default), None)
+
+    def resolve(self, model: str | None) -> ModelEntry:
+        """The entry a request's `model` names (or the default one)."""
+        if not model:
+            model = self.default_model()
+            if not model:
+                raise BadRequest("The request has no 'model' and no default model is configured",
+                                 param="model")
+        slot = self.slots.get(model)
+        if slot is not None and slot.entry.path.exists():
+            return slot.entry
+        entry = self.entries().get(model)
+        if entry is None:
+            raise ModelNotFound(model)
+        return entry
+
+    def slot_for(self, entry: ModelEntry) -> ModelSlot:
+        slot = self.slots.get(entry.id)
+        if slot is None:
+            ms = self.settings.for_model(entry.id)
+            allowance = (ms.kv_allowance_bytes if ms.kv_allowance_bytes is not None
+                         else self.settings.kv_allowance_bytes)
+            slot = ModelSlot(entry=entry, settings=ms, socket=self._socket_path(entry.id),
+                             footprint_bytes=entry.weights_bytes + allowance)
+            self.slots[entry.id] = slot
+        return slot
+
+    def _socket_path(self, model_id: str) -> Path:
+        safe = "".join(c if c.isalnum() or c in "-_." else "-" for c in model_id)
+        path = self.settings.run_dir / f"{safe}.sock"
+        if len(str(path)) > 100:  # UNIX socket paths are limited to ~104 bytes
+            path = self.settings.run_dir / f"w-{hashlib.sha1(model_id.encode()).hexdigest()[:12]}.sock"
+        return path
+
+    def keep_alive_s(self, slot: ModelSlot) -> float:
+        ka = slot.settings.keep_alive_s
+        return self.settings.keep_alive_s if ka is None else ka
+
+    # -- leases ---------------------------------------------------------------------------
+    @contextlib.asynccontextmanager
+    async def lease(self, model: str | None) -> AsyncIterator[ModelSlot]:
+        """Hold a READY worker for `model` for the duration of the block."""
+        slot = await self.acquire(self.resolve(model))
+        try:
+            yield slot
+        finally:
+            self.release(slot)
+
+    async def acquire(self, entry: ModelEntry) -> ModelSlot:
+        slot = self.slot_for(entry)
+        deadline = self.clock() + self.settings.load_timeout_s + self.settings.queue_timeout_s
+        while True:
+            if slot.state is State.READY:
+                slot.leases += 1
+                slot.touch()
+                return slot
+            if slot.state is State.FATAL:
+                raise Unavailable(f"Model '{slot.id}' is FATAL after repeated failures "
+                                  f"({slot.last_error}); reload it to try again")
+            left = deadline - self.clock()
+            if left <= 0:
+                raise Unavailable(f"Model '{slot.id}' did not become ready in time")
+            if slot.state in (State.STOPPED, State.BACKOFF):
+                await asyncio.wait_for(asyncio.shield(self._start_load(slot)), left)
+            else:  # STARTING, DRAINING, STOPPING: wait for the next state
+                await slot.wait_change(left)
+
+    def release(self, slot: ModelSlot) -> None:
+        slot.leases -= 1
+        slot.touch()
+        if slot.leases == 0:
+            self._signal_room()
+            if self.keep_alive_s(slot) == 0 and not slot.settings.pinned:
+                self.spawn_task(self.unload(slot.id, reason="keep_alive 0"))
+
+    def _signal_room(self) -> None:
+        self._room.set()
+        self._room = asyncio.Event()
+
+    def spawn_task(self, coro) -> asyncio.Task:
+        task = asyncio.create_task(coro)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+        return task
+
+    # -- loading --------------------------------------------------------------------------
+    def _start_load(self, slot: ModelSlot) -> asyncio.Task:
+        """The one load task for `slot` (callers arriving meanwhile share it)."""
+        task = self._load_tasks.get(slot.id)
+        if task is None or task.done():
+            task = asyncio.create_task(self._load(slot))
+            self._load_tasks[slot.id] = task
+        return task
+
+    async def _load(self, slot: ModelSlot) -> None:
+        async with self._load_gate:
+            if slot.state is State.BACKOFF:
+                await asyncio.sleep(max(0.0, slot.backoff_until - self.clock()))
+            if slot.state not in (State.STOPPED, State.BACKOFF):
+                return  # someone else moved it (an unload, a reload)
+            await self._make_room(slot)
+            slot.transition(State.STARTING)
+            slot.started_at = self.clock()
+            proc = self.spawner(slot.id, self._worker_argv(slot),
+                                self.settings.logs_dir / f"{slot.socket.stem}.log")
+            slot.process = proc
+            await proc.spawn()
+            self.spawn_task(self._reap(slot, proc))
+            await self._wait_healthy(slot, proc)
+
+    def _worker_argv(self, slot: ModelSlot) -> list[str]:
+        s, ms = self.settings, slot.settings
+        argv = ["--model-path", str(slot.entry.path), "--model-id", slot.id,
+                "--socket", str(slot.socket), "--batch", str(ms.batch or s.batch),
+                "--prefill-step", str(s.prefill_step), "--max-body-bytes", str(s.max_body_bytes),
+                "--grace-s", str(s.drain_timeout_s)]
+        limit = ms.context_limit or s.context_limit
+        if limit:
+            argv += ["--context-limit", str(limit)]
+        return argv
+
+    async def _wait_healthy(self, slot: ModelSlot, proc: WorkerProcess) -> None:
+        deadline = self.clock() + self.settings.load_timeout_s
+        while self.clock() < deadline:
+            if proc.returncode is not None or slot.process is not proc:
+                raise Unavailable(f"Model '{slot.id}' failed to start: {slot.last_error}")
+            if slot.socket.exists():
+                try:
+                    status, _ = await self.upstream.get_json(slot.socket, "/health", 2.0)
+                    if status == 200 and slot.state is State.STARTING:
+                        slot.last_health_ok = self.clock()
+                        slot.transition(State.READY, f"pid={proc.pid}")
+                        self.counters.loads += 1
+                        return
+                except (OSError, asyncio.TimeoutError, Exception):  # not listening yet
+                    pass
+            await asyncio.sleep(0.05)
+        slot.last_error = f"not healthy within {self.settings.load_timeout_s:.0f}s"
+        proc.kill()
+        raise Unavailable(f"Model '{slot.id}' did not become healthy in time")
+
+    async def _make_room(self, slot: ModelSlot) -> None:
+        while True:
+            residents = [
+                Resident(s.id, s.footprint_bytes, s.leases, s.last_used, s.settings.pinned,
+                         evictable=s.state is State.READY)
+                for s in self.slots.values() if s is not slot and s.state in RUNNING
+            ]
+            try:
+                victims = plan_eviction(residents, slot.footprint_bytes, self.budget_bytes,
+                                        self.settings.max_loaded_models)
+            except DoesNotFit as exc:
+                self.counters.load_failures += 1
+                raise Unavailable(f"Model '{slot.id}' does not fit in memory: {exc}") from None
+            if victims == []:
+                return
+            if victims:
+                await asyncio.gather(*(self.unload(v, reason=f"evicted for {slot.id}")
+                                       for v in victims))
+                self.counters.evictions += len(victims)
+                continue
+            await self._wait_for_room(slot)
+
+    async def _wait_for_room(self, slot: ModelSlot) -> None:
+        if self._waiting_for_room >= self.settings.queue_size:
+            raise Unavailable("Every loaded model is busy and the load queue is full")
+        self._waiting_for_room += 1
+        try:
+            room = self._room
+            await asyncio.wait_for(room.wait(), self.settings.queue_timeout_s)
+        except asyncio.TimeoutError:
+            raise Unavailable(f"No room to load '{slot.id}': every loaded model stayed busy") from None
+        finally:
+            self._waiting_for_room -= 1
+
+    async def _reap(self, slot: ModelSlot, proc: WorkerProcess) -> None:
+        code = await proc.reap()
+        if slot.process is not proc:
+            return  # an older process of a reloaded model
+        await self.upstream.close(slot.socket)
+        if slot.state is State.STOPPING:
+            slot.process = None
+            slot.transition(State.STOPPED, f"exit code {code}")
+            self._signal_room()
+            return
+        slot.last_error = proc.describe_exit()
+        now = self.clock()
+        slot.crashes.append(now)
+        self.counters.crashes += 1
+        recent = [t for t in slot.crashes if now - t <= self.settings.crash_window_s]
+        log.error("model=%s worker died: %s", slot.id, slot.last_error)
+        slot.process = None
+        if code in NO_RESTART or len(recent) >= self.settings.crash_limit:
+            slot.transition(State.FATAL, f"{len(recent)} crashes; {slot.last_error}")
+        else:
+            delay = min(self.settings.backoff_initial_s * 2 ** (len(recent) - 1),
+                        self.settings.backoff_max_s)
+            slot.backoff_until = now + delay
+            slot.restarts += 1
+            slot.transition(State.BACKOFF, f"restart allowed in {delay:.0f}s")
+        self._signal_room()
+
+    # -- stopping -------------------------------------------------------------------------
+    async def unload(self, model_id: str, reason: str = "unload") -> bool:
+        """Drain and stop `model_id`'s worker; True if it was running."""
+        slot = self.slots.get(model_id)
+        if slot is None or slot.state is not State.READY:
+            return False
+        log.info("unloading model=%s reason=%s", model_id, reason)
+        slot.transition(State.DRAINING, reason)
+        await self.drain_worker(slot)
+        if slot.state is not State.DRAINING:
+            return False  # it died while draining
+        slot.transition(State.STOPPING)
+        proc = slot.process
+        if proc is not None:
+            await proc.stop(self.settings.stop_timeout_s)
+        while slot.state is State.STOPPING:
+            await slot.wait_change(1.0)
+        self.counters.unloads += 1
+        return True
+
+    async def drain_worker(self, slot: ModelSlot) -> dict:
+        """Ask the worker to finish its rows and persist its cache; wait for in-flight leases."""
+        deadline = self.clock() + self.settings.drain_timeout_s
+        while slot.leases > 0 and self.clock() < deadline and slot.state is State.DRAINING:
+            await asyncio.sleep(0.05)
+        try:
+            status, body = await self.upstream.post_json(
+                slot.socket, "/admin/drain", self.settings.drain_timeout_s + 5.0)
+            return body if status == 200 else {}
+        except Exception as exc:  # a worker without a drain route, or one that just died
+            log.debug("drain model=%s: %s", slot.id, exc)
+            return {}
+
+    async def shutdown(self) -> None:
+        """Drain and stop every worker (the daemon is exiting)."""
+        for task in list(self._load_tasks.values()):
+            task.cancel()
+        running = [s for s in self.slots.values() if s.state is State.READY]
+        await asyncio.gather(*(self.unload(s.id, reason="shutdown") for s in running),
+                             return_exceptions=True)
+        for s in self.slots.values():
+            if s.process is not None and s.process.returncode is None:
+                await s.process.stop(self.settings.stop_timeout_s)
+            s.socket.unlink(missing_ok=True)
+        for task in list(self._background):
+            task.cancel()
+        await self.upstream.close_all()
