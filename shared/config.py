@@ -116,7 +116,7 @@ def load_settings(flags: dict[str, Any] | None = None, config: Path | None = Non
 
     class _Layered(Settings):
         @classmethod
-        def settings_customise_sources(cls, settings_cls, init_settings, env_settings, *_):
+        def settings_customise_sources(cls, settings_cls, init_settings, env_settings, **_):
             sources: list[PydanticBaseSettingsSource] = [init_settings, env_settings]
             if toml.is_file():
                 sources.append(TomlConfigSettingsSource(settings_cls, toml_file=toml))
