@@ -7,6 +7,7 @@ import logging
 import os
 import signal
 import sys
+import time
 
 import orjson
 from aiohttp import web
@@ -51,9 +52,20 @@ async def stats(request: web.Request) -> web.Response:
     return _json(body)
 
 
+@web.middleware
+async def access_log(request: web.Request, handler):
+    """One line per request, carrying the id the supervisor passed through."""
+    t0 = time.monotonic()
+    resp = await handler(request)
+    if request.path != "/health":
+        log.info("%s %s %d %.3fs request_id=%s", request.method, request.path, resp.status,
+                 time.monotonic() - t0, request.get("request_id"))
+    return resp
+
+
 def build_app(state: WorkerState) -> web.Application:
     app = web.Application(
-        middlewares=[request_id_middleware, error_middleware],
+        middlewares=[request_id_middleware, access_log, error_middleware],
         client_max_size=state.config.max_body_bytes,
     )
     app["state"] = state
