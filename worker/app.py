@@ -63,6 +63,28 @@ async def access_log(request: web.Request, handler):
     return resp
 
 
+async def drain(request: web.Request) -> web.Response:
+    """Stop admitting; let in-flight rows finish until the deadline, then cancel the rest."""
+    state: WorkerState = request.app["state"]
+    _, engine = state.ready()
+    state.draining = True
+    in_flight = engine.active_rows + engine.queued_rows
+    cancelled_before = engine.cancellations
+    await _wait_rows(engine, state.config.grace_s)
+    cancelled = engine.cancel_all()
+    await _wait_rows(engine, 5.0)
+    body = {"status": "drained", "in_flight": in_flight, "cancelled": cancelled,
+            "cancellations": engine.cancellations - cancelled_before}
+    log.info("drained model=%s %s", state.config.model_id, body)
+    return _json(body)
+
+
+async def _wait_rows(engine: Engine, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while engine.active_rows + engine.queued_rows and time.monotonic() < deadline:
+        await asyncio.sleep(0.02)
+
+
 def build_app(state: WorkerState) -> web.Application:
     app = web.Application(
         middlewares=[request_id_middleware, access_log, error_middleware],
@@ -72,6 +94,7 @@ def build_app(state: WorkerState) -> web.Application:
     app.router.add_get("/health", health)
     app.router.add_get("/v1/models", models)
     app.router.add_get("/stats", stats)
+    app.router.add_post("/admin/drain", drain)
     app.router.add_post("/v1/chat/completions", openai_routes.chat_completions)
     app.router.add_post("/v1/completions", openai_routes.completions)
     return app
@@ -128,10 +151,7 @@ async def shutdown(state: WorkerState, runner: web.AppRunner, grace_s: float) ->
     """Stop admitting, let in-flight rows finish within the grace period, then stop."""
     state.draining = True
     log.info("stopping: %d rows in flight", state.engine.active_rows + state.engine.queued_rows)
-    deadline = asyncio.get_running_loop().time() + grace_s
-    while state.engine.active_rows + state.engine.queued_rows and \
-            asyncio.get_running_loop().time() < deadline:
-        await asyncio.sleep(0.05)
+    await _wait_rows(state.engine, grace_s)
     await runner.shutdown()  # closes idle keep-alive connections and cancels the rest
     state.engine.stop()
     await asyncio.to_thread(state.engine.join, 5.0)

@@ -50,6 +50,7 @@ class Submission:
     sink: Callable[[Event], None]
     prompt_cached: int = 0
     cancelled: bool = False
+    cancel_reason: MlxdError | None = None
 
 
 @dataclass(eq=False)
@@ -86,9 +87,18 @@ class Engine:
         self._pending += 1
         self._inbox.put(("submit", sub))
 
-    def cancel(self, sub: Submission) -> None:
+    def cancel(self, sub: Submission, reason: MlxdError | None = None) -> None:
+        """Drop `sub`'s row at the next step; with a `reason`, its request hears why."""
         sub.cancelled = True
+        sub.cancel_reason = reason
         self._inbox.put(("cancel", sub))
+
+    def cancel_all(self) -> int:
+        """Cancel every row still running or queued (a drain deadline passed)."""
+        subs = [row.sub for row in list(self._rows.values())]
+        for sub in subs:
+            self.cancel(sub, Unavailable("The model is being unloaded; this request was cancelled"))
+        return len(subs)
 
     def stop(self) -> None:
         """Ask the thread to exit once in-flight rows are done or cancelled."""
@@ -195,6 +205,9 @@ class Engine:
         self._gen.remove([row.uid])
         del self._rows[row.uid]
         self.cancellations += 1
+        if sub.cancel_reason is not None:
+            sub.sink(Event(completion_tokens=row.generated, finish_reason="error",
+                           error=sub.cancel_reason))
 
     def _finish(self, row: _Row) -> None:
         self._rows.pop(row.uid, None)

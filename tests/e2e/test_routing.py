@@ -77,3 +77,16 @@ def test_request_id_passes_through(make_daemon):
     assert "request_id=req-abc-123" in d.logs()
     log = (d.home / "logs" / "a.log").read_text()
     assert "req-abc-123" in log
+
+
+def test_preloaded_model_starts_with_the_daemon(make_daemon):
+    d = make_daemon(config="[models.b]\npreload = true\n")
+    d.wait_for(lambda: d.status("b")["status"] == "loaded", 30, "preload of b")
+    assert d.status("a")["status"] == "available"
+
+
+def test_model_retrieve(make_daemon):
+    d = make_daemon()
+    r = d.http.get("/v1/models/a")
+    assert r.status_code == 200 and r.json()["id"] == "a" and r.json()["status"] == "available"
+    assert d.http.get("/v1/models/zzz").status_code == 404

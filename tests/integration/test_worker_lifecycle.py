@@ -11,7 +11,7 @@ import time
 
 from mlxd.shared.exit_codes import EXIT_MODEL_LOAD_ERROR
 
-from procs import start_worker, stop, uds_openai
+from procs import start_worker, stop, uds_client, uds_openai
 
 
 def test_stale_socket_is_replaced_and_mode_is_0600(tiny_model_dir, short_tmp):
@@ -55,3 +55,57 @@ def test_sigterm_lets_the_stream_in_flight_finish(tiny_model_dir, short_tmp):
     t.join(60)
     assert got == {"usage": 150, "finish": "length"}
     assert proc.wait(30) == 0
+
+
+def test_drain_finishes_rows_then_refuses_new_ones(tiny_model_dir, short_tmp):
+    sock = short_tmp / "drain.sock"
+    proc = start_worker(tiny_model_dir, sock)
+    oai = uds_openai(sock)
+    got = {}
+
+    def run():
+        r = oai.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "x"}],
+                                        max_tokens=80, temperature=0)
+        got["finish"] = r.choices[0].finish_reason
+
+    try:
+        t = threading.Thread(target=run)
+        t.start()
+        time.sleep(0.3)
+        with uds_client(sock) as c:
+            body = c.post("/admin/drain").json()
+            assert body["status"] == "drained" and body["cancelled"] == 0
+            t.join(30)
+            assert got["finish"] == "length"
+            r = c.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "x"}]})
+            assert r.status_code == 503
+            assert c.get("/health").json()["status"] == "draining"
+    finally:
+        assert stop(proc) == 0
+
+
+def test_drain_deadline_cancels_with_a_clear_error(tiny_model_dir, short_tmp):
+    sock = short_tmp / "drain2.sock"
+    proc = start_worker(tiny_model_dir, sock, "tiny", "--grace-s", "0.3")
+    oai = uds_openai(sock)
+    got = {}
+
+    def run():
+        try:
+            oai.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "x"}],
+                                        max_tokens=3000, temperature=0)
+        except Exception as exc:  # noqa: BLE001 - the test inspects it
+            got["exc"] = exc
+
+    try:
+        t = threading.Thread(target=run)
+        t.start()
+        time.sleep(0.3)
+        with uds_client(sock) as c:
+            body = c.post("/admin/drain").json()
+        t.join(30)
+        assert body["cancelled"] == 1
+        assert got["exc"].status_code == 503
+        assert "unloaded" in str(got["exc"])
+    finally:
+        stop(proc)
