@@ -17,7 +17,7 @@ class Generation:
     """
 
     def __init__(self, engine: Engine, rid: str, prompt: list[int], params: GenerationParams,
-                 prompt_cached: int = 0):
+                 prompt_cached: int = 0, processors: list | None = None):
         self._engine = engine
         self._queue: asyncio.Queue[Event] = asyncio.Queue()
         loop = asyncio.get_running_loop()
@@ -27,6 +27,7 @@ class Generation:
             params=params,
             sink=lambda ev: loop.call_soon_threadsafe(self._queue.put_nowait, ev),
             prompt_cached=prompt_cached,
+            processors=processors or [],
         )
         self.done = False
         self.prompt_tokens = len(prompt)

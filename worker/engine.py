@@ -49,6 +49,8 @@ class Submission:
     params: GenerationParams
     sink: Callable[[Event], None]
     prompt_cached: int = 0
+    # Extra per-row logits processors (e.g. a grammar), run after penalties and bias.
+    processors: list = field(default_factory=list)
     cancelled: bool = False
     cancel_reason: MlxdError | None = None
 
@@ -191,7 +193,7 @@ class Engine:
             [sub.prompt],
             max_tokens=[p.max_tokens],
             samplers=[sampler],
-            logits_processors=[make_row_processors(p)],
+            logits_processors=[make_row_processors(p) + sub.processors],
             stop_sequences=[self._eos],
         )[0]
         row = _Row(sub=sub, uid=uid, text=TextStream(make_detokenizer(self.m.tokenizer), p.stop))
