@@ -30,6 +30,8 @@ def start_worker(model_dir: Path, socket: Path, model_id: str = "tiny", *args: s
                  log: Path | None = None) -> subprocess.Popen:
     cmd = [sys.executable, "-m", "mlxd.worker", "--model-path", str(model_dir),
            "--model-id", model_id, "--socket", str(socket), *args]
+    if "--ssd-cache-dir" not in args and "--no-ssd-cache" not in args:
+        cmd += ["--ssd-cache-dir", str(socket.parent / "cache")]  # never the user's home
     out = open(log, "wb") if log else subprocess.DEVNULL
     proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, cwd=ROOT,
                             env={**os.environ, "PYTHONUNBUFFERED": "1"})

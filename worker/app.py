@@ -10,8 +10,11 @@ import sys
 import time
 
 import orjson
+import psutil
 from aiohttp import web
 
+from mlxd.shared.bodies import load_json
+from mlxd.shared.errors import BadRequest
 from mlxd.shared.exit_codes import EXIT_MODEL_LOAD_ERROR, EXIT_OK, EXIT_PARENT_GONE
 from mlxd.shared.middleware import error_middleware, request_id_middleware
 from mlxd.shared.wire_openai import ModelCard, ModelList
@@ -21,6 +24,7 @@ from .config import WorkerConfig
 from .engine import Engine
 from .lifeline import watch_parent
 from .loaded import load_model
+from .prompt_cache import PromptCache, fingerprint
 from .state import WorkerState
 
 log = logging.getLogger("mlxd.worker")
@@ -73,10 +77,45 @@ async def drain(request: web.Request) -> web.Response:
     await _wait_rows(engine, state.config.grace_s)
     cancelled = engine.cancel_all()
     await _wait_rows(engine, 5.0)
+    persisted = await _persist(state)
     body = {"status": "drained", "in_flight": in_flight, "cancelled": cancelled,
-            "cancellations": engine.cancellations - cancelled_before}
+            "cancellations": engine.cancellations - cancelled_before, **persisted}
     log.info("drained model=%s %s", state.config.model_id, body)
     return _json(body)
+
+
+async def _persist(state: WorkerState) -> dict:
+    """Write every RAM cache entry to the SSD tier and make it durable."""
+    cache = state.prompt_cache
+    if cache is None or cache.ssd is None:
+        return {"cache_persisted": False}
+    before = cache.ssd.stats["writes"]
+    queued = state.engine.persist_cache()
+    await asyncio.to_thread(queued.wait, 30.0)
+    durable = await asyncio.to_thread(cache.flush, 120.0)
+    return {"cache_persisted": durable, "cache_entries_written": cache.ssd.stats["writes"] - before,
+            "cache_ssd_entries": len(cache.ssd)}
+
+
+async def cache_flush(request: web.Request) -> web.Response:
+    """Make pending prompt-cache writes durable without stopping."""
+    state: WorkerState = request.app["state"]
+    state.ready()
+    return _json({"status": "flushed", **await _persist(state)})
+
+
+async def cache_session_close(request: web.Request) -> web.Response:
+    """Drop a session's prompt-cache entries (RAM and SSD)."""
+    state: WorkerState = request.app["state"]
+    _, engine = state.ready()
+    data = load_json(await request.read())
+    session = data.get("session_id") or data.get("prompt_cache_key")
+    if not isinstance(session, str) or not session:
+        raise BadRequest("Invalid 'session_id': a non-empty string is required",
+                         param="session_id")
+    done = engine.close_session(session)
+    await asyncio.to_thread(done.wait, 10.0)
+    return _json({"status": "closed", "session_id": session})
 
 
 async def _wait_rows(engine: Engine, timeout_s: float) -> None:
@@ -95,6 +134,8 @@ def build_app(state: WorkerState) -> web.Application:
     app.router.add_get("/v1/models", models)
     app.router.add_get("/stats", stats)
     app.router.add_post("/admin/drain", drain)
+    app.router.add_post("/admin/cache/flush", cache_flush)
+    app.router.add_post("/admin/cache/session/close", cache_session_close)
     app.router.add_post("/v1/chat/completions", openai_routes.chat_completions)
     app.router.add_post("/v1/completions", openai_routes.completions)
     return app
@@ -134,7 +175,9 @@ async def serve(cfg: WorkerConfig) -> int:
         await runner.cleanup()
         _unlink(sock)
         return EXIT_MODEL_LOAD_ERROR
-    state.engine = Engine(state.loaded, batch=cfg.batch, prefill_step=cfg.prefill_step)
+    state.prompt_cache = make_prompt_cache(cfg, state.loaded)
+    state.engine = Engine(state.loaded, batch=cfg.batch, prefill_step=cfg.prefill_step,
+                          cache=state.prompt_cache)
     state.engine.start()
     log.info("ready model=%s context_limit=%d batch=%d", cfg.model_id,
              state.loaded.context_limit, cfg.batch)
@@ -152,6 +195,7 @@ async def shutdown(state: WorkerState, runner: web.AppRunner, grace_s: float) ->
     state.draining = True
     log.info("stopping: %d rows in flight", state.engine.active_rows + state.engine.queued_rows)
     await _wait_rows(state.engine, grace_s)
+    await _persist(state)  # the prompt cache outlives the process
     await runner.shutdown()  # closes idle keep-alive connections and cancels the rest
     state.engine.stop()
     await asyncio.to_thread(state.engine.join, 5.0)
@@ -168,6 +212,21 @@ def _unlink(path) -> None:
         path.unlink()
     except FileNotFoundError:
         pass
+
+
+def make_prompt_cache(cfg: WorkerConfig, loaded) -> PromptCache | None:
+    ram = cfg.prompt_cache_bytes
+    if ram is None:
+        ram = min(psutil.virtual_memory().total // 8, 16 * 1024**3)
+    if ram == 0 and cfg.ssd_cache_dir is None:
+        return None
+    ssd_dir = None
+    if cfg.ssd_cache_dir is not None:
+        ssd_dir = cfg.ssd_cache_dir / fingerprint(cfg.model_path, "kv-fp")
+    cache = PromptCache(ram, ssd_dir, cfg.ssd_cache_bytes, quiet_s=cfg.cache_quiet_s,
+                        idle_s=cfg.cache_idle_s)
+    cache.start()
+    return cache
 
 
 def main(cfg: WorkerConfig) -> int:

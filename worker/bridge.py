@@ -6,6 +6,7 @@ import asyncio
 
 from mlxd.shared.params import GenerationParams
 
+from .cache_keys import CacheKey
 from .engine import Engine, Event, Submission
 
 
@@ -17,7 +18,7 @@ class Generation:
     """
 
     def __init__(self, engine: Engine, rid: str, prompt: list[int], params: GenerationParams,
-                 prompt_cached: int = 0, processors: list | None = None):
+                 processors: list | None = None, cache_key: CacheKey | None = None):
         self._engine = engine
         self._queue: asyncio.Queue[Event] = asyncio.Queue()
         loop = asyncio.get_running_loop()
@@ -26,11 +27,20 @@ class Generation:
             prompt=prompt,
             params=params,
             sink=lambda ev: loop.call_soon_threadsafe(self._queue.put_nowait, ev),
-            prompt_cached=prompt_cached,
             processors=processors or [],
         )
+        if cache_key is not None:
+            self._sub.ns = cache_key.ns
+            self._sub.session = cache_key.session
+            self._sub.boundary = cache_key.boundary
+            self._sub.restored = cache_key.restored
         self.done = False
         self.prompt_tokens = len(prompt)
+
+    @property
+    def cached_tokens(self) -> int:
+        """Prompt tokens served from the prompt cache (known once the first event arrived)."""
+        return self._sub.prompt_cached
 
     def __enter__(self) -> Generation:
         self._engine.submit(self._sub)

@@ -18,6 +18,11 @@ class WorkerConfig:
     max_body_bytes: int = 32 * 1024 * 1024
     grace_s: float = 30.0
     exit_with_parent: bool = True
+    prompt_cache_bytes: int | None = None  # None: sized from memory; 0: no prompt cache
+    ssd_cache_dir: Path | None = None  # None: no SSD tier
+    ssd_cache_bytes: int = 20 * 1024**3
+    cache_quiet_s: float = 2.0
+    cache_idle_s: float = 300.0
 
 
 def parse_args(argv: list[str] | None = None) -> WorkerConfig:
@@ -36,6 +41,18 @@ def parse_args(argv: list[str] | None = None) -> WorkerConfig:
                    help="on SIGTERM, how long in-flight rows may run before cancel (30)")
     p.add_argument("--no-exit-with-parent", action="store_true",
                    help="keep running when the parent process dies")
+    p.add_argument("--prompt-cache-bytes", type=int, default=None,
+                   help="RAM prompt cache cap in bytes (default: 1/8 of RAM, at most 16 GiB;"
+                        " 0 disables the prompt cache)")
+    p.add_argument("--ssd-cache-dir", type=Path, default=Path("~/.mlxd/cache"),
+                   help="SSD tier root (default ~/.mlxd/cache)")
+    p.add_argument("--no-ssd-cache", action="store_true", help="RAM tier only")
+    p.add_argument("--ssd-cache-bytes", type=int, default=20 * 1024**3,
+                   help="SSD tier cap in bytes (default 20 GiB)")
+    p.add_argument("--cache-quiet-s", type=float, default=2.0,
+                   help="write a settled cache entry to SSD after this many quiet seconds")
+    p.add_argument("--cache-idle-s", type=float, default=300.0,
+                   help="entries unused this long leave RAM (they stay on SSD)")
     a = p.parse_args(argv)
     if a.batch < 1:
         p.error("--batch must be at least 1")
@@ -49,4 +66,9 @@ def parse_args(argv: list[str] | None = None) -> WorkerConfig:
         max_body_bytes=a.max_body_bytes,
         grace_s=a.grace_s,
         exit_with_parent=not a.no_exit_with_parent,
+        prompt_cache_bytes=a.prompt_cache_bytes,
+        ssd_cache_dir=None if a.no_ssd_cache else a.ssd_cache_dir.expanduser(),
+        ssd_cache_bytes=a.ssd_cache_bytes,
+        cache_quiet_s=a.cache_quiet_s,
+        cache_idle_s=a.cache_idle_s,
     )

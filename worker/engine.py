@@ -18,11 +18,13 @@ from dataclasses import dataclass, field
 import mlx.core as mx
 from mlx_lm.generate import BatchGenerator, StopSequences
 from mlx_lm.generate_utils import BatchStats
+from mlx_lm.models.cache import can_trim_prompt_cache, make_prompt_cache
 
 from mlxd.shared.errors import MlxdError, Unavailable
 from mlxd.shared.params import GenerationParams
 
 from .loaded import LoadedModel
+from .prompt_cache import PromptCache
 from .sampling import make_row_processors, make_row_sampler
 from .textstream import TextStream, make_detokenizer
 
@@ -48,7 +50,11 @@ class Submission:
     prompt: list[int]
     params: GenerationParams
     sink: Callable[[Event], None]
-    prompt_cached: int = 0
+    prompt_cached: int = 0  # set by the engine when the row is admitted
+    ns: str = ""  # prompt-cache namespace (what changes the KV)
+    session: str | None = None  # session affinity for the prompt cache
+    boundary: int = 0  # stable prompt boundary (multi-turn snapshot point), 0: none
+    restored: tuple | None = None  # (SsdEntry, arrays) read from the SSD tier for this prompt
     # Extra per-row logits processors (e.g. a grammar), run after penalties and bias.
     processors: list = field(default_factory=list)
     cancelled: bool = False
@@ -67,8 +73,13 @@ class _Row:
 class Engine:
     """Owns the model's BatchGenerator on a dedicated thread."""
 
-    def __init__(self, loaded: LoadedModel, *, batch: int, prefill_step: int = 512):
+    def __init__(self, loaded: LoadedModel, *, batch: int, prefill_step: int = 512,
+                 cache: PromptCache | None = None):
         self.m = loaded
+        self.cache = cache
+        # Trimmable caches (plain KV) serve any shared prefix, so one snapshot per request at
+        # its end suffices; other cache types need snapshots at exact prompt boundaries.
+        self.trimmable = can_trim_prompt_cache(make_prompt_cache(loaded.model))
         self.batch = batch
         self.prefill_step = prefill_step
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()
@@ -102,6 +113,17 @@ class Engine:
             self.cancel(sub, Unavailable("The model is being unloaded; this request was cancelled"))
         return len(subs)
 
+    def persist_cache(self) -> threading.Event:
+        """Queue every RAM cache entry for the SSD tier; the event is set once queued."""
+        done = threading.Event()
+        self._inbox.put(("persist", done))
+        return done
+
+    def close_session(self, session: str) -> threading.Event:
+        done = threading.Event()
+        self._inbox.put(("close_session", (session, done)))
+        return done
+
     def stop(self) -> None:
         """Ask the thread to exit once in-flight rows are done or cancelled."""
         self._inbox.put(("stop", None))
@@ -132,6 +154,7 @@ class Engine:
             "cancellations": self.cancellations,
             "memory_active_bytes": mx.get_active_memory(),
             "memory_peak_bytes": mx.get_peak_memory(),
+            **(self.cache.stats() if self.cache else {}),
         }
 
     # -- the engine thread ----------------------------------------------------------------
@@ -147,16 +170,22 @@ class Engine:
         )
         self._eos = StopSequences([(t,) for t in self.m.eos_ids])
         stopping = False
+        last_upkeep = time.monotonic()
         while True:
             stopping |= self._admit(block=not self._rows and not stopping)
+            if self.cache is not None and time.monotonic() - last_upkeep >= 1.0:
+                last_upkeep = time.monotonic()
+                self.cache.maintain(last_upkeep)
             if stopping and not self._rows:
                 break
             if not self._rows:
                 continue
             try:
                 with self._gen.stats() as st:
-                    _, responses = self._gen.next()
+                    prompt_responses, responses = self._gen.next()
                 self._totals += st
+                if not self.trimmable:
+                    self._snapshot(prompt_responses)
             except Exception as exc:  # an MLX failure must not kill the worker silently
                 log.exception("engine step failed")
                 self._fail_all(Unavailable(f"generation failed: {exc}"))
@@ -170,7 +199,8 @@ class Engine:
         """Take everything waiting in the inbox. Returns True when asked to stop."""
         stop = False
         try:
-            item = self._inbox.get() if block else self._inbox.get_nowait()
+            # Idle: wake up now and then for prompt-cache upkeep.
+            item = self._inbox.get(timeout=1.0) if block else self._inbox.get_nowait()
             while True:
                 kind, sub = item
                 if kind == "submit":
@@ -179,6 +209,15 @@ class Engine:
                         self._insert(sub)
                 elif kind == "cancel":
                     self._drop(sub)
+                elif kind == "persist":
+                    if self.cache is not None:
+                        self.cache.persist_all()
+                    sub.set()
+                elif kind == "close_session":
+                    session, done = sub
+                    if self.cache is not None:
+                        self.cache.close_session(session)
+                    done.set()
                 else:
                     stop = True
                 item = self._inbox.get_nowait()
@@ -189,8 +228,18 @@ class Engine:
     def _insert(self, sub: Submission) -> None:
         p = sub.params
         sampler = make_row_sampler(p.temperature, p.top_p, p.top_k, p.min_p, p.seed)
-        uid = self._gen.insert(
-            [sub.prompt],
+        layers, n = None, 0
+        if self.cache is not None:
+            layers, n, _ = self.cache.fetch(sub.ns, sub.prompt, sub.restored)
+            sub.restored = None  # let the arrays go
+        sub.prompt_cached = n
+        segments = [sub.prompt[n:]]
+        if not self.trimmable and n < sub.boundary < len(sub.prompt):
+            segments = [sub.prompt[n:sub.boundary], sub.prompt[sub.boundary:]]
+        uid = self._gen.insert_segments(
+            [segments],
+            caches=[layers],
+            all_tokens=[list(sub.prompt[:n])],
             max_tokens=[p.max_tokens],
             samplers=[sampler],
             logits_processors=[make_row_processors(p) + sub.processors],
@@ -204,7 +253,7 @@ class Engine:
         row = self._by_sub.pop(id(sub), None)
         if row is None:
             return
-        self._gen.remove([row.uid])
+        self._remove_keeping_cache(row)
         del self._rows[row.uid]
         self.cancellations += 1
         if sub.cancel_reason is not None:
@@ -228,13 +277,36 @@ class Engine:
         else:
             text = row.text.push(r.token)
             if row.text.stopped:
-                self._gen.remove([r.uid])
+                self._remove_keeping_cache(row)
                 finish = "stop"
             elif finish == "length":
                 text += row.text.finish()
+        if r.finish_reason is not None:
+            self._store(row, r.all_tokens, r.prompt_cache)
         if finish is not None:
             self._finish(row)
         row.sub.sink(Event(text, row.generated, finish, logprobs))
+
+    def _remove_keeping_cache(self, row: _Row) -> None:
+        """Take a row out of the batch; its prompt state goes to the cache on the way out."""
+        if self.cache is None:
+            self._gen.remove([row.uid])
+            return
+        for cache, tokens in self._gen.remove([row.uid], return_prompt_caches=True).values():
+            self._store(row, tokens, cache)
+
+    def _store(self, row: _Row, tokens, layers) -> None:
+        if self.cache is not None and tokens and layers:
+            self.cache.store(row.sub.ns, tuple(tokens), layers, row.sub.session)
+
+    def _snapshot(self, prompt_responses) -> None:
+        """Non-trimmable caches: keep the state at each prompt segment's end."""
+        uids = [r.uid for r in prompt_responses
+                if r.end_of_segment and not r.end_of_prompt and r.uid in self._rows]
+        if not uids or self.cache is None:
+            return
+        for uid, (cache, tokens) in self._gen.extract_cache(uids).items():
+            self._store(self._rows[uid], tokens, cache)
 
     def _logprobs(self, row: _Row, r) -> list[dict]:
         lp = r.logprobs

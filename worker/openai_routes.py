@@ -26,6 +26,7 @@ from mlxd.shared.wire_openai import (
 
 from . import sse
 from .bridge import Generation
+from .cache_keys import make_cache_key, session_of, stable_boundary
 from .logprobs import chat_logprobs, completion_logprobs
 from .prompts import chat_prompt, completion_prompt, resolve_params
 from .state import WorkerState
@@ -38,7 +39,7 @@ def _json(body) -> web.Response:
 
 
 def _usage(gen: Generation, completion: int) -> Usage:
-    return Usage.of(gen.prompt_tokens, completion, cached=0)
+    return Usage.of(gen.prompt_tokens, completion, cached=gen.cached_tokens)
 
 
 async def chat_completions(request: web.Request) -> web.StreamResponse:
@@ -48,7 +49,10 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     prompt = chat_prompt(m, req)
     params = resolve_params(m, req.to_generation_params(), len(prompt))
     rid = "chatcmpl-" + uuid.uuid4().hex[:24]
-    with Generation(engine, rid, prompt, params) as gen:
+    boundary = 0 if engine.trimmable else stable_boundary(
+        m.tokenizer, req.template_messages(), req.chat_template_kwargs or {}, prompt)
+    key = await make_cache_key(state, prompt, session_of(request, req), boundary)
+    with Generation(engine, rid, prompt, params, cache_key=key) as gen:
         if not req.stream:
             text, last, lps = await gen.collect()
             _raise_if_failed(last)
@@ -99,7 +103,8 @@ async def completions(request: web.Request) -> web.StreamResponse:
     params = resolve_params(m, req.to_generation_params(), len(prompt))
     rid = "cmpl-" + uuid.uuid4().hex[:24]
     echo = m.tokenizer.decode(prompt) if req.echo else ""
-    with Generation(engine, rid, prompt, params) as gen:
+    key = await make_cache_key(state, prompt, session_of(request, req))
+    with Generation(engine, rid, prompt, params, cache_key=key) as gen:
         if not req.stream:
             text, last, lps = await gen.collect()
             _raise_if_failed(last)

@@ -9,6 +9,7 @@ from mlxd.shared.errors import Unavailable
 from .config import WorkerConfig
 from .engine import Engine
 from .loaded import LoadedModel
+from .prompt_cache import PromptCache
 
 
 @dataclass
@@ -18,6 +19,8 @@ class WorkerState:
     engine: Engine | None = None
     draining: bool = False
     load_error: str | None = None
+    prompt_cache: PromptCache | None = None
+    cache_ns: str = ""
     counters: dict = field(default_factory=lambda: {"requests": 0, "errors_4xx": 0})
 
     def ready(self) -> tuple[LoadedModel, Engine]:

@@ -1,0 +1,99 @@
+"""A token trie: find the cached prompt that shares the longest prefix with a new prompt."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Generic, TypeVar
+
+V = TypeVar("V")
+
+_END = -1  # key under which a node stores the value that ends there
+
+
+@dataclass
+class Match(Generic[V]):
+    """The best entries for a prompt: one that is a prefix of it, one that extends it."""
+
+    shorter: tuple[tuple[int, ...], V] | None  # longest entry that is a prefix of the prompt
+    longer: tuple[tuple[int, ...], V] | None  # an entry sharing `common` tokens, longer than that
+    common: int  # tokens of the prompt matched along the trie
+
+
+class TokenTrie(Generic[V]):
+    """Maps token sequences to values; lookups walk the prompt once."""
+
+    def __init__(self):
+        self._root: dict = {}
+        self._size = 0
+
+    def __len__(self) -> int:
+        return self._size
+
+    def insert(self, tokens: tuple[int, ...], value: V) -> V | None:
+        node = self._root
+        for t in tokens:
+            node = node.setdefault(t, {})
+        old = node.get(_END)
+        node[_END] = (tokens, value)
+        if old is None:
+            self._size += 1
+        return old[1] if old else None
+
+    def remove(self, tokens: tuple[int, ...]) -> V | None:
+        path = [self._root]
+        for t in tokens:
+            nxt = path[-1].get(t)
+            if nxt is None:
+                return None
+            path.append(nxt)
+        old = path[-1].pop(_END, None)
+        if old is None:
+            return None
+        self._size -= 1
+        for t, parent in zip(reversed(tokens), reversed(path[:-1])):
+            if parent[t]:
+                break
+            del parent[t]  # prune empty branches
+        return old[1]
+
+    def search(self, prompt: list[int] | tuple[int, ...]) -> Match[V]:
+        node = self._root
+        shorter = None
+        common = 0
+        for t in prompt:
+            if _END in node:
+                shorter = node[_END]
+            nxt = node.get(t)
+            if nxt is None:
+                break
+            node = nxt
+            common += 1
+        else:
+            if _END in node:
+                shorter = node[_END]
+        longer = None
+        if common and (shorter is None or common > len(shorter[0])):
+            longer = self._any_below(node)
+        return Match(shorter=shorter, longer=longer, common=common)
+
+    @staticmethod
+    def _any_below(node: dict):
+        # Any entry in this subtree shares the walked prefix; take the first found.
+        stack = [node]
+        while stack:
+            n = stack.pop()
+            if _END in n:
+                return n[_END]
+            stack.extend(v for k, v in n.items() if k != _END)
+        return None
+
+    def prefixes_of(self, tokens: tuple[int, ...]) -> list[tuple[tuple[int, ...], V]]:
+        """Entries that are strict prefixes of `tokens`."""
+        out, node = [], self._root
+        for t in tokens[:-1] if tokens else ():
+            node = node.get(t)
+            if node is None:
+                break
+            if _END in node:
+                out.append(node[_END])
+        return out

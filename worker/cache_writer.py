@@ -1,0 +1,84 @@
+"""Writes to the SSD tier happen here, off the decode path, through a bounded queue.
+
+When the queue is full the oldest queued write is dropped and counted: that is a future cache
+miss, never a wrong answer.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+from .cache_ssd import SsdStore
+
+log = logging.getLogger("mlxd.worker.cache")
+
+
+@dataclass(eq=False)
+class WriteJob:
+    ns: str
+    tokens: tuple[int, ...]
+    arrays: dict[str, np.ndarray]  # zero-copy views of evaluated MLX arrays
+    meta: dict[str, str]
+    session: str | None
+    keepalive: object  # the MLX arrays behind `arrays`: they must outlive the write
+    on_done: Callable[[bool], None]
+
+
+class CacheWriter:
+    """One background thread draining a bounded queue of WriteJobs into an SsdStore."""
+
+    def __init__(self, store: SsdStore, max_queued: int = 32):
+        self.store = store
+        self.max_queued = max_queued
+        self.dropped = 0
+        self._q: collections.deque[WriteJob] = collections.deque()
+        self._cv = threading.Condition()
+        self._busy = False
+        self._thread = threading.Thread(target=self._run, name="mlxd-cache-writer", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    @property
+    def pending(self) -> int:
+        return len(self._q) + (1 if self._busy else 0)
+
+    def put(self, job: WriteJob) -> None:
+        with self._cv:
+            if len(self._q) >= self.max_queued:
+                old = self._q.popleft()
+                self.dropped += 1
+                old.on_done(False)
+            self._q.append(job)
+            self._cv.notify_all()
+
+    def flush(self, timeout_s: float) -> bool:
+        """Wait until every queued write is on disk and durable."""
+        with self._cv:
+            ok = self._cv.wait_for(lambda: not self._q and not self._busy, timeout_s)
+        self.store.sync()
+        return ok
+
+    def _run(self) -> None:
+        while True:
+            with self._cv:
+                self._cv.wait_for(lambda: bool(self._q))
+                job = self._q.popleft()
+                self._busy = True
+            ok = False
+            try:
+                self.store.write(job.ns, job.tokens, job.arrays, job.meta, job.session)
+                ok = True
+            except Exception:
+                log.exception("prompt cache write failed")
+            finally:
+                job.on_done(ok)
+                with self._cv:
+                    self._busy = False
+                    self._cv.notify_all()

@@ -1,0 +1,150 @@
+"""Structured output at the sampler: a GuidedSpec becomes a per-row logits processor.
+
+The grammar engine is outlines-core: a regex (JSON schemas, choices and small grammars are
+turned into one) is compiled against the model's vocabulary into a token-level automaton.
+Each step the row's processor advances the automaton by the token just sampled and masks
+every token that cannot continue a match; once the match is complete only end-of-sequence
+remains, so the row stops there. Masks are built with numpy on the CPU and applied with one
+`mx.where`, which works the same on Metal, CUDA and the CPU backend.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import threading
+
+import mlx.core as mx
+import numpy as np
+import orjson
+from outlines_core import Guide, Index, Vocabulary
+from outlines_core.json_schema import build_regex_from_schema
+
+from mlxd.shared.guided import GuidedSpec
+
+from .grammar_regex import GrammarError, grammar_to_regex
+from .loaded import LoadedModel
+from .vocab_bytes import token_bytes
+
+log = logging.getLogger("mlxd.worker.guided")
+
+# Any JSON object; nesting is bounded because the automaton is finite.
+JSON_OBJECT_SCHEMA = {"type": "object"}
+_lock = threading.Lock()
+
+
+class GuidedUnavailable(Exception):
+    """The spec cannot be compiled into a grammar (the caller falls back to an instruction)."""
+
+
+def spec_regex(spec: GuidedSpec) -> str:
+    """The regular expression that `spec` asks the output to match."""
+    try:
+        if spec.kind == "regex":
+            return spec.value
+        if spec.kind == "choice":
+            return "(" + "|".join(_escape(str(c)) for c in spec.value) + ")"
+        if spec.kind == "grammar":
+            return grammar_to_regex(spec.value)
+        schema = JSON_OBJECT_SCHEMA if spec.kind == "json_object" else spec.value
+        return build_regex_from_schema(orjson.dumps(schema).decode())
+    except (GrammarError, ValueError, TypeError) as exc:
+        raise GuidedUnavailable(str(exc)) from None
+
+
+def _escape(text: str) -> str:
+    # The regex dialect (Rust's regex crate) escapes these, and nothing else needs it.
+    return "".join("\\" + c if c in r"\.+*?()|[]{}^$#&-~" else c for c in text)
+
+
+class _Vocab:
+    """outlines-core's view of a model's vocabulary, built once per model."""
+
+    def __init__(self, m: LoadedModel):
+        self.eos_ids = sorted(m.eos_ids)
+        self.eos = self.eos_ids[0]
+        skip = set(self.eos_ids) | set(getattr(m.tokenizer, "all_special_ids", []) or [])
+        by_bytes: dict[bytes, list[int]] = {}
+        for token_id, raw in token_bytes(m.tokenizer).items():
+            if token_id not in skip and raw:
+                by_bytes.setdefault(raw, []).append(token_id)
+        self.vocabulary = Vocabulary(self.eos, by_bytes)
+        self.size = max(max(max(ids) for ids in by_bytes.values()), *self.eos_ids) + 1
+        self.indexes = functools.lru_cache(maxsize=64)(self._index)
+
+    def _index(self, regex: str) -> Index:
+        try:
+            return Index(regex, self.vocabulary)
+        except (ValueError, RuntimeError, TypeError) as exc:
+            raise GuidedUnavailable(str(exc)) from None
+
+
+def _vocab(m: LoadedModel) -> _Vocab:
+    with _lock:
+        v = getattr(m, "_guided_vocab", None)
+        if v is None:
+            v = _Vocab(m)
+            m._guided_vocab = v
+        return v
+
+
+def compile_spec(m: LoadedModel, spec: GuidedSpec) -> tuple[Index, _Vocab]:
+    """Compile (or fetch from the cache) the automaton for `spec`. Slow: call off the loop."""
+    vocab = _vocab(m)
+    regex = spec_regex(spec)
+    with _lock:
+        return vocab.indexes(regex), vocab
+
+
+class GuidedProcessor:
+    """A per-row logits processor: `fn(tokens, logits) -> logits` on the engine thread.
+
+    `after` (token ids of a reasoning end marker): stay inactive until the row has generated
+    them, so a model whose prompt opened a think block reasons freely and answers in form.
+    """
+
+    def __init__(self, index: Index, vocab: _Vocab, after: tuple[int, ...] | None = None):
+        self._guide = Guide(index)
+        self._vocab = vocab
+        self._after = list(after) if after else None
+        self._recent: list[int] = []
+        self._calls = 0
+        self._words = np.zeros((1, (vocab.size + 31) // 32), dtype=np.int32)
+        self.failed = False
+
+    def __call__(self, tokens: mx.array, logits: mx.array) -> mx.array:
+        if self._calls:  # every call after the first follows one sampled token
+            self._advance(int(tokens[-1].item()))
+        self._calls += 1
+        if self._after is not None:
+            return logits
+        return mx.where(self._mask(logits.shape[-1]), logits, mx.array(-mx.inf, logits.dtype))
+
+    def _advance(self, token: int) -> None:
+        if self._after is not None:
+            self._recent = (self._recent + [token])[-len(self._after):]
+            if self._recent == self._after:
+                self._after = None  # reasoning is over: the answer is constrained
+            return
+        if token in self._vocab.eos_ids or self.failed:
+            return
+        try:
+            self._guide.advance(token, return_tokens=False)
+        except ValueError:  # cannot happen while the mask is applied; never break the row
+            self.failed = True
+
+    def _mask(self, width: int) -> mx.array:
+        if self.failed:
+            allowed = np.zeros(width, dtype=bool)
+            allowed[self._vocab.eos_ids] = True
+            return mx.array(allowed)
+        self._words.fill(0)
+        self._guide.write_mask_into(self._words.ctypes.data, self._words.size, 4)
+        bits = np.unpackbits(self._words.view(np.uint8), bitorder="little")
+        allowed = np.zeros(width, dtype=bool)
+        n = min(width, bits.size)
+        allowed[:n] = bits[:n].astype(bool)
+        eos = self._vocab.eos
+        if allowed[eos] or not allowed.any():
+            allowed[self._vocab.eos_ids] = True  # complete (or stuck): any EOS may end it
+        return mx.array(allowed)

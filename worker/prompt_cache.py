@@ -1,0 +1,209 @@
+"""The prompt cache: a RAM tier on the engine thread, backed by an SSD tier that outlives us.
+
+RAM entries reach the SSD through the writer: after a quiet period (write-behind of a settled
+conversation), when they are evicted from RAM (spill), when idle long enough to leave RAM
+(demotion), and on drain (everything). A RAM miss that an SSD entry covers better is served
+by restoring that entry, read and verified off the engine thread.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import time
+from pathlib import Path
+
+import mlx.core as mx
+import numpy as np
+from mlx_lm.models.cache import KVCache
+
+from .cache_ram import Entry, RamCache, usable_length, view
+from .cache_ssd import FORMAT_VERSION, SsdEntry, SsdStore
+from .cache_writer import CacheWriter, WriteJob
+
+log = logging.getLogger("mlxd.worker.cache")
+
+
+def fingerprint(model_path: Path, kv_scheme: str) -> str:
+    """Model config + tokenizer + KV scheme + format: what must match for a restore."""
+    h = hashlib.sha256()
+    try:
+        cfg = json.loads((model_path / "config.json").read_text())
+        h.update(json.dumps(cfg, sort_keys=True).encode())
+    except (OSError, ValueError):
+        h.update(str(model_path).encode())
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        f = model_path / name
+        if f.is_file():
+            h.update(hashlib.sha256(f.read_bytes()).digest())
+    h.update(f"{kv_scheme}|v{FORMAT_VERSION}".encode())
+    return h.hexdigest()[:20]
+
+
+def _to_numpy(layers: list) -> tuple[dict[str, np.ndarray], dict[str, str], list]:
+    """Zero-copy NumPy views of KVCache layers (bfloat16 travels as uint16)."""
+    arrays, keep = {}, []
+    dtype = str(layers[0].keys.dtype)
+    for c in layers:
+        for a in (c.keys, c.values):
+            a = a[..., : c.offset, :]
+            if a.dtype == mx.bfloat16:
+                a = a.view(mx.uint16)
+            keep.append(a)
+    mx.eval(keep)
+    for i in range(len(layers)):
+        arrays[f"{i}.k"] = np.asarray(memoryview(keep[2 * i]))
+        arrays[f"{i}.v"] = np.asarray(memoryview(keep[2 * i + 1]))
+    return arrays, {"dtype": dtype, "layers": str(len(layers))}, keep
+
+
+def _from_numpy(arrays: dict[str, np.ndarray], n_layers: int, bf16: bool) -> list:
+    layers = []
+    for i in range(n_layers):
+        c = KVCache()
+        k, v = mx.array(arrays[f"{i}.k"]), mx.array(arrays[f"{i}.v"])
+        if bf16:
+            k, v = k.view(mx.bfloat16), v.view(mx.bfloat16)
+        c.keys, c.values, c.offset = k, v, k.shape[2]
+        layers.append(c)
+    mx.eval([c.state[:2] for c in layers])
+    return layers
+
+
+def _common(a, b) -> int:
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+class PromptCache:
+    """Both tiers and the policy between them."""
+
+    def __init__(self, ram_bytes: int, ssd_dir: Path | None, ssd_bytes: int, *,
+                 quiet_s: float = 2.0, idle_s: float = 300.0, max_queued_writes: int = 32):
+        self.ram = RamCache(ram_bytes, on_evict=self._spill)
+        self.ssd = SsdStore(ssd_dir, ssd_bytes) if ssd_dir is not None else None
+        self.writer = CacheWriter(self.ssd, max_queued_writes) if self.ssd is not None else None
+        self.quiet_s = quiet_s
+        self.idle_s = idle_s
+        self.spills = 0
+        self.demotions = 0
+        self.unsupported = 0
+        self.ssd_hits = 0
+
+    def start(self) -> None:
+        if self.ssd is not None:
+            found = self.ssd.scan()
+            log.info("SSD prompt cache at %s: %d entries, %d bytes", self.ssd.dir, found,
+                     self.ssd.nbytes)
+            self.writer.start()
+
+    # -- any thread -------------------------------------------------------------------------
+    def ssd_candidate(self, ns: str, prompt: list[int]) -> SsdEntry | None:
+        """An SSD entry that would cover more of `prompt` than RAM does, if any."""
+        if self.ssd is None:
+            return None
+        e, n = self.ssd.best(ns, prompt)
+        return e if e is not None and n > self.ram.peek(ns, prompt) else None
+
+    def read_ssd(self, e: SsdEntry) -> dict[str, np.ndarray] | None:
+        return self.ssd.read(e) if self.ssd is not None else None
+
+    def flush(self, timeout_s: float = 60.0) -> bool:
+        return self.writer.flush(timeout_s) if self.writer is not None else True
+
+    # -- engine thread ----------------------------------------------------------------------
+    def fetch(self, ns: str, prompt: list[int],
+              restored: tuple[SsdEntry, dict] | None = None) -> tuple[list | None, int, str]:
+        """Caches for the longest reusable prefix and where they came from."""
+        if restored is not None:
+            e, arrays = restored
+            if self.ram.peek(ns, prompt) < len(e.tokens):
+                layers = _from_numpy(arrays, len(arrays) // 2, arrays["0.k"].dtype == np.uint16)
+                self.ssd_hits += 1
+                if self.ram.insert(ns, e.tokens, layers, e.session, persisted=True) is None:
+                    # Too large to keep in RAM: serve this request straight from the restore.
+                    n = usable_length(len(e.tokens), _common(e.tokens, prompt), len(prompt),
+                                      True, False)
+                    return view(layers, n, len(e.tokens)), n, "ssd"
+        layers, n = self.ram.fetch(ns, prompt)
+        return layers, n, "ram" if layers is not None else "none"
+
+    def store(self, ns: str, tokens: tuple[int, ...], layers: list,
+              session: str | None = None) -> None:
+        if self.ram.cap_bytes <= 0 and self.ssd is None:
+            return
+        mx.eval([c.state for c in layers])
+        if self.ram.insert(ns, tokens, layers, session) is None and self.ssd is not None:
+            # Too large for RAM (or RAM disabled): straight to the SSD tier.
+            self._enqueue(Entry(ns, tokens, layers, sum(c.nbytes for c in layers), session))
+
+    def maintain(self, now: float | None = None) -> None:
+        """Write-behind of settled entries, and demotion of idle ones out of RAM."""
+        if self.ssd is None:
+            return
+        now = time.monotonic() if now is None else now
+        for e in self.ram.entries():
+            if not e.persisted and not e.queued and now - e.created >= self.quiet_s:
+                self._enqueue(e)
+            elif e.persisted and now - e.last_used >= self.idle_s:
+                self.ram.drop(e)
+                self.demotions += 1
+
+    def persist_all(self) -> int:
+        """Queue every RAM entry not yet on the SSD (drain, flush)."""
+        n = 0
+        for e in self.ram.entries():
+            if not e.persisted and not e.queued:
+                self._enqueue(e)
+                n += 1
+        return n
+
+    def close_session(self, session: str) -> int:
+        n = self.ram.drop_session(session)
+        if self.ssd is not None:
+            n += self.ssd.drop_session(session)
+        return n
+
+    def _spill(self, e: Entry) -> None:
+        if self.ssd is not None and not e.persisted and not e.queued:
+            self.spills += 1
+            self._enqueue(e)
+
+    def _enqueue(self, e: Entry) -> None:
+        if not all(type(c) is KVCache for c in e.layers):
+            self.unsupported += 1  # only plain KV caches travel to the SSD tier for now
+            e.persisted = True
+            return
+        arrays, meta, keep = _to_numpy(e.layers)
+        e.queued = True
+
+        def done(ok: bool, e=e) -> None:
+            e.queued = False
+            e.persisted = ok
+
+        self.writer.put(WriteJob(e.ns, e.tokens, arrays, meta, e.session, keep, done))
+
+    def stats(self) -> dict:
+        r = self.ram
+        out = {
+            "cache_ram_entries": len(r), "cache_ram_bytes": r.nbytes,
+            "cache_ram_cap_bytes": r.cap_bytes, "cache_ram_hits": r.stats["hits"],
+            "cache_ram_misses": r.stats["misses"], "cache_ram_evictions": r.stats["evictions"],
+            "cache_hit_tokens": r.stats["hit_tokens"], "cache_spills": self.spills,
+            "cache_demotions": self.demotions,
+        }
+        if self.ssd is not None:
+            s = self.ssd.stats
+            out.update({
+                "cache_ssd_entries": len(self.ssd), "cache_ssd_bytes": self.ssd.nbytes,
+                "cache_ssd_cap_bytes": self.ssd.cap_bytes, "cache_ssd_hits": self.ssd_hits,
+                "cache_ssd_restores": s["restores"], "cache_ssd_writes": s["writes"],
+                "cache_ssd_corrupt": s["corrupt"], "cache_ssd_evictions": s["evictions"],
+                "cache_write_drops": self.writer.dropped, "cache_write_pending": self.writer.pending,
+            })
+        return out
