@@ -102,15 +102,18 @@ def make_daemon(tiny_model_dir, tiny_model_dir_b):
     homes: list[Path] = []
 
     def make(models: dict[str, Path] | None = None, config: str = "",
-             env: dict[str, str] | None = None, args: list[str] | None = None) -> Daemon:
-        home = Path(tempfile.mkdtemp(prefix="mlxd-e2e-"))
-        homes.append(home)
-        if models is None:
-            models = {"a": tiny_model_dir, "b": tiny_model_dir_b}
-        for name, src in models.items():
-            (home / "models").mkdir(exist_ok=True)
-            shutil.copytree(src, home / "models" / name)
-        (home / "config.toml").write_text(config)
+             env: dict[str, str] | None = None, args: list[str] | None = None,
+             home: Path | None = None) -> Daemon:
+        """A new daemon; pass the `home` of a stopped one to restart it there."""
+        if home is None:
+            home = Path(tempfile.mkdtemp(prefix="mlxd-e2e-"))
+            homes.append(home)
+            if models is None:
+                models = {"a": tiny_model_dir, "b": tiny_model_dir_b}
+            for name, src in models.items():
+                (home / "models").mkdir(exist_ok=True)
+                shutil.copytree(src, home / "models" / name)
+            (home / "config.toml").write_text(config)
         base_env = {"MLXD_DISCOVER_HF_CACHE": "false", "MLXD_KV_ALLOWANCE_BYTES": str(2 << 20)}
         d = Daemon(home, {**base_env, **(env or {})}, args or [])
         made.append(d)

@@ -1,0 +1,30 @@
+"""A model's prompt cache survives its eviction and a daemon restart (drain-before-evict)."""
+
+from __future__ import annotations
+
+LONG = " ".join(f"Note {i}: the lighthouse keeper counted {i * 3} ships." for i in range(25))
+
+
+def chat(d, msgs):
+    return d.openai().chat.completions.create(model="a", messages=msgs, max_tokens=6,
+                                              temperature=0)
+
+
+def test_cache_survives_unload_and_daemon_restart(make_daemon):
+    d = make_daemon(config="keep_alive_s = 0\n")
+    msgs = [{"role": "user", "content": LONG}]
+    cold = chat(d, msgs)
+    assert cold.usage.prompt_tokens_details.cached_tokens == 0
+    # keep_alive 0: the worker is drained (cache written to SSD) and stopped after each request.
+    d.wait_for(lambda: d.status("a")["status"] == "available", 20, "unload after keep-alive 0")
+    warm = chat(d, msgs)
+    assert warm.usage.prompt_tokens_details.cached_tokens >= 0.9 * warm.usage.prompt_tokens
+    assert warm.choices[0].message.content == cold.choices[0].message.content
+    d.wait_for(lambda: d.status("a")["status"] == "available", 20, "second unload")
+    assert d.stop() == 0
+    assert list((d.home / "cache").rglob("*.safetensors"))
+
+    d2 = make_daemon(home=d.home)  # the same home: a restart
+    again = chat(d2, msgs)
+    assert again.usage.prompt_tokens_details.cached_tokens >= 0.9 * again.usage.prompt_tokens
+    assert again.choices[0].message.content == cold.choices[0].message.content
