@@ -218,8 +218,8 @@ def make_prompt_cache(cfg: WorkerConfig, loaded) -> PromptCache | None:
     ram = cfg.prompt_cache_bytes
     if ram is None:
         ram = min(psutil.virtual_memory().total // 8, 16 * 1024**3)
-    if ram == 0 and cfg.ssd_cache_dir is None:
-        return None
+    if ram == 0:
+        return None  # --prompt-cache-bytes 0 turns the whole prompt cache off
     ssd_dir = None
     if cfg.ssd_cache_dir is not None:
         ssd_dir = cfg.ssd_cache_dir / fingerprint(cfg.model_path, "kv-fp")
