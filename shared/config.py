@@ -10,7 +10,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, SecretStr
 from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
@@ -34,6 +34,7 @@ class ModelSettings(BaseModel):
     batch: int | None = Field(None, ge=1)
     context_limit: int | None = Field(None, ge=16)
     kv_allowance_bytes: int | None = Field(None, ge=0)
+    enable_thinking: bool | None = None  # None: the chat template's default
 
 
 class Settings(BaseSettings):
@@ -76,8 +77,23 @@ class Settings(BaseSettings):
     context_limit: int | None = Field(None, ge=16)
     prefill_step: int = Field(512, ge=16)
 
+    # Prompt cache (per worker)
+    prompt_cache_bytes: int | None = Field(None, ge=0)  # RAM tier; None: sized from memory
+    ssd_cache: bool = True  # SSD tier under $MLXD_HOME/cache
+    ssd_cache_bytes: int = Field(20 * 1024**3, ge=0)
+
+    # Responses API store under $MLXD_HOME/responses (TTL 0: kept until the byte cap)
+    responses_ttl_s: float = Field(30 * 24 * 3600.0, ge=0)
+    responses_max_bytes: int = Field(256 * MiB, ge=0)
+
     # HTTP
     max_body_bytes: int = Field(32 * MiB, ge=1024)
+    cors_origins: list[str] = []  # browser origins allowed to call the API ("*" for any)
+
+    # Security (docs/api.md): a non-loopback bind needs api_key unless insecure is set
+    api_key: SecretStr | None = None  # required on every /v1 route when set
+    admin_token: SecretStr | None = None  # required on /admin and /metrics when set
+    insecure: bool = False
 
     # -- derived -------------------------------------------------------------------------
     @property

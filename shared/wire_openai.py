@@ -18,6 +18,8 @@ from pydantic import (
     model_validator,
 )
 
+from .chat_job import ChatJob, arguments_object, check_tools, text_of, tool_mode
+from .guided import GuidedFields
 from .params import GenerationParams
 
 MAX_STOP_SEQUENCES = 16
@@ -37,6 +39,18 @@ class ChatMessage(_Lenient):
     name: str | None = None
     tool_calls: list[dict[str, Any]] | None = None
     tool_call_id: str | None = None
+    reasoning_content: str | None = None
+
+    def to_template(self, i: int) -> dict[str, Any]:
+        """This message as chat templates expect it: text content, tool-call arguments as
+        objects (a JSON string would be quoted twice by `| tojson`)."""
+        out = self.model_dump(exclude_none=True)
+        out["content"] = text_of(self.content, f"messages.{i}.content")
+        for call in out.get("tool_calls") or []:
+            fn = call.get("function")
+            if isinstance(fn, dict) and "arguments" in fn:
+                fn["arguments"] = arguments_object(fn["arguments"])
+        return out
 
 
 class _SamplingRequest(_Lenient):
@@ -110,14 +124,16 @@ class _SamplingRequest(_Lenient):
         return bool(self.stream_options and self.stream_options.include_usage)
 
 
-class ChatCompletionRequest(_SamplingRequest):
+class ChatCompletionRequest(_SamplingRequest, GuidedFields):
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: int | None = Field(None, ge=1)
     chat_template_kwargs: dict[str, Any] | None = None
     tools: list[dict[str, Any]] | None = None
     tool_choice: str | dict[str, Any] | None = None
+    parallel_tool_calls: bool | None = None
     logprobs: bool | None = None
     top_logprobs: int | None = Field(None, ge=0, le=20)
+    prompt_cache_key: str | None = None
 
     @model_validator(mode="after")
     def _check_logprobs(self):
@@ -133,10 +149,25 @@ class ChatCompletionRequest(_SamplingRequest):
 
     def template_messages(self) -> list[dict[str, Any]]:
         """Messages as plain dicts for the chat template (unset fields left out)."""
-        return [m.model_dump(exclude_none=True) for m in self.messages]
+        return [m.to_template(i) for i, m in enumerate(self.messages)]
+
+    def to_chat_job(self) -> ChatJob:
+        """The worker's view of this request."""
+        tools = check_tools(self.tools)
+        mode, forced = tool_mode(self.tool_choice, tools)
+        return ChatJob(
+            messages=self.template_messages(),
+            params=self.to_generation_params(),
+            tools=tools,
+            tool_mode=mode,
+            forced_tool=forced,
+            template_kwargs=dict(self.chat_template_kwargs or {}),
+            guided=self.to_guided_spec(),
+            session=self.prompt_cache_key,
+        )
 
 
-class CompletionRequest(_SamplingRequest):
+class CompletionRequest(_SamplingRequest, GuidedFields):
     prompt: str | list[int] | list[str] = Field(...)
     echo: bool = False
     logprobs: int | None = Field(None, ge=0, le=20)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
+import shutil
 import sys
 from pathlib import Path
 
@@ -13,11 +15,16 @@ from mlxd.shared.logs import setup_logging
 
 def _start(args: argparse.Namespace) -> int:
     flags = {"host": args.host, "port": args.port, "home": args.home,
-             "log_level": args.log_level}
+             "log_level": args.log_level, "insecure": args.insecure or None}
     try:
         settings = load_settings(flags, args.config)
     except Exception as exc:  # a bad config file or environment value: say which, then stop
         print(f"mlxd: invalid settings: {exc}", file=sys.stderr)
+        return 2
+    from .auth import bind_refusal
+
+    if (refusal := bind_refusal(settings)) is not None:
+        print(f"mlxd: {refusal}", file=sys.stderr)
         return 2
     setup_logging(settings.log_level, settings.logs_dir / "mlxd.log")
     from .daemon import serve
@@ -29,6 +36,26 @@ def _start(args: argparse.Namespace) -> int:
         return asyncio.run(serve(settings))
 
 
+def _service(args: argparse.Namespace) -> int:
+    from . import service
+    from .service_files import ServiceSpec
+
+    try:
+        kind = service.platform_kind(args.platform or sys.platform)
+    except ValueError as exc:
+        print(f"mlxd service: {exc}", file=sys.stderr)
+        return 2
+    home = Path(args.home or os.environ.get("MLXD_HOME") or "~/.mlxd").expanduser().resolve()
+    path_env = os.pathsep.join(dict.fromkeys(
+        [str(Path(sys.executable).parent), *os.environ.get("PATH", "/usr/bin:/bin").split(":")]))
+    spec = ServiceSpec(program=service.program(sys.executable, shutil.which("mlxd")),
+                       home=str(home), path_env=path_env)
+    p = service.plan(args.action, kind, spec, Path.home(), os.getuid())
+    if args.action == "install" and not args.dry_run:
+        (home / "logs").mkdir(parents=True, exist_ok=True)  # the service's log and write paths
+    return service.execute(p, dry_run=args.dry_run)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="mlxd", description="Local LLM serving daemon on MLX.")
     sub = p.add_subparsers(dest="command", required=True)
@@ -38,7 +65,15 @@ def main(argv: list[str] | None = None) -> int:
     start.add_argument("--home", help="state folder (default ~/.mlxd, or $MLXD_HOME)")
     start.add_argument("--config", type=Path, help="TOML file (default $MLXD_HOME/config.toml)")
     start.add_argument("--log-level", help="DEBUG, INFO, WARNING or ERROR")
+    start.add_argument("--insecure", action="store_true",
+                       help="allow a non-loopback --host without an API key")
     start.set_defaults(func=_start)
+    svc = sub.add_parser("service", help="run mlxd at login (launchd on macOS, systemd on Linux)")
+    svc.add_argument("action", choices=["install", "uninstall", "status"])
+    svc.add_argument("--dry-run", action="store_true", help="print the file and the commands")
+    svc.add_argument("--home", help="state folder the service uses (default ~/.mlxd)")
+    svc.add_argument("--platform", choices=["darwin", "linux"], help=argparse.SUPPRESS)
+    svc.set_defaults(func=_service)
     args = p.parse_args(argv)
     return args.func(args)
 

@@ -14,19 +14,31 @@ from mlxd.shared.config import Settings
 from mlxd.shared.middleware import error_middleware, request_id_middleware
 
 from . import routes
+from .admin import add_admin_routes
+from .auth import auth_middleware
+from .cors import add_cors, cors_middleware
+from .metrics import add_metrics, observe_middleware
 from .monitor import run_monitor
 from .registry import Registry
+from .responses import add_response_routes
 from .upstream import UpstreamPool
 
 log = logging.getLogger("mlxd.daemon")
 
 
 def build_app(settings: Settings, registry: Registry) -> web.Application:
-    app = web.Application(middlewares=[request_id_middleware, error_middleware],
+    # Outermost first: ids and metrics see every answer; CORS preflights skip auth; a refusal
+    # from auth still gets the error envelope.
+    app = web.Application(middlewares=[request_id_middleware, observe_middleware,
+                                       cors_middleware, error_middleware, auth_middleware],
                           client_max_size=settings.max_body_bytes)
     app["settings"] = settings
     app["registry"] = registry
+    add_response_routes(app)  # before the generic /v1 proxy route
     routes.add_routes(app)
+    add_admin_routes(app)
+    add_metrics(app)
+    add_cors(app)
     return app
 
 

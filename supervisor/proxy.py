@@ -9,6 +9,7 @@ import aiohttp
 from aiohttp import web
 
 from mlxd.shared.errors import BadGateway, sse_error_bytes
+from mlxd.shared.logs import bind_log_context
 from mlxd.shared.middleware import REQUEST_ID
 
 from .slot import ModelSlot
@@ -25,6 +26,9 @@ HOP_BY_HOP = frozenset({
 PRIVATE = frozenset({"authorization", "x-api-key"})
 
 UPSTREAM_ERRORS = (aiohttp.ClientError, ConnectionError, asyncio.TimeoutError)
+# request[ON_STREAM_CHUNK]: called with each chunk of a stream once it is written, until it
+# returns True (the metrics middleware times the first token with it).
+ON_STREAM_CHUNK = "on_stream_chunk"
 
 
 def _forward_headers(headers, drop=HOP_BY_HOP | PRIVATE) -> dict[str, str]:
@@ -34,6 +38,8 @@ def _forward_headers(headers, drop=HOP_BY_HOP | PRIVATE) -> dict[str, str]:
 async def forward(request: web.Request, slot: ModelSlot, body: bytes,
                   upstream: UpstreamPool) -> web.StreamResponse:
     """Proxy `request` (whose body was already read) to `slot`'s worker."""
+    request["model"] = slot.id  # the metrics label and every later log line carry it
+    bind_log_context(model=slot.id)
     headers = _forward_headers(request.headers)
     headers[REQUEST_ID] = request["request_id"]
     session = upstream.session(slot.socket)
@@ -55,8 +61,11 @@ async def forward(request: web.Request, slot: ModelSlot, body: bytes,
         resp = web.StreamResponse(status=up.status, headers=out_headers)
         await resp.prepare(request)
         try:
+            on_chunk = request.get(ON_STREAM_CHUNK)
             async for chunk in up.content.iter_any():
                 await resp.write(chunk)  # each chunk goes out as soon as the worker wrote it
+                if on_chunk is not None and on_chunk(chunk):
+                    on_chunk = None
             complete = True
         except UPSTREAM_ERRORS:
             log.warning("model=%s worker stream broke request_id=%s", slot.id,

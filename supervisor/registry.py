@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import hashlib
 import logging
 import time
@@ -38,6 +39,7 @@ class Counters:
         self.evictions = 0
         self.unloads = 0
         self.crashes = 0
+        self.reloads = 0
 
 
 class Registry:
@@ -53,6 +55,9 @@ class Registry:
         self.budget_bytes = settings.memory_budget_bytes or int(
             total_memory_bytes * settings.memory_fraction)
         self.slots: dict[str, ModelSlot] = {}
+        # Slots out of routing during a hot reload: the new one starting, the old one draining.
+        self.incoming: set[ModelSlot] = set()
+        self.retired: set[ModelSlot] = set()
         self.counters = Counters()
         self._load_gate = asyncio.Semaphore(settings.max_concurrent_loads)
         self._load_tasks: dict[str, asyncio.Task] = {}
@@ -87,19 +92,25 @@ class Registry:
     def slot_for(self, entry: ModelEntry) -> ModelSlot:
         slot = self.slots.get(entry.id)
         if slot is None:
-            ms = self.settings.for_model(entry.id)
-            allowance = (ms.kv_allowance_bytes if ms.kv_allowance_bytes is not None
-                         else self.settings.kv_allowance_bytes)
-            slot = ModelSlot(entry=entry, settings=ms, socket=self._socket_path(entry.id),
-                             footprint_bytes=entry.weights_bytes + allowance)
+            slot = self.new_slot(entry)
             self.slots[entry.id] = slot
         return slot
 
-    def _socket_path(self, model_id: str) -> Path:
+    def new_slot(self, entry: ModelEntry, generation: int = 0) -> ModelSlot:
+        """A STOPPED slot for `entry`; a hot reload makes one per generation (own socket)."""
+        ms = self.settings.for_model(entry.id)
+        allowance = (ms.kv_allowance_bytes if ms.kv_allowance_bytes is not None
+                     else self.settings.kv_allowance_bytes)
+        return ModelSlot(entry=entry, settings=ms, socket=self._socket_path(entry.id, generation),
+                         footprint_bytes=entry.weights_bytes + allowance, generation=generation)
+
+    def _socket_path(self, model_id: str, generation: int = 0) -> Path:
         safe = "".join(c if c.isalnum() or c in "-_." else "-" for c in model_id)
-        path = self.settings.run_dir / f"{safe}.sock"
+        gen = f".g{generation}" if generation else ""
+        path = self.settings.run_dir / f"{safe}{gen}.sock"
         if len(str(path)) > 100:  # UNIX socket paths are limited to ~104 bytes
-            path = self.settings.run_dir / f"w-{hashlib.sha1(model_id.encode()).hexdigest()[:12]}.sock"
+            digest = hashlib.sha1(model_id.encode()).hexdigest()[:12]
+            path = self.settings.run_dir / f"w-{digest}{gen}.sock"
         return path
 
     def keep_alive_s(self, slot: ModelSlot) -> float:
@@ -117,9 +128,12 @@ class Registry:
             self.release(slot)
 
     async def acquire(self, entry: ModelEntry) -> ModelSlot:
-        slot = self.slot_for(entry)
         deadline = self.clock() + self.settings.load_timeout_s + self.settings.queue_timeout_s
         while True:
+            slot = self.slot_for(entry)  # looked up each time: a hot reload swaps the slot
+            if slot.drained:
+                raise Unavailable(f"Model '{slot.id}' was drained by an operator; "
+                                  "load or reload it to serve it again")
             if slot.state is State.READY:
                 slot.leases += 1
                 slot.touch()
@@ -130,10 +144,14 @@ class Registry:
             left = deadline - self.clock()
             if left <= 0:
                 raise Unavailable(f"Model '{slot.id}' did not become ready in time")
-            if slot.state in (State.STOPPED, State.BACKOFF):
-                await asyncio.wait_for(asyncio.shield(self._start_load(slot)), left)
-            else:  # STARTING, DRAINING, STOPPING: wait for the next state
-                await slot.wait_change(left)
+            slot.waiting += 1
+            try:
+                if slot.state in (State.STOPPED, State.BACKOFF):
+                    await asyncio.wait_for(asyncio.shield(self._start_load(slot)), left)
+                else:  # STARTING, DRAINING, STOPPING: wait for the next state
+                    await slot.wait_change(left)
+            finally:
+                slot.waiting -= 1
 
     def release(self, slot: ModelSlot) -> None:
         slot.leases -= 1
@@ -141,14 +159,17 @@ class Registry:
         if slot.leases == 0:
             self._signal_room()
             if self.keep_alive_s(slot) == 0 and not slot.settings.pinned:
-                self.spawn_task(self.unload(slot.id, reason="keep_alive 0"))
+                self.spawn_task(self.unload_slot(slot, reason="keep_alive 0"))
 
     def _signal_room(self) -> None:
         self._room.set()
         self._room = asyncio.Event()
 
-    def spawn_task(self, coro) -> asyncio.Task:
-        task = asyncio.create_task(coro)
+    def spawn_task(self, coro, *, inherit_context: bool = False) -> asyncio.Task:
+        # Background work outlives the request that started it: by default its log lines
+        # must not carry that request's id (see shared/logs.py).
+        ctx = contextvars.copy_context() if inherit_context else contextvars.Context()
+        task = ctx.run(asyncio.create_task, coro)
         self._background.add(task)
         task.add_done_callback(self._background.discard)
         return task
@@ -162,12 +183,17 @@ class Registry:
             self._load_tasks[slot.id] = task
         return task
 
+    async def load_slot(self, slot: ModelSlot) -> None:
+        """Start a slot outside routing (a hot reload's next generation) and wait for READY."""
+        await self._load(slot)
+
     async def _load(self, slot: ModelSlot) -> None:
         async with self._load_gate:
             if slot.state is State.BACKOFF:
                 await asyncio.sleep(max(0.0, slot.backoff_until - self.clock()))
-            if slot.state not in (State.STOPPED, State.BACKOFF):
-                return  # someone else moved it (an unload, a reload)
+            if (slot.state not in (State.STOPPED, State.BACKOFF) or slot in self.retired
+                    or slot.drained):
+                return  # someone else moved it (an unload, a reload, an operator's drain)
             await self._make_room(slot)
             slot.transition(State.STARTING)
             slot.started_at = self.clock()
@@ -187,6 +213,15 @@ class Registry:
         limit = ms.context_limit or s.context_limit
         if limit:
             argv += ["--context-limit", str(limit)]
+        if s.prompt_cache_bytes is not None:
+            argv += ["--prompt-cache-bytes", str(s.prompt_cache_bytes)]
+        if s.ssd_cache:
+            argv += ["--ssd-cache-dir", str(s.cache_dir), "--ssd-cache-bytes",
+                     str(s.ssd_cache_bytes)]
+        else:
+            argv += ["--no-ssd-cache"]
+        if ms.enable_thinking is not None:
+            argv += ["--enable-thinking" if ms.enable_thinking else "--no-enable-thinking"]
         return argv
 
     async def _wait_healthy(self, slot: ModelSlot, proc: WorkerProcess) -> None:
@@ -213,8 +248,9 @@ class Registry:
         while True:
             residents = [
                 Resident(s.id, s.footprint_bytes, s.leases, s.last_used, s.settings.pinned,
-                         evictable=s.state is State.READY)
-                for s in self.slots.values() if s is not slot and s.state in RUNNING
+                         evictable=s.state is State.READY and s.id != slot.id)
+                for s in [*self.slots.values(), *self.incoming, *self.retired]
+                if s is not slot and s.state in RUNNING
             ]
             try:
                 victims = plan_eviction(residents, slot.footprint_bytes, self.budget_bytes,
@@ -274,11 +310,15 @@ class Registry:
     async def unload(self, model_id: str, reason: str = "unload") -> bool:
         """Drain and stop `model_id`'s worker; True if it was running."""
         slot = self.slots.get(model_id)
-        if slot is None or slot.state is not State.READY:
+        return slot is not None and await self.unload_slot(slot, reason)
+
+    async def unload_slot(self, slot: ModelSlot, reason: str = "unload") -> bool:
+        """Drain and stop this slot's worker (a reload's old one too); True if it was READY."""
+        if slot.state is not State.READY:
             return False
-        log.info("unloading model=%s reason=%s", model_id, reason)
+        log.info("unloading model=%s reason=%s", slot.id, reason)
         slot.transition(State.DRAINING, reason)
-        await self.drain_worker(slot)
+        slot.last_drain = await self.drain_worker(slot)
         if slot.state is not State.DRAINING:
             return False  # it died while draining
         slot.transition(State.STOPPING)
@@ -310,7 +350,7 @@ class Registry:
         running = [s for s in self.slots.values() if s.state is State.READY]
         await asyncio.gather(*(self.unload(s.id, reason="shutdown") for s in running),
                              return_exceptions=True)
-        for s in self.slots.values():
+        for s in [*self.slots.values(), *self.incoming, *self.retired]:
             if s.process is not None and s.process.returncode is None:
                 await s.process.stop(self.settings.stop_timeout_s)
             s.socket.unlink(missing_ok=True)

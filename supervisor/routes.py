@@ -10,6 +10,7 @@ from aiohttp import web
 
 from mlxd.shared.bodies import load_json
 from mlxd.shared.errors import BadRequest, ModelNotFound
+from mlxd.shared.logs import bind_log_context
 from mlxd.shared.wire_openai import ModelCard, ModelList
 
 from .proxy import forward
@@ -66,6 +67,8 @@ async def proxy_v1(request: web.Request) -> web.StreamResponse:
     if model is not None and not isinstance(model, str):
         raise BadRequest("Invalid 'model': must be a string", param="model")
     entry = reg.resolve(model)
+    request["model"] = entry.id  # the metrics label, also when the lease fails
+    bind_log_context(model=entry.id)  # and every log line from here on
     if model != entry.id:  # the default model was chosen: tell the worker
         data["model"] = entry.id
         body = orjson.dumps(data)

@@ -37,6 +37,10 @@ class ModelSlot:
     last_health_ok: float = 0.0
     changed: asyncio.Event = field(default_factory=asyncio.Event)
     started_at: float = 0.0
+    generation: int = 0  # bumped by each hot reload (the new worker gets its own socket)
+    waiting: int = 0  # requests waiting for this model to become READY
+    drained: bool = False  # an operator drained it: refuse requests until load or reload
+    last_drain: dict | None = None  # the worker's answer to its last drain
 
     @property
     def id(self) -> str:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
 import time
@@ -12,6 +13,16 @@ import httpx
 import openai
 
 ROOT = Path(__file__).resolve().parents[1]
+
+# Limits of the shared integration worker (tests/integration/conftest.py).
+CONTEXT_LIMIT = 512
+MAX_BODY_BYTES = 256 * 1024
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def uds_client(socket: Path, timeout_s: float = 60.0) -> httpx.Client:
@@ -31,7 +42,8 @@ def start_worker(model_dir: Path, socket: Path, model_id: str = "tiny", *args: s
     cmd = [sys.executable, "-m", "mlxd.worker", "--model-path", str(model_dir),
            "--model-id", model_id, "--socket", str(socket), *args]
     if "--ssd-cache-dir" not in args and "--no-ssd-cache" not in args:
-        cmd += ["--ssd-cache-dir", str(socket.parent / "cache")]  # never the user's home
+        # Never the user's home, and one folder per socket so test modules stay independent.
+        cmd += ["--ssd-cache-dir", str(socket.parent / f"cache-{socket.stem}")]
     out = open(log, "wb") if log else subprocess.DEVNULL
     proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, cwd=ROOT,
                             env={**os.environ, "PYTHONUNBUFFERED": "1"})

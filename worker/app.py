@@ -19,7 +19,7 @@ from mlxd.shared.exit_codes import EXIT_MODEL_LOAD_ERROR, EXIT_OK, EXIT_PARENT_G
 from mlxd.shared.middleware import error_middleware, request_id_middleware
 from mlxd.shared.wire_openai import ModelCard, ModelList
 
-from . import openai_routes
+from . import anthropic_routes, openai_routes, responses_routes
 from .config import WorkerConfig
 from .engine import Engine
 from .lifeline import watch_parent
@@ -138,6 +138,9 @@ def build_app(state: WorkerState) -> web.Application:
     app.router.add_post("/admin/cache/session/close", cache_session_close)
     app.router.add_post("/v1/chat/completions", openai_routes.chat_completions)
     app.router.add_post("/v1/completions", openai_routes.completions)
+    app.router.add_post("/v1/responses", responses_routes.responses)
+    app.router.add_post("/v1/messages", anthropic_routes.messages)
+    app.router.add_post("/v1/messages/count_tokens", anthropic_routes.count_tokens)
     return app
 
 

@@ -18,6 +18,7 @@ class WorkerConfig:
     max_body_bytes: int = 32 * 1024 * 1024
     grace_s: float = 30.0
     exit_with_parent: bool = True
+    enable_thinking: bool | None = None  # None: the chat template's own default
     prompt_cache_bytes: int | None = None  # None: sized from memory; 0: no prompt cache
     ssd_cache_dir: Path | None = None  # None: no SSD tier
     ssd_cache_bytes: int = 20 * 1024**3
@@ -53,6 +54,9 @@ def parse_args(argv: list[str] | None = None) -> WorkerConfig:
                    help="write a settled cache entry to SSD after this many quiet seconds")
     p.add_argument("--cache-idle-s", type=float, default=300.0,
                    help="entries unused this long leave RAM (they stay on SSD)")
+    p.add_argument("--enable-thinking", action=argparse.BooleanOptionalAction, default=None,
+                   help="default for the template's enable_thinking switch (default: the "
+                        "template's); a request's chat_template_kwargs still win")
     a = p.parse_args(argv)
     if a.batch < 1:
         p.error("--batch must be at least 1")
@@ -66,6 +70,7 @@ def parse_args(argv: list[str] | None = None) -> WorkerConfig:
         max_body_bytes=a.max_body_bytes,
         grace_s=a.grace_s,
         exit_with_parent=not a.no_exit_with_parent,
+        enable_thinking=a.enable_thinking,
         prompt_cache_bytes=a.prompt_cache_bytes,
         ssd_cache_dir=None if a.no_ssd_cache else a.ssd_cache_dir.expanduser(),
         ssd_cache_bytes=a.ssd_cache_bytes,

@@ -20,19 +20,16 @@ import tempfile
 from pathlib import Path
 
 import mlx.core as mx
-from mlx_lm.utils import make_shards, save_config
+from mlx_lm.utils import save_config
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers, processors
 
 from mlxd.shared.exit_codes import EXIT_USAGE
 
 SUPPORTED_ARCHITECTURES = frozenset({"llama"})
-# GGML type id -> (name, bits when mx.load keeps it quantized; 0 when it is a float tensor).
-_KEPT_TYPES = {0: ("F32", 0), 1: ("F16", 0), 30: ("BF16", 0), 2: ("Q4_0", 4), 3: ("Q4_1", 4),
-               8: ("Q8_0", 8)}
-_OTHER_TYPES = {6: "Q5_0", 7: "Q5_1", 9: "Q8_1", 10: "Q2_K", 11: "Q3_K", 12: "Q4_K",
-                13: "Q5_K", 14: "Q6_K", 15: "Q8_K", 16: "IQ2_XXS", 17: "IQ2_XS", 18: "IQ3_XXS",
-                19: "IQ1_S", 20: "IQ4_NL", 21: "IQ3_S", 22: "IQ2_S", 23: "IQ4_XS", 29: "IQ1_M",
-                34: "TQ1_0", 35: "TQ2_0"}
+_TYPE_NAMES = {0: "F32", 1: "F16", 2: "Q4_0", 3: "Q4_1", 6: "Q5_0", 7: "Q5_1", 8: "Q8_0",
+               10: "Q2_K", 11: "Q3_K", 12: "Q4_K", 13: "Q5_K", 14: "Q6_K", 30: "BF16"}
+# GGML types mx.load maps faithfully -> bits once imported (0: a float tensor, kept as is).
+_KEPT_BITS = {0: 0, 1: 0, 30: 0, 2: 4, 3: 4, 8: 8}
 _GROUP_SIZE = 32  # every GGUF block type mx.load keeps quantized has 32 weights per block
 
 # GGUF tensor name (after "blk.N.") -> mlx-lm llama module path; the inverse of mlx_lm.gguf.
@@ -75,15 +72,14 @@ def import_gguf(gguf_path: Path, models_dir: Path, model_id: str | None = None, 
     tmp = Path(tempfile.mkdtemp(prefix=f".{model_id}.", suffix=".importing", dir=models_dir))
     try:
         config = build_config(meta, arch)
-        weights, config["quantization"] = convert_weights(weights, tensor_types, config)
-        if not config["quantization"]:
-            del config["quantization"]
-        for i, shard in enumerate(shards := make_shards(weights)):
-            name = "model.safetensors" if len(shards) == 1 else (
-                f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors")
-            mx.save_safetensors(str(tmp / name), shard, metadata={"format": "mlx"})
+        weights, quantization = convert_weights(weights, tensor_types, config)
+        if quantization:
+            config["quantization"] = quantization
+        # One file: mlx-lm loads any model*.safetensors, and the GGUF was one file too.
+        mx.save_safetensors(str(tmp / "model.safetensors"), weights, metadata={"format": "mlx"})
         save_config(config, tmp / "config.json")
         write_tokenizer(meta, tmp, config.get("max_position_embeddings"))
+        tmp.chmod(0o755)  # mkdtemp made it private; a model folder is not
         _swap_into_place(tmp, target)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -117,45 +113,37 @@ def read_header(path: Path) -> tuple[dict, dict[str, int]]:
 
 
 def _parse_header(f) -> tuple[dict, dict[str, int]]:
+    fixed = dict(enumerate("BbHhIif?")) | {10: "Q", 11: "q", 12: "d"}  # GGUF value types
+
     def unpack(fmt: str):
         return struct.unpack("<" + fmt, f.read(struct.calcsize(fmt)))[0]
-
-    def string() -> str:
-        return f.read(unpack("Q")).decode("utf-8")
-
-    fixed = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?", 10: "Q",
-             11: "q", 12: "d"}
 
     def value(vtype: int):
         if vtype in fixed:
             return unpack(fixed[vtype])
-        if vtype == 8:
-            return string()
-        if vtype == 9:  # array: element type, count, elements (skipped, only scalars kept)
-            etype, count = unpack("I"), unpack("Q")
-            if etype in fixed:
-                f.seek(count * struct.calcsize(fixed[etype]), 1)
-            else:
-                for _ in range(count):
-                    value(etype)
-            return None
-        raise GGUFImportError(f"corrupt GGUF header: unknown value type {vtype}")
+        if vtype == 8:  # string
+            return f.read(unpack("Q")).decode("utf-8")
+        if vtype != 9:
+            raise GGUFImportError(f"{f.name}: corrupt GGUF header (value type {vtype})")
+        etype, count = unpack("I"), unpack("Q")  # array: skipped, only scalars are kept
+        if etype in fixed:
+            f.seek(count * struct.calcsize(fixed[etype]), 1)
+        else:
+            for _ in range(count):
+                value(etype)
+        return None
 
     if f.read(4) != b"GGUF":
         raise GGUFImportError(f"{f.name}: not a GGUF file (bad magic bytes)")
     if (version := unpack("I")) not in (2, 3):
         raise GGUFImportError(f"{f.name}: unsupported GGUF version {version}")
     n_tensors, n_kv = unpack("Q"), unpack("Q")
-    meta = {}
-    for _ in range(n_kv):
-        key = string()
-        meta[key] = value(unpack("I"))
+    meta = {value(8): value(unpack("I")) for _ in range(n_kv)}
     types = {}
     for _ in range(n_tensors):
-        name = string()
+        name = value(8)
         f.seek(8 * unpack("I"), 1)  # dims
-        types[name] = unpack("I")
-        unpack("Q")  # data offset
+        types[name], _offset = unpack("I"), unpack("Q")
     return meta, types
 
 
@@ -172,9 +160,9 @@ def check_supported(header: dict, tensor_types: dict[str, int]) -> None:
         raise GGUFImportError(f"unsupported pre-tokenizer {pre!r}; "
                               f"supported: {', '.join(sorted(_PRE_REGEXES))}")
     for name, ggml_type in tensor_types.items():
-        if ggml_type not in _KEPT_TYPES:
-            kind = _OTHER_TYPES.get(ggml_type, f"GGML type {ggml_type}")
-            kept = ", ".join(n for n, _ in _KEPT_TYPES.values())
+        if ggml_type not in _KEPT_BITS:
+            kind = _TYPE_NAMES.get(ggml_type, f"GGML type {ggml_type}")
+            kept = ", ".join(_TYPE_NAMES[t] for t in _KEPT_BITS)
             raise GGUFImportError(f"unsupported tensor type {kind} (tensor {name}); "
                                   f"supported: {kept}")
         _module_path(name)  # raises on tensors with no llama counterpart
@@ -214,7 +202,8 @@ def build_config(meta: dict, arch: str) -> dict:
         "num_hidden_layers": int(_meta(meta, f"{arch}.block_count")),
         "intermediate_size": int(_meta(meta, f"{arch}.feed_forward_length")),
         "num_key_value_heads": int(_meta(meta, f"{arch}.attention.head_count_kv", n_heads)),
-        "rms_norm_eps": float(_meta(meta, f"{arch}.attention.layer_norm_rms_epsilon")),
+        # GGUF stores float32: 7 digits give back the 1e-05 the model was trained with
+        "rms_norm_eps": float(f"{_meta(meta, f'{arch}.attention.layer_norm_rms_epsilon'):.7g}"),
         "rope_theta": float(_meta(meta, f"{arch}.rope.freq_base", 10000.0)),
         "max_position_embeddings": int(_meta(meta, f"{arch}.context_length", 4096)),
         "vocab_size": len(_meta(meta, "tokenizer.ggml.tokens")),
@@ -262,8 +251,13 @@ def convert_weights(raw: dict, tensor_types: dict[str, int],
             value = value.astype(mx.float16)
         weights[f"{path}.{suffix}"] = value
         if ggml_type is not None and value.ndim == 2 and suffix == "weight":
-            bits_of[path] = _KEPT_TYPES[ggml_type][1]
+            bits_of[path] = _KEPT_BITS[ggml_type]
     config["tie_word_embeddings"] = "lm_head.weight" not in weights
+    expected = {f"{p}.weight" for p in _TOP_NAMES.values() if p != "lm_head"} | {
+        f"model.layers.{i}.{p}.weight" for i in range(config["num_hidden_layers"])
+        for p in _LAYER_NAMES.values()}
+    if missing := sorted(expected - weights.keys()):
+        raise GGUFImportError(f"GGUF lacks {len(missing)} llama tensor(s), e.g. {missing[0]}")
     quantized = [b for b in bits_of.values() if b]
     if not quantized:
         return weights, {}

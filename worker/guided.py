@@ -10,6 +10,7 @@ remains, so the row stops there. Masks are built with numpy on the CPU and appli
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import logging
 import threading
@@ -37,13 +38,29 @@ class GuidedUnavailable(Exception):
     """The spec cannot be compiled into a grammar (the caller falls back to an instruction)."""
 
 
+def warning_header(param: str, why: str, outcome: str) -> str:
+    """An RFC 7234 `Warning` value saying what could not be enforced, and what we did."""
+    why = " ".join(why.replace('"', "'").split()).encode("ascii", "replace").decode()
+    return f'299 mlxd "{param} could not be enforced ({why[:300]}); {outcome}"'
+
+
+async def row_processors(m: LoadedModel, spec: GuidedSpec | None) -> tuple[list, str | None]:
+    """Processors for a row of a plain completion, and a Warning if `spec` did not compile."""
+    if spec is None:
+        return [], None
+    try:
+        return [GuidedProcessor(*await asyncio.to_thread(compile_spec, m, spec))], None
+    except GuidedUnavailable as exc:
+        return [], warning_header(spec.param, str(exc), "the output is not constrained")
+
+
 def spec_regex(spec: GuidedSpec) -> str:
     """The regular expression that `spec` asks the output to match."""
     try:
         if spec.kind == "regex":
             return spec.value
         if spec.kind == "choice":
-            return "(" + "|".join(_escape(str(c)) for c in spec.value) + ")"
+            return "(" + "|".join(escape_regex(str(c)) for c in spec.value) + ")"
         if spec.kind == "grammar":
             return grammar_to_regex(spec.value)
         schema = JSON_OBJECT_SCHEMA if spec.kind == "json_object" else spec.value
@@ -52,7 +69,7 @@ def spec_regex(spec: GuidedSpec) -> str:
         raise GuidedUnavailable(str(exc)) from None
 
 
-def _escape(text: str) -> str:
+def escape_regex(text: str) -> str:
     # The regex dialect (Rust's regex crate) escapes these, and nothing else needs it.
     return "".join("\\" + c if c in r"\.+*?()|[]{}^$#&-~" else c for c in text)
 
@@ -108,14 +125,18 @@ class GuidedProcessor:
         self._vocab = vocab
         self._after = list(after) if after else None
         self._recent: list[int] = []
-        self._calls = 0
+        self._seen: int | None = None
         self._words = np.zeros((1, (vocab.size + 31) // 32), dtype=np.int32)
         self.failed = False
 
     def __call__(self, tokens: mx.array, logits: mx.array) -> mx.array:
-        if self._calls:  # every call after the first follows one sampled token
-            self._advance(int(tokens[-1].item()))
-        self._calls += 1
+        # `tokens` is the row's context: the prompt on the first call, then one more sampled
+        # token per step. Only what is new since the last call advances the automaton.
+        n = tokens.shape[-1]
+        if self._seen is not None and n > self._seen:
+            for token in tokens.reshape(-1)[self._seen:n].tolist():
+                self._advance(int(token))
+        self._seen = n
         if self._after is not None:
             return logits
         return mx.where(self._mask(logits.shape[-1]), logits, mx.array(-mx.inf, logits.dtype))
@@ -131,6 +152,7 @@ class GuidedProcessor:
         try:
             self._guide.advance(token, return_tokens=False)
         except ValueError:  # cannot happen while the mask is applied; never break the row
+            log.warning("token %d does not continue the grammar; ending the row", token)
             self.failed = True
 
     def _mask(self, width: int) -> mx.array:

@@ -26,16 +26,20 @@ from mlxd.shared.wire_openai import (
 
 from . import sse
 from .bridge import Generation
-from .cache_keys import make_cache_key, session_of, stable_boundary
+from .cache_keys import make_cache_key, session_of
+from .chat_run import ChatRun, Delta, Keepalive, ToolCalls
+from .guided import row_processors
 from .logprobs import chat_logprobs, completion_logprobs
-from .prompts import chat_prompt, completion_prompt, resolve_params
+from .prompts import completion_prompt, resolve_params
 from .state import WorkerState
+from .tool_calls import ToolCall
 
 KEEPALIVE_S = 5.0
 
 
-def _json(body) -> web.Response:
-    return web.Response(body=orjson.dumps(body.model_dump()), content_type="application/json")
+def _json(body, headers: dict[str, str] | None = None) -> web.Response:
+    return web.Response(body=orjson.dumps(body.model_dump()), content_type="application/json",
+                        headers=headers)
 
 
 def _usage(gen: Generation, completion: int) -> Usage:
@@ -44,55 +48,63 @@ def _usage(gen: Generation, completion: int) -> Usage:
 
 async def chat_completions(request: web.Request) -> web.StreamResponse:
     state: WorkerState = request.app["state"]
-    m, engine = state.ready()
+    state.ready()
     req = parse_model(ChatCompletionRequest, load_json(await request.read()))
-    prompt = chat_prompt(m, req)
-    params = resolve_params(m, req.to_generation_params(), len(prompt))
+    job = req.to_chat_job()
+    job.session = session_of(request, req)
     rid = "chatcmpl-" + uuid.uuid4().hex[:24]
-    boundary = 0 if engine.trimmable else stable_boundary(
-        m.tokenizer, req.template_messages(), req.chat_template_kwargs or {}, prompt)
-    key = await make_cache_key(state, prompt, session_of(request, req), boundary)
-    with Generation(engine, rid, prompt, params, cache_key=key) as gen:
+    run = await ChatRun.prepare(state, job, rid)
+    tok = run.m.tokenizer
+    with run:
         if not req.stream:
-            text, last, lps = await gen.collect()
-            _raise_if_failed(last)
-            choice = ChatChoice(
-                message=ResponseMessage(content=text),
-                finish_reason=last.finish_reason,
-                logprobs=chat_logprobs(m.tokenizer, lps) if params.logprobs else None,
+            out = await run.collect()
+            message = ResponseMessage(
+                content=out.text or (None if out.calls else ""),
+                reasoning_content=out.reasoning or None,
+                tool_calls=[_tool_call(c) for c in out.calls] or None,
             )
-            return _json(ChatCompletion(id=rid, model=m.model_id, choices=[choice],
-                                        usage=_usage(gen, last.completion_tokens)))
+            choice = ChatChoice(message=message, finish_reason=out.done.finish_reason,
+                                logprobs=chat_logprobs(tok, out.logprobs)
+                                if run.params.logprobs else None)
+            return _json(ChatCompletion(id=rid, model=run.m.model_id, choices=[choice],
+                                        usage=_usage(run.gen, out.done.completion_tokens)),
+                         run.headers)
         created = int(time.time())
 
         def chunk(delta: ChunkDelta, finish=None, logprobs=None) -> bytes:
             choice = ChunkChoice(delta=delta, finish_reason=finish, logprobs=logprobs)
-            return sse.data(ChatCompletionChunk(id=rid, created=created, model=m.model_id,
+            return sse.data(ChatCompletionChunk(id=rid, created=created, model=run.m.model_id,
                                                 choices=[choice]))
 
-        resp = await sse.open_stream(request)
+        resp = await sse.open_stream(request, run.headers)
         await resp.write(chunk(ChunkDelta(role="assistant", content="")))
-        while True:
-            ev = await gen.next(KEEPALIVE_S)
-            if ev is None:
+        async for ev in run.events():
+            if isinstance(ev, Keepalive):
                 await resp.write(sse.KEEPALIVE)
-                continue
-            if ev.error is not None:
+            elif isinstance(ev, Delta):
+                lp = chat_logprobs(tok, ev.logprobs) if ev.logprobs else None
+                delta = (ChunkDelta(reasoning_content=ev.text) if ev.kind == "reasoning"
+                         else ChunkDelta(content=ev.text))
+                await resp.write(chunk(delta, logprobs=lp))
+            elif isinstance(ev, ToolCalls):
+                calls = [{"index": c.index, **_tool_call(c)} for c in ev.calls]
+                await resp.write(chunk(ChunkDelta(tool_calls=calls)))
+            elif ev.error is not None:
                 await resp.write(sse.data({"error": {"message": ev.error.message,
                                                      "type": ev.error.type}}))
-                break
-            lp = chat_logprobs(m.tokenizer, ev.logprobs) if ev.logprobs else None
-            if ev.text or lp:
-                await resp.write(chunk(ChunkDelta(content=ev.text), logprobs=lp))
-            if ev.finish_reason is not None:
+            else:
                 await resp.write(chunk(ChunkDelta(), finish=ev.finish_reason))
                 if req.include_usage:
                     await resp.write(sse.data(ChatCompletionChunk(
-                        id=rid, created=created, model=m.model_id, choices=[],
-                        usage=_usage(gen, ev.completion_tokens))))
-                break
+                        id=rid, created=created, model=run.m.model_id, choices=[],
+                        usage=_usage(run.gen, ev.completion_tokens))))
         await resp.write(sse.DONE)
         return resp
+
+
+def _tool_call(call: ToolCall) -> dict:
+    return {"id": call.id, "type": "function",
+            "function": {"name": call.name, "arguments": call.arguments}}
 
 
 async def completions(request: web.Request) -> web.StreamResponse:
@@ -104,7 +116,9 @@ async def completions(request: web.Request) -> web.StreamResponse:
     rid = "cmpl-" + uuid.uuid4().hex[:24]
     echo = m.tokenizer.decode(prompt) if req.echo else ""
     key = await make_cache_key(state, prompt, session_of(request, req))
-    with Generation(engine, rid, prompt, params, cache_key=key) as gen:
+    processors, warning = await row_processors(m, req.to_guided_spec())
+    headers = {"Warning": warning} if warning else {}
+    with Generation(engine, rid, prompt, params, processors=processors, cache_key=key) as gen:
         if not req.stream:
             text, last, lps = await gen.collect()
             _raise_if_failed(last)
@@ -115,7 +129,7 @@ async def completions(request: web.Request) -> web.StreamResponse:
                 if params.logprobs else None,
             )
             return _json(Completion(id=rid, model=m.model_id, choices=[choice],
-                                    usage=_usage(gen, last.completion_tokens)))
+                                    usage=_usage(gen, last.completion_tokens)), headers)
         created = int(time.time())
 
         def chunk(text: str, finish=None, logprobs=None, usage=None) -> bytes:
@@ -124,7 +138,7 @@ async def completions(request: web.Request) -> web.StreamResponse:
             return sse.data(Completion(id=rid, created=created, model=m.model_id,
                                        choices=choices, usage=usage))
 
-        resp = await sse.open_stream(request)
+        resp = await sse.open_stream(request, headers)
         if echo:
             await resp.write(chunk(echo))
         offset = len(echo)

@@ -2,27 +2,54 @@
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import dataclass, replace
+from typing import Any
 
 from mlxd.shared.errors import BadRequest
 from mlxd.shared.params import GenerationParams
-from mlxd.shared.wire_openai import ChatCompletionRequest, CompletionRequest
+from mlxd.shared.wire_openai import CompletionRequest
 
 from .loaded import LoadedModel
 
 
-def chat_prompt(m: LoadedModel, req: ChatCompletionRequest) -> list[int]:
-    """Render the conversation through the model's chat template."""
-    kwargs = dict(req.chat_template_kwargs or {})
-    if req.tools:
-        kwargs["tools"] = req.tools
+@dataclass
+class ChatPrompt:
+    """A rendered conversation: token ids, the text, and whether it ends inside reasoning."""
+
+    ids: list[int]
+    text: str
+    kwargs: dict[str, Any]  # what the template was given (tools, enable_thinking, ...)
+    in_reasoning: bool
+
+
+def chat_prompt(m: LoadedModel, messages: list[dict], tools: list[dict] | None = None,
+                template_kwargs: dict | None = None,
+                enable_thinking: bool | None = None) -> ChatPrompt:
+    """Render the conversation through the model's chat template.
+
+    `enable_thinking` is the worker's default; the request's chat_template_kwargs win, and
+    when both are silent the template decides.
+    """
+    kwargs = dict(template_kwargs or {})
+    if enable_thinking is not None:
+        kwargs.setdefault("enable_thinking", enable_thinking)
+    if tools:
+        kwargs["tools"] = tools
     try:
         text = m.tokenizer.apply_chat_template(
-            req.template_messages(), add_generation_prompt=True, tokenize=False, **kwargs
+            messages, add_generation_prompt=True, tokenize=False, **kwargs
         )
     except Exception as exc:  # jinja raises for conversations the template rejects
         raise BadRequest(f"The chat template rejected the messages: {exc}", param="messages") from None
-    return m.tokenizer.encode(text, add_special_tokens=False)
+    ids = m.tokenizer.encode(text, add_special_tokens=False)
+    return ChatPrompt(ids, text, kwargs, _ends_in_reasoning(m.tokenizer, text))
+
+
+def _ends_in_reasoning(tokenizer, text: str) -> bool:
+    """Templates such as DeepSeek-R1's open a think block in the generation prompt."""
+    if not getattr(tokenizer, "has_thinking", False):
+        return False
+    return text.rfind(tokenizer.think_start) > text.rfind(tokenizer.think_end)
 
 
 def completion_prompt(m: LoadedModel, req: CompletionRequest) -> list[int]:

@@ -15,8 +15,9 @@ KEEPALIVE = b": keep-alive\n\n"
 DONE = b"data: [DONE]\n\n"
 
 
-async def open_stream(request: web.Request) -> web.StreamResponse:
-    resp = web.StreamResponse(status=200, headers=SSE_HEADERS)
+async def open_stream(request: web.Request,
+                      headers: dict[str, str] | None = None) -> web.StreamResponse:
+    resp = web.StreamResponse(status=200, headers={**SSE_HEADERS, **(headers or {})})
     rid = request.get("request_id")
     if rid:
         resp.headers["x-request-id"] = rid

@@ -40,8 +40,8 @@ def stream_lines(d, model: str, n: int, out: dict, started: threading.Event | No
 def test_keep_alive_unloads_idle_model(make_daemon):
     d = make_daemon(config='[models.a]\nkeep_alive_s = 1\n[models.b]\nkeep_alive_s = -1\n')
     assert ask(d, "a").status_code == 200
-    assert ask(d, "b").status_code == 200
     pid_a = d.worker_pids("a")[0]
+    assert ask(d, "b").status_code == 200
     d.wait_for(lambda: d.status("a")["status"] == "available", 15, "keep-alive unload of a")
     assert not psutil.pid_exists(pid_a) or psutil.Process(pid_a).status() == "zombie"
     time.sleep(1.5)

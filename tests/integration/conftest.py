@@ -8,10 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from procs import start_worker, stop, uds_client, uds_openai
-
-CONTEXT_LIMIT = 512
-MAX_BODY_BYTES = 256 * 1024
+from procs import CONTEXT_LIMIT, MAX_BODY_BYTES, start_worker, stop, uds_client, uds_openai
 
 
 @pytest.fixture(scope="session")

@@ -7,6 +7,7 @@ import shutil
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
+
 from procs import start_worker, stop, uds_client, uds_openai
 
 LONG = " ".join(f"Fact {i}: the river flows past stone number {i * 7}." for i in range(30))

@@ -7,7 +7,7 @@ import threading
 import orjson
 import pytest
 
-from conftest import CONTEXT_LIMIT, MAX_BODY_BYTES
+from procs import CONTEXT_LIMIT, MAX_BODY_BYTES
 
 CHAT = "/v1/chat/completions"
 OK_MSG = [{"role": "user", "content": "hi"}]

@@ -1,0 +1,113 @@
+"""One chat-shaped generation, whatever API surface asked for it.
+
+OpenAI chat, Anthropic Messages and the Responses API each convert their request into a
+`ChatJob` (`to_chat_job()`): messages as the chat template expects them, tools in OpenAI's
+function shape, the tool choice, template switches, sampling parameters and a structured-output
+constraint. The worker runs every job through one generation and output-parsing path.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import orjson
+
+from .errors import BadRequest
+from .guided import GuidedSpec
+from .params import GenerationParams
+
+ToolMode = Literal["auto", "none", "required", "function"]
+
+
+@dataclass
+class ChatJob:
+    """What to render and how to sample; `forced_tool` names the tool when mode is function."""
+
+    messages: list[dict[str, Any]]
+    params: GenerationParams
+    tools: list[dict[str, Any]] | None = None
+    tool_mode: ToolMode = "auto"
+    forced_tool: str | None = None
+    template_kwargs: dict[str, Any] = field(default_factory=dict)
+    guided: GuidedSpec | None = None
+    session: str | None = None  # prompt-cache affinity (prompt_cache_key, metadata.user_id)
+    report_stop: bool = False  # the API names the stop string that matched (Anthropic)
+
+    @property
+    def rendered_tools(self) -> list[dict[str, Any]] | None:
+        """Tools as the template sees them: none at all when the client said "none"."""
+        return self.tools if self.tools and self.tool_mode != "none" else None
+
+
+def function_tool(name: str, description: str | None, parameters: dict | None) -> dict:
+    """A tool in the OpenAI function shape that chat templates understand."""
+    fn: dict[str, Any] = {"name": name}
+    if description:
+        fn["description"] = description
+    fn["parameters"] = parameters or {"type": "object", "properties": {}}
+    return {"type": "function", "function": fn}
+
+
+def check_tools(tools: list[dict] | None, param: str = "tools") -> list[dict] | None:
+    """Validate OpenAI chat tools: each {"type": "function", "function": {"name": ...}}."""
+    for i, t in enumerate(tools or []):
+        fn = t.get("function") if isinstance(t, dict) else None
+        if not isinstance(fn, dict) or t.get("type", "function") != "function":
+            raise BadRequest(f"Invalid '{param}.{i}': only function tools are supported",
+                             param=f"{param}.{i}")
+        if not isinstance(fn.get("name"), str) or not fn["name"]:
+            raise BadRequest(f"Invalid '{param}.{i}.function.name'", param=f"{param}.{i}")
+    return tools or None
+
+
+def tool_mode(choice: str | dict | None, tools: list[dict] | None,
+              param: str = "tool_choice") -> tuple[ToolMode, str | None]:
+    """OpenAI `tool_choice` as (mode, forced tool name)."""
+    if choice is None:
+        return "auto", None
+    if isinstance(choice, str):
+        if choice not in ("auto", "none", "required"):
+            raise BadRequest(f"Invalid '{param}': {choice!r}", param=param)
+        return choice, None  # type: ignore[return-value]
+    name = (choice.get("function") or {}).get("name") or choice.get("name")
+    if not isinstance(name, str):
+        raise BadRequest(f"Invalid '{param}': name the function to call", param=param)
+    if name not in {t["function"]["name"] for t in tools or []}:
+        raise BadRequest(f"Invalid '{param}': no tool named {name!r}", param=param)
+    return "function", name
+
+
+def text_of(content: Any, param: str) -> str:
+    """The text of a content field: a string, or a list of text parts."""
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    parts = []
+    for part in content:
+        kind = part.get("type") if isinstance(part, dict) else None
+        if kind in ("text", "input_text", "output_text"):
+            parts.append(str(part.get("text", "")))
+        else:
+            raise BadRequest(f"Invalid '{param}': only text content is supported (got {kind!r})",
+                             param=param)
+    return "".join(parts)
+
+
+def arguments_object(arguments: Any) -> Any:
+    """Tool-call arguments as an object: templates render dicts (`| tojson`), and a JSON
+    string left as it is would be quoted a second time by most of them."""
+    if isinstance(arguments, str):
+        try:
+            value = orjson.loads(arguments) if arguments.strip() else {}
+        except orjson.JSONDecodeError:
+            return arguments
+        return value if isinstance(value, dict) else arguments
+    return arguments
+
+
+def tool_call_message(call_id: str, name: str, arguments: Any) -> dict:
+    """An assistant tool call in the shape templates iterate over."""
+    return {"id": call_id, "type": "function",
+            "function": {"name": name, "arguments": arguments_object(arguments)}}

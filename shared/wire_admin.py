@@ -1,0 +1,91 @@
+"""Wire bodies of the /admin API (docs/api.md, "Admin API"); mlxctl reads the same models."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel
+
+
+class ModelStatus(BaseModel):
+    """One model as GET /admin/models shows it (running or only discovered)."""
+
+    id: str
+    state: str  # stopped, starting, ready, draining, stopping, backoff, fatal
+    source: str | None = None  # home, hf-cache, config (None: gone from disk since it loaded)
+    path: str | None = None
+    weights_bytes: int = 0
+    footprint_bytes: int = 0  # weights plus the KV allowance: what the budget counts
+    pid: int | None = None
+    memory_bytes: int | None = None  # resident set size of the worker process
+    leases: int = 0  # requests in flight
+    queued: int = 0  # requests waiting for it to become ready
+    idle_s: float | None = None  # seconds since the last request ended (None: never used)
+    keep_alive_s: float = 0.0  # -1: never unloaded when idle
+    expires_in_s: float | None = None  # keep-alive left (None: busy, pinned, or not running)
+    restarts: int = 0
+    last_error: str | None = None
+    generation: int = 0  # hot reloads so far
+    pinned: bool = False
+    drained: bool = False  # refused until an explicit load or reload
+
+
+class ModelStatusList(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[ModelStatus]
+
+
+class ModelAction(BaseModel):
+    """The answer to POST /admin/models/{id}/{load,unload,drain,reload}."""
+
+    id: str
+    action: Literal["load", "unload", "drain", "reload"]
+    result: str  # loaded, already loaded, unloaded, not running, drained, reloaded, reloaded cold
+    elapsed_s: float
+    model: ModelStatus
+    drain: dict[str, Any] | None = None  # the worker's drain report, when it drained
+
+
+class WorkerReply(BaseModel):
+    """One worker's answer inside a fan-out (cache flush, stats)."""
+
+    status: int | None = None  # HTTP status; None when the worker could not be reached
+    body: dict[str, Any] = {}
+    error: str | None = None
+
+
+class FlushResult(BaseModel):
+    object: Literal["cache.flush"] = "cache.flush"
+    flushed: list[str]  # models whose worker flushed
+    unsupported: list[str]  # workers without a flush route (404)
+    failed: list[str]
+    workers: dict[str, WorkerReply]
+
+
+class SupervisorStats(BaseModel):
+    uptime_s: float
+    budget_bytes: int
+    models_loaded: int
+    leases: int
+    queued: int
+    loads: int
+    load_failures: int
+    evictions: int
+    unloads: int
+    crashes: int
+    reloads: int
+
+
+class StatsResult(BaseModel):
+    object: Literal["stats"] = "stats"
+    supervisor: SupervisorStats
+    workers: dict[str, WorkerReply]
+
+
+class LogTail(BaseModel):
+    """Lines of a worker's log file; pass `offset` back as `after` to follow it."""
+
+    id: str
+    file: str
+    lines: list[str]
+    offset: int  # the file size after the returned lines

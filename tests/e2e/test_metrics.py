@@ -1,0 +1,98 @@
+"""GET /metrics through prometheus_client's parser, and the JSON log file: a real daemon."""
+
+from __future__ import annotations
+
+import json
+
+import httpx
+from prometheus_client.parser import text_string_to_metric_families
+
+MSG = [{"role": "user", "content": "hello"}]
+
+
+def scrape(d) -> dict[tuple[str, tuple], float]:
+    r = d.http.get("/metrics")
+    assert r.status_code == 200 and r.headers["content-type"].startswith("text/plain")
+    out = {}
+    for family in text_string_to_metric_families(r.text):
+        for s in family.samples:
+            out[(s.name, tuple(sorted(s.labels.items())))] = s.value
+    return out
+
+
+def value(samples, name: str, **labels) -> float:
+    return samples.get((name, tuple(sorted(labels.items()))), 0.0)
+
+
+def chat(d, model: str, stream: bool = False, rid: str | None = None) -> None:
+    body = {"model": model, "messages": MSG, "max_tokens": 4, "temperature": 0,
+            "stream": stream}
+    headers = {"x-request-id": rid} if rid else {}
+    with httpx.stream("POST", d.url + "/v1/chat/completions", json=body, headers=headers,
+                      timeout=60) as r:
+        assert r.status_code == 200
+        r.read()
+
+
+def test_metrics_move_as_requests_flow(make_daemon):
+    d = make_daemon()
+    before = scrape(d)
+    assert value(before, "mlxd_models_loaded") == 0
+    assert value(before, "mlxd_loads_total") == 0
+    chat(d, "a")
+    chat(d, "a", stream=True)
+    chat(d, "b", stream=True)
+    assert d.http.post("/v1/chat/completions", json={"model": "nope"}).status_code == 404
+    m = scrape(d)
+    chat_route = "/v1/chat/completions"
+    assert value(m, "mlxd_requests_total", model="a", route=chat_route, status="200") == 2
+    assert value(m, "mlxd_requests_total", model="b", route=chat_route, status="200") == 1
+    assert value(m, "mlxd_requests_total", model="", route=chat_route, status="404") == 1
+    assert value(m, "mlxd_request_duration_seconds_count", model="a", route=chat_route) == 2
+    assert value(m, "mlxd_time_to_first_token_seconds_count", model="a", route=chat_route) == 1
+    assert value(m, "mlxd_time_to_first_token_seconds_count", model="b", route=chat_route) == 1
+    assert 0 < value(m, "mlxd_time_to_first_token_seconds_sum", model="a", route=chat_route) \
+        <= value(m, "mlxd_request_duration_seconds_sum", model="a", route=chat_route)
+    assert value(m, "mlxd_models_loaded") == 2
+    assert value(m, "mlxd_loads_total") == 2
+    assert value(m, "mlxd_crashes_total") == value(m, "mlxd_evictions_total") == 0
+    assert value(m, "mlxd_model_state", model="a", state="ready") == 1
+    assert value(m, "mlxd_leases") == value(m, "mlxd_queue_depth") == 0
+    assert value(m, "mlxd_worker_rss_bytes", model="a") > 10 << 20
+    assert value(m, "mlxd_generation_tokens_total", model="a") == 8
+    assert value(m, "mlxd_prompt_tokens_total", model="a") > 0
+    # Prompt-cache families exist per model and tier (zero until the worker reports them).
+    assert ("mlxd_prompt_cache_hits_total", (("model", "a"), ("tier", "ram"))) in m
+    assert ("mlxd_prompt_cache_bytes", (("model", "b"), ("tier", "ssd"))) in m
+
+    chat(d, "a")
+    assert d.http.post("/admin/models/b/unload").status_code == 200
+    after = scrape(d)
+    assert value(after, "mlxd_requests_total", model="a", route=chat_route,
+                 status="200") == 3
+    assert value(after, "mlxd_generation_tokens_total", model="a") == 12
+    assert value(after, "mlxd_unloads_total") == 1 and value(after, "mlxd_models_loaded") == 1
+    assert value(after, "mlxd_requests_total", model="b",
+                 route="/admin/models/{model_id}/unload", status="200") == 1
+    assert value(after, "mlxd_requests_total", model="", route="/metrics", status="200") == 2
+
+
+def test_log_file_is_json_lines_with_request_id_and_model(make_daemon):
+    d = make_daemon()
+    chat(d, "a", rid="req-json-1")
+    chat(d, "a", stream=True, rid="req-json-2")
+    records = [json.loads(line) for line in
+               (d.home / "logs" / "mlxd.log").read_text().splitlines()]
+    assert all({"ts", "level", "logger", "msg"} <= set(r) for r in records)
+    mine = [r for r in records if r.get("request_id") == "req-json-1"]
+    assert any(r["msg"].startswith("spawned model=a") for r in mine)  # its load, its id
+    assert all(r["model"] == "a" for r in mine if r["logger"] == "mlxd.routes")
+    assert any(r.get("request_id") == "req-json-2" and r.get("model") == "a" for r in records)
+    # Terminal lines stay readable text and name the request too.
+    assert "proxy model=a path=/v1/chat/completions request_id=req-json-1" in d.logs()
+    # A worker's exit long after the request that loaded it carries no request id.
+    d.http.post("/admin/models/a/unload")
+    records = [json.loads(line) for line in
+               (d.home / "logs" / "mlxd.log").read_text().splitlines()]
+    stopped = [r for r in records if "to=stopped" in r["msg"]]
+    assert stopped and "request_id" not in stopped[-1]
