@@ -1,0 +1,253 @@
+"""The workloads. Each one drives every target with the same requests and returns Figures:
+one metric, its per-run samples for each target, and which target is the yardstick.
+
+Prompts start with a per-request nonce so no server gets a prompt-cache hit it would not get
+from a real client (the multi-turn workload is where prefix reuse is meant to show).
+Targets take turns going first in successive runs, so a drift in machine load does not
+always land on the same server.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import os
+import random
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .client import StreamResult, Target, stream_chat
+from .servers import bare_load
+
+WORKLOADS = ("single", "concurrency", "proxy", "multiturn", "swap")
+
+
+@dataclass(frozen=True)
+class Sizes:
+    """How big each workload is; `--quick` picks the small set."""
+
+    repeats: int = 3
+    single_prompt: int = 512
+    single_tokens: int = 256
+    levels: tuple[int, ...] = (1, 4, 8, 16)
+    conc_prompt: int = 512
+    conc_tokens: int = 128
+    conc_requests: int = 4  # per client, back to back
+    turns: int = 6
+    turn_system: int = 1024
+    turn_user: int = 128
+    turn_tokens: int = 64
+
+
+FULL = Sizes()
+QUICK = Sizes(single_prompt=128, single_tokens=128, conc_prompt=128, conc_tokens=32,
+              conc_requests=2, turns=4, turn_system=256, turn_user=48, turn_tokens=16)
+
+
+@dataclass
+class Figure:
+    """One metric: per-run samples per target; the report shows subject / base."""
+
+    workload: str
+    metric: str
+    unit: str
+    higher_is_better: bool
+    samples: dict[str, list[float]] = field(default_factory=dict)
+    subject: str = "mlxd"
+    base: str = "mlx_lm"
+    goal: float | None = None  # the ratio to reach: >= goal if higher is better, else <=
+    note: str = ""
+
+    def add(self, target: str, value: float) -> None:
+        self.samples.setdefault(target, []).append(value)
+
+
+@dataclass
+class Context:
+    """Everything a workload needs: sizes, the targets, and the model's stop-token bias."""
+
+    sizes: Sizes
+    model_a: Path
+    model_b: Path
+    logit_bias: dict[str, float]
+    tokenizer: object | None  # `tokenizers.Tokenizer`, to size prompts; None: count words
+    mlxd: Target
+    mlx_lm: Target
+    worker: Target | None  # None when mlxd already is the worker (no supervisor)
+    # Time for mlxd to serve model B after A: (run, prompt) -> seconds to B's first token.
+    mlxd_swap: Callable[[int, str], Awaitable[float]] | None = None
+    swap_how: str = ""
+    _nonce: itertools.count = field(default_factory=lambda: itertools.count(1))
+    # Differs per run, so prompts never repeat across runs (caches can outlive a process).
+    _run_id: str = field(default_factory=lambda: os.urandom(3).hex())
+
+    def prompt(self, n_tokens: int, tag: str = "") -> str:
+        """About `n_tokens` of filler text behind a fresh nonce (the exact count is in usage)."""
+        nonce = next(self._nonce)
+        rng = random.Random(f"{self._run_id}-{nonce}")
+        words = " ".join(rng.choice(_WORDS) for _ in range(n_tokens * 2))
+        text = f"[{tag}{self._run_id}-{nonce}] {words}"
+        if self.tokenizer is None:  # roughly 1.3 tokens per English word
+            return " ".join(text.split()[: max(1, int(n_tokens / 1.3))])
+        ids = self.tokenizer.encode(text, add_special_tokens=False).ids[:n_tokens]
+        return self.tokenizer.decode(ids)
+
+
+_WORDS = ("the model reads a prompt and predicts the next token until it stops while the server "
+          "streams every token back to the client over one connection with low latency and "
+          "high throughput across many requests that share the same machine and memory").split()
+
+
+def _order(targets: list[Target], run: int) -> list[Target]:
+    return targets if run % 2 == 0 else targets[::-1]
+
+
+def _percentile(values: list[float], q: float) -> float:
+    """Linear interpolation between closest ranks (numpy's default)."""
+    s = sorted(values)
+    pos = (len(s) - 1) * q
+    lo = int(pos)
+    hi = min(lo + 1, len(s) - 1)
+    return s[lo] + (s[hi] - s[lo]) * (pos - lo)
+
+
+async def _one(ctx: Context, target: Target, prompt: str, max_tokens: int) -> StreamResult:
+    async with target.session() as session:
+        return await stream_chat(session, target, [{"role": "user", "content": prompt}],
+                                 max_tokens, ctx.logit_bias)
+
+
+def _check_length(fig: Figure, res: StreamResult, want: int) -> None:
+    """Token rates compare only if both servers made exactly the tokens asked for."""
+    if res.completion_tokens != want and "short" not in fig.note:
+        fig.note += f"short output: {res.completion_tokens} of {want} tokens. "
+
+
+async def single(ctx: Context) -> list[Figure]:
+    """One stream at a time: decode tokens/s after the first token, and TTFT."""
+    s = ctx.sizes
+    tps = Figure("single", "decode tok/s", "tok/s", True, goal=1.0)
+    ttft = Figure("single", "TTFT", "s", False)
+    for run in range(max(s.repeats, 5)):  # cheap, and one stream is the noisiest figure
+        for t in _order([ctx.mlxd, ctx.mlx_lm], run):
+            res = await _one(ctx, t, ctx.prompt(s.single_prompt), s.single_tokens)
+            _check_length(tps, res, s.single_tokens)
+            tps.add(t.name, res.decode_tps)
+            ttft.add(t.name, res.ttft_s)
+    return [tps, ttft]
+
+
+async def _level(ctx: Context, target: Target, clients: int,
+                 fig: Figure) -> tuple[float, list[float]]:
+    """`clients` clients each sending requests back to back: aggregate tok/s and all TTFTs."""
+    s = ctx.sizes
+    ttfts: list[float] = []
+    tokens = 0
+
+    async def client(session) -> None:
+        nonlocal tokens
+        for _ in range(s.conc_requests):
+            res = await stream_chat(session, target,
+                                    [{"role": "user", "content": ctx.prompt(s.conc_prompt)}],
+                                    s.conc_tokens, ctx.logit_bias)
+            _check_length(fig, res, s.conc_tokens)
+            ttfts.append(res.ttft_s)
+            tokens += res.completion_tokens
+
+    async with target.session() as session:
+        t0 = time.monotonic()
+        await asyncio.gather(*(client(session) for _ in range(clients)))
+        wall = time.monotonic() - t0
+    return tokens / wall, ttfts
+
+
+async def concurrency(ctx: Context) -> list[Figure]:
+    """Aggregate tokens/s and TTFT p50/p95 with 1, 4, 8, 16 concurrent clients."""
+    figs: list[Figure] = []
+    for c in ctx.sizes.levels:
+        agg = Figure("concurrency", f"aggregate tok/s @{c}", "tok/s", True,
+                     goal=1.2 if c == 8 else None)
+        p50 = Figure("concurrency", f"TTFT p50 @{c}", "s", False)
+        p95 = Figure("concurrency", f"TTFT p95 @{c}", "s", False, goal=0.5 if c == 8 else None)
+        for run in range(ctx.sizes.repeats):
+            for t in _order([ctx.mlxd, ctx.mlx_lm], run):
+                rate, ttfts = await _level(ctx, t, c, agg)
+                agg.add(t.name, rate)
+                p50.add(t.name, _percentile(ttfts, 0.5))
+                p95.add(t.name, _percentile(ttfts, 0.95))
+        figs += [agg, p50, p95]
+    return figs
+
+
+async def proxy(ctx: Context) -> list[Figure]:
+    """The supervisor against the worker socket it proxies to: what the extra hop costs."""
+    if ctx.worker is None:
+        return []
+    s = ctx.sizes
+    tps = Figure("proxy", "decode tok/s", "tok/s", True, base="worker", goal=0.98)
+    ttft = Figure("proxy", "TTFT", "s", False, base="worker")
+    for run in range(max(s.repeats, 5)):  # the 2% goal is small next to run-to-run noise
+        for t in _order([ctx.mlxd, ctx.worker], run):
+            res = await _one(ctx, t, ctx.prompt(s.single_prompt), s.single_tokens)
+            tps.add(t.name, res.decode_tps)
+            ttft.add(t.name, res.ttft_s)
+    return [tps, ttft]
+
+
+async def multiturn(ctx: Context) -> list[Figure]:
+    """A growing conversation: TTFT of the cold first turn against the later turns."""
+    s = ctx.sizes
+    first = Figure("multiturn", "TTFT turn 1 (cold)", "s", False)
+    later = Figure("multiturn", f"TTFT turns 2-{s.turns} (median)", "s", False)
+    last = Figure("multiturn", f"TTFT turn {s.turns}", "s", False)
+    for run in range(s.repeats):
+        for t in _order([ctx.mlxd, ctx.mlx_lm], run):
+            messages = [{"role": "system", "content": ctx.prompt(s.turn_system, "conv")}]
+            ttfts = []
+            async with t.session() as session:
+                for _ in range(s.turns):
+                    messages.append({"role": "user", "content": ctx.prompt(s.turn_user)})
+                    res = await stream_chat(session, t, messages, s.turn_tokens, ctx.logit_bias)
+                    messages.append({"role": "assistant", "content": res.text})
+                    ttfts.append(res.ttft_s)
+            first.add(t.name, ttfts[0])
+            later.add(t.name, _percentile(ttfts[1:], 0.5))
+            last.add(t.name, ttfts[-1])
+    return [first, later, last]
+
+
+async def swap(ctx: Context) -> list[Figure]:
+    """Serving model B right after model A: mlxd against a fresh `mlx_lm.load` of B, and
+    against mlx_lm.server switching models in-process (a request naming B's folder)."""
+    s = ctx.sizes
+    vs_bare = Figure("swap", "serve B after A", "s", False, base="bare_load", note=ctx.swap_how)
+    vs_server = Figure("swap", "serve B after A", "s", False, note="mlx_lm.server swaps "
+                       "in-process on a request naming B's folder.")
+    parts: dict[str, list[float]] = {}
+    for run in range(s.repeats):
+        prompt = ctx.prompt(16, "swap")
+        mlxd_s = await ctx.mlxd_swap(run, prompt)
+        bare = await bare_load(ctx.model_b, prompt)
+        server_s = await _mlx_lm_swap(ctx, prompt)
+        for fig in (vs_bare, vs_server):
+            fig.add("mlxd", mlxd_s)
+        vs_bare.add("bare_load", bare["total_s"])
+        vs_server.add("mlx_lm", server_s)
+        for k, v in bare.items():
+            parts.setdefault(k, []).append(v)
+    # Where the fresh process spends its time, to read the ratio against.
+    vs_bare.note += " Fresh mlx_lm.load (medians): " + ", ".join(
+        f"{k[:-2].replace('_', ' ')} {_percentile(v, 0.5):.2f} s" for k, v in parts.items()
+        if k != "total_s") + "."
+    return [vs_bare, vs_server]
+
+
+async def _mlx_lm_swap(ctx: Context, prompt: str) -> float:
+    target = ctx.mlx_lm
+    messages = [{"role": "user", "content": prompt}]
+    async with target.session() as session:
+        await stream_chat(session, target, messages, 2, ctx.logit_bias)  # A is loaded
+        res = await stream_chat(session, target, messages, 1, model=str(ctx.model_b))
+    return res.ttft_s
