@@ -16,6 +16,7 @@ from mlxd.shared.middleware import error_middleware, request_id_middleware
 from . import routes
 from .admin import add_admin_routes
 from .auth import auth_middleware
+from .builtin import setup_builtin
 from .cors import add_cors, cors_middleware
 from .metrics import add_metrics, observe_middleware
 from .monitor import run_monitor
@@ -69,7 +70,12 @@ async def serve(settings: Settings) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)  # handlers only flag; the work happens below
     monitor = asyncio.create_task(run_monitor(registry))
+    setup_builtin(registry)
     preload(settings, registry)
+    if registry.default_model():
+        log.info("try: curl http://%s:%d/v1/chat/completions -H 'content-type: application/json'"
+                 " -d '{\"messages\": [{\"role\": \"user\", \"content\": \"Hello!\"}]}'",
+                 settings.host, settings.port)
 
     await stop.wait()
     log.info("shutting down: stop accepting, finish in-flight requests, drain workers")

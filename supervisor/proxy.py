@@ -31,6 +31,33 @@ UPSTREAM_ERRORS = (aiohttp.ClientError, ConnectionError, asyncio.TimeoutError)
 ON_STREAM_CHUNK = "on_stream_chunk"
 
 
+async def _pump(request: web.Request, resp: web.StreamResponse, up, slot: ModelSlot) -> bool:
+    """Copy the worker's stream to the client; True when the worker finished it.
+
+    Client write errors (ConnectionError) propagate; a broken upstream ends the client's stream
+    with an SSE error event instead.
+    """
+    on_chunk = request.get(ON_STREAM_CHUNK)
+    chunks = up.content.iter_any()
+    while True:
+        try:
+            chunk = await chunks.__anext__()
+        except StopAsyncIteration:
+            break
+        except UPSTREAM_ERRORS:
+            log.warning("model=%s worker stream broke request_id=%s", slot.id,
+                        request["request_id"])
+            err = BadGateway(f"The worker for '{slot.id}' stopped mid-stream")
+            await resp.write(sse_error_bytes(err, request.path))
+            await resp.write_eof()
+            return False
+        await resp.write(chunk)  # each chunk goes out as soon as the worker wrote it
+        if on_chunk is not None and on_chunk(chunk):
+            on_chunk = None
+    await resp.write_eof()
+    return True
+
+
 def _forward_headers(headers, drop=HOP_BY_HOP | PRIVATE) -> dict[str, str]:
     return {k: v for k, v in headers.items() if k.lower() not in drop}
 
@@ -61,18 +88,10 @@ async def forward(request: web.Request, slot: ModelSlot, body: bytes,
         resp = web.StreamResponse(status=up.status, headers=out_headers)
         await resp.prepare(request)
         try:
-            on_chunk = request.get(ON_STREAM_CHUNK)
-            async for chunk in up.content.iter_any():
-                await resp.write(chunk)  # each chunk goes out as soon as the worker wrote it
-                if on_chunk is not None and on_chunk(chunk):
-                    on_chunk = None
-            complete = True
-        except UPSTREAM_ERRORS:
-            log.warning("model=%s worker stream broke request_id=%s", slot.id,
-                        request["request_id"])
-            err = BadGateway(f"The worker for '{slot.id}' stopped mid-stream")
-            await resp.write(sse_error_bytes(err, request.path))
-        await resp.write_eof()
+            complete = await _pump(request, resp, up, slot)
+        except ConnectionError:  # the client left: dropping upstream cancels the worker's row
+            log.info("model=%s client left mid-stream request_id=%s", slot.id,
+                     request["request_id"])
         return resp
     finally:
         if not complete:

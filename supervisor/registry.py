@@ -55,6 +55,7 @@ class Registry:
         self.budget_bytes = settings.memory_budget_bytes or int(
             total_memory_bytes * settings.memory_fraction)
         self.slots: dict[str, ModelSlot] = {}
+        self.pending: dict[str, asyncio.Task] = {}  # models being imported
         # Slots out of routing during a hot reload: the new one starting, the old one draining.
         self.incoming: set[ModelSlot] = set()
         self.retired: set[ModelSlot] = set()
@@ -73,6 +74,12 @@ class Registry:
         if self.settings.default_model:
             return self.settings.default_model
         return next((mid for mid, ms in self.settings.models.items() if ms.default), None)
+
+    async def settle(self, model: str | None) -> None:
+        """Wait for a model that is still being imported (the built-in one on first start)."""
+        task = self.pending.get(model or self.default_model() or "")
+        if task is not None:
+            await asyncio.shield(task)
 
     def resolve(self, model: str | None) -> ModelEntry:
         """The entry a request's `model` names (or the default one)."""

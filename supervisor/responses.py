@@ -71,6 +71,7 @@ async def create_response(request: web.Request) -> web.StreamResponse:
                            param="previous_response_id")
         items = prev["input"] + prev["response"].get("output", []) + items
         model = model or prev["response"].get("model")
+    await reg.settle(model)
     entry = reg.resolve(model)
     request["model"] = entry.id  # the metrics label, also when the lease fails
     body = orjson.dumps({**data, "model": entry.id, "input": items})

@@ -66,6 +66,7 @@ async def proxy_v1(request: web.Request) -> web.StreamResponse:
     model = data.get("model")
     if model is not None and not isinstance(model, str):
         raise BadRequest("Invalid 'model': must be a string", param="model")
+    await reg.settle(model)
     entry = reg.resolve(model)
     request["model"] = entry.id  # the metrics label, also when the lease fails
     bind_log_context(model=entry.id)  # and every log line from here on

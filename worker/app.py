@@ -198,10 +198,13 @@ async def shutdown(state: WorkerState, runner: web.AppRunner, grace_s: float) ->
     state.draining = True
     log.info("stopping: %d rows in flight", state.engine.active_rows + state.engine.queued_rows)
     await _wait_rows(state.engine, grace_s)
+    state.engine.cancel_all()  # past the grace period: nothing may keep the engine busy
+    await _wait_rows(state.engine, 5.0)
     await _persist(state)  # the prompt cache outlives the process
     await runner.shutdown()  # closes idle keep-alive connections and cancels the rest
     state.engine.stop()
-    await asyncio.to_thread(state.engine.join, 5.0)
+    # The engine thread must be gone before the interpreter exits (MLX aborts otherwise).
+    await asyncio.to_thread(state.engine.join, 30.0)
     await runner.cleanup()
 
 

@@ -11,6 +11,8 @@ from typing import Any
 # Never reach for the hub from a worker: model folders are local by contract.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
+import mlx.core as mx  # noqa: E402
+from mlx.utils import tree_flatten  # noqa: E402
 from mlx_lm import load  # noqa: E402
 
 
@@ -43,9 +45,19 @@ class LoadedModel:
         return int(self.config.get("vocab_size") or len(self.tokenizer))
 
 
-def load_model(path: Path, model_id: str, context_limit: int | None = None) -> LoadedModel:
+def _has_half_floats(model) -> bool:
+    return any(v.dtype in (mx.float16, mx.bfloat16) for _, v in tree_flatten(model.parameters()))
+
+
+def load_model(path: Path, model_id: str, context_limit: int | None = None,
+               upcast_on_cpu: bool = True) -> LoadedModel:
     """Load `path`; raises on any problem with the folder (the caller maps it to an exit code)."""
     model, tokenizer, config = load(str(path), return_config=True)
+    if upcast_on_cpu and mx.default_device() == mx.cpu and _has_half_floats(model):
+        # MLX's CPU backend has no fast float16/bfloat16 kernels (a 4-bit matmul with float16
+        # scales runs ~100x slower than with float32): compute in float32 on the CPU.
+        model.set_dtype(mx.float32)
+        mx.eval(model.parameters())  # here: lazy arrays belong to this thread's stream
     native = int(config.get("max_position_embeddings") or 0) or 32768
     limit = min(context_limit, native) if context_limit else native
     return LoadedModel(
