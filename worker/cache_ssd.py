@@ -52,13 +52,37 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def _write_atomic(path: Path, data: bytes) -> None:
+def _write_atomic(path: Path, *parts) -> None:
     tmp = path.with_name(path.name + ".tmp")
     with open(tmp, "wb") as f:
-        f.write(data)
+        for part in parts:
+            f.write(part)
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)
+
+
+_ST_DTYPES = {"float32": "F32", "float16": "F16", "uint16": "U16", "uint32": "U32",
+              "int32": "I32", "uint8": "U8", "int8": "I8"}
+
+
+def safetensors_parts(tensors: dict[str, np.ndarray], metadata: dict[str, str]) -> list:
+    """A safetensors file as [header, buffer, buffer, ...] without joining the buffers.
+
+    Writing and hashing the parts one by one (both release the GIL on large buffers) keeps the
+    writer thread from stalling the engine thread the way building one big bytes object would.
+    """
+    header: dict = {"__metadata__": metadata}
+    parts, offset = [], 0
+    for name, a in tensors.items():
+        a = np.ascontiguousarray(a)
+        header[name] = {"dtype": _ST_DTYPES[a.dtype.name], "shape": list(a.shape),
+                        "data_offsets": [offset, offset + a.nbytes]}
+        parts.append(memoryview(a).cast("B"))
+        offset += a.nbytes
+    head = orjson.dumps(header)
+    head += b" " * (-len(head) % 8)  # the format aligns the data to 8 bytes
+    return [len(head).to_bytes(8, "little") + head, *parts]
 
 
 class SsdStore:
@@ -177,13 +201,17 @@ class SsdStore:
         """Persist one entry atomically, then keep the folder under its byte cap."""
         key = entry_key(ns, tokens)
         tensors = {**arrays, "__tokens__": np.asarray(tokens, dtype=np.uint32)}
-        data = stnp.save(tensors, metadata={**meta, "format": str(FORMAT_VERSION)})
-        if len(data) > self.cap_bytes:
+        parts = safetensors_parts(tensors, {**meta, "format": str(FORMAT_VERSION)})
+        size = sum(len(p) for p in parts)
+        if size > self.cap_bytes:
             return
-        digest = hashlib.sha256(data).hexdigest()
+        h = hashlib.sha256()
+        for part in parts:
+            h.update(part)
+        digest = h.hexdigest()
         try:
-            _write_atomic(self.dir / (key + ".safetensors"), data)
-            info = {"ns": ns, "tokens": list(tokens), "file_bytes": len(data), "sha256": digest,
+            _write_atomic(self.dir / (key + ".safetensors"), *parts)
+            info = {"ns": ns, "tokens": list(tokens), "file_bytes": size, "sha256": digest,
                     "session": session, "format": FORMAT_VERSION}
             _write_atomic(self.dir / (key + ".json"), orjson.dumps(info))
             _fsync_dir(self.dir)
@@ -192,7 +220,7 @@ class SsdStore:
             self.stats["write_errors"] += 1
             self._delete_files(key)
             return
-        self._add(SsdEntry(key, ns, tokens, len(data), digest, session, time.time()))
+        self._add(SsdEntry(key, ns, tokens, size, digest, session, time.time()))
         self.stats["writes"] += 1
         self._enforce_cap()
 
