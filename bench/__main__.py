@@ -115,7 +115,8 @@ async def run_suite(a, model_a: Path, model_b: Path, model_label: str, out: Path
         ctx = workloads.Context(
             sizes=sizes, model_a=model_a, model_b=model_b, logit_bias=no_eos_bias(model_a),
             tokenizer=load_text_tokenizer(model_a), mlxd=session.mlxd, mlx_lm=session.mlx_lm,
-            worker=session.worker, mlxd_swap=session.mlxd_swap, swap_how=session.swap_how)
+            worker=session.worker, mlxd_swap=session.mlxd_swap, swap_how=session.swap_how,
+            unload_mlxd=session.unload_mlxd if session.worker is not None else None)
         if ctx.worker is None and "proxy" in a.only:
             notes.append("proxy: not measured, the supervisor is not running.")
         for name in a.only:

@@ -115,6 +115,12 @@ class Session:
         self.mlxd = sup.target
         return None
 
+    async def unload_mlxd(self) -> None:
+        """Unload model A through the admin API (which drains its prompt cache to SSD)."""
+        async with self.mlxd.session() as s:
+            async with s.post(f"/admin/models/{MODEL_A}/unload") as r:
+                r.raise_for_status()
+
     async def mlxd_swap(self, run: int, prompt: str) -> float:
         """Seconds from asking for model B (A being the one in use) to B's first token."""
         messages = [{"role": "user", "content": prompt}]

@@ -79,6 +79,8 @@ class Context:
     # Time for mlxd to serve model B after A: (run, prompt) -> seconds to B's first token.
     mlxd_swap: Callable[[int, str], Awaitable[float]] | None = None
     swap_how: str = ""
+    # Unload mlxd's model A (drain: its prompt cache goes to SSD); None without a supervisor.
+    unload_mlxd: Callable[[], Awaitable[None]] | None = None
     _nonce: itertools.count = field(default_factory=lambda: itertools.count(1))
     # Differs per run, so prompts never repeat across runs (caches can outlive a process).
     _run_id: str = field(default_factory=lambda: os.urandom(3).hex())
@@ -197,11 +199,19 @@ async def proxy(ctx: Context) -> list[Figure]:
 
 
 async def multiturn(ctx: Context) -> list[Figure]:
-    """A growing conversation: TTFT of the cold first turn against the later turns."""
+    """A growing conversation: TTFT of the cold first turn against the later turns (RAM hits);
+    then the last turn's prompt cold (a fresh conversation of the same length) and, for mlxd,
+    resent after the model was unloaded and loaded again (an SSD restore)."""
     s = ctx.sizes
     first = Figure("multiturn", "TTFT turn 1 (cold)", "s", False)
     later = Figure("multiturn", f"TTFT turns 2-{s.turns} (median)", "s", False)
     last = Figure("multiturn", f"TTFT turn {s.turns}", "s", False)
+    cold = Figure("multiturn", f"TTFT turn {s.turns}'s prompt, cold", "s", False)
+    ssd = Figure("multiturn", f"TTFT turn {s.turns} resent after an unload", "s", False,
+                 note="mlxd: the model was unloaded (its prompt cache drained to SSD) and loaded "
+                      "again, so the prefix comes back from the SSD tier; mlx_lm.server: the "
+                      "same resend, served from its RAM cache (it has no tier that outlives an "
+                      "unload or restart).")
     for run in range(s.repeats):
         for t in _order([ctx.mlxd, ctx.mlx_lm], run):
             messages = [{"role": "system", "content": ctx.prompt(s.turn_system, "conv")}]
@@ -212,10 +222,21 @@ async def multiturn(ctx: Context) -> list[Figure]:
                     res = await stream_chat(session, t, messages, s.turn_tokens, ctx.logit_bias)
                     messages.append({"role": "assistant", "content": res.text})
                     ttfts.append(res.ttft_s)
+                fresh = [{"role": "system", "content": ctx.prompt(s.turn_system, "cold")},
+                         *messages[1:-1]]
+                res = await stream_chat(session, t, fresh, s.turn_tokens, ctx.logit_bias)
+                cold.add(t.name, res.ttft_s)
+                if t is ctx.mlxd and ctx.unload_mlxd is not None:
+                    await ctx.unload_mlxd()
+                    await stream_chat(session, t, [{"role": "user", "content": "warm up"}], 2)
+                res = await stream_chat(session, t, messages[:-1], s.turn_tokens,
+                                        ctx.logit_bias)
+                ssd.add(t.name, res.ttft_s)
             first.add(t.name, ttfts[0])
             later.add(t.name, _percentile(ttfts[1:], 0.5))
             last.add(t.name, ttfts[-1])
-    return [first, later, last]
+    figures = [first, later, last, cold]
+    return figures + ([ssd] if ctx.unload_mlxd is not None else [])
 
 
 async def swap(ctx: Context) -> list[Figure]:
