@@ -173,7 +173,10 @@ class Engine:
         last_upkeep = time.monotonic()
         while True:
             stopping |= self._admit(block=not self._rows and not stopping)
-            if self.cache is not None and time.monotonic() - last_upkeep >= 1.0:
+            # Cache upkeep (write-behind, demotion) hands arrays to the SSD writer, which costs
+            # the engine a synchronisation: do it when idle, or at most every 30 s under load.
+            since = time.monotonic() - last_upkeep
+            if self.cache is not None and (since >= 1.0 and not self._rows or since >= 30.0):
                 last_upkeep = time.monotonic()
                 self.cache.maintain(last_upkeep)
             if stopping and not self._rows:
