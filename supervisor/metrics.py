@@ -37,6 +37,12 @@ API_PATHS = frozenset({"/v1/chat/completions", "/v1/completions", "/v1/messages"
 LATENCY_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
 TTFT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 CACHE_TIERS = ("ram", "ssd")
+CACHE_EVENTS = (  # (event label, key in the worker's /stats)
+    ("ssd_restore", "cache_ssd_restores"), ("spill", "cache_spills"),
+    ("demotion", "cache_demotions"), ("ssd_write", "cache_ssd_writes"),
+    ("write_dropped", "cache_write_drops"), ("ssd_corrupt", "cache_ssd_corrupt"),
+    ("ram_eviction", "cache_ram_evictions"), ("ssd_eviction", "cache_ssd_evictions"),
+)
 # A stream event carrying generated text (OpenAI, Anthropic and Responses deltas). Workers
 # send a role-only preamble before prefill; a non-empty string here is the first token.
 TOKEN_EVENT = re.compile(rb'"(?:content|text|delta|thinking|reasoning_content|arguments|'
@@ -121,6 +127,12 @@ class ScrapeCollector:
                                  labels=["model", "tier"])
         hit_tokens = CounterMetricFamily("mlxd_prompt_cache_hit_tokens",
                                          "Prompt tokens served from the cache", labels=["model"])
+        entries = GaugeMetricFamily("mlxd_prompt_cache_entries", "Prompt-cache entries",
+                                    labels=["model", "tier"])
+        events = CounterMetricFamily(
+            "mlxd_prompt_cache_events", "Prompt-cache events: SSD restores, RAM-to-SSD spills,"
+            " demotions, writes, dropped writes, corrupt files, evictions",
+            labels=["model", "event"])
         for model, st in sorted(self.workers.items()):
             prompt.add_metric([model], _num(st, "prompt_tokens"))
             gen.add_metric([model], _num(st, "generation_tokens"))
@@ -129,7 +141,10 @@ class ScrapeCollector:
                 hits.add_metric([model, tier], _num(st, f"cache_{tier}_hits"))
                 misses.add_metric([model, tier], _num(st, f"cache_{tier}_misses"))
                 size.add_metric([model, tier], _num(st, f"cache_{tier}_bytes"))
-        yield from (prompt, gen, hits, misses, size, hit_tokens)
+                entries.add_metric([model, tier], _num(st, f"cache_{tier}_entries"))
+            for event, key in CACHE_EVENTS:
+                events.add_metric([model, event], _num(st, key))
+        yield from (prompt, gen, hits, misses, size, hit_tokens, entries, events)
 
 
 def _num(stats: dict, key: str) -> float:

@@ -8,6 +8,8 @@ from dataclasses import dataclass
 from aiohttp import web
 from pydantic import BaseModel
 
+from .cache_trie import common_prefix
+
 SESSION_HEADER = "x-session-affinity"
 SESSION_FIELDS = ("session_id", "prompt_cache_key")
 
@@ -42,13 +44,7 @@ def stable_boundary(tokenizer, messages: list[dict], kwargs: dict, prompt: list[
                                              tokenize=False, **kwargs)
     except Exception:
         return 0
-    ids = tokenizer.encode(text, add_special_tokens=False)
-    n = 0
-    for a, b in zip(ids, prompt):
-        if a != b:
-            break
-        n += 1
-    return n
+    return common_prefix(tokenizer.encode(text, add_special_tokens=False), prompt)
 
 
 async def make_cache_key(state, prompt: list[int], session: str | None,

@@ -10,6 +10,16 @@ V = TypeVar("V")
 _END = -1  # key under which a node stores the value that ends there
 
 
+def common_prefix(a, b) -> int:
+    """How many leading tokens two sequences share."""
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
 @dataclass
 class Match(Generic[V]):
     """The best entries for a prompt: one that is a prefix of it, one that extends it."""

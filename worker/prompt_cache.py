@@ -20,6 +20,7 @@ from mlx_lm.models.cache import KVCache
 
 from .cache_ram import Entry, RamCache, usable_length, view
 from .cache_ssd import FORMAT_VERSION, SsdEntry, SsdStore
+from .cache_trie import common_prefix
 from .cache_writer import CacheWriter, WriteJob
 
 log = logging.getLogger("mlxd.worker.cache")
@@ -71,15 +72,6 @@ def _from_numpy(arrays: dict[str, np.ndarray], n_layers: int, bf16: bool) -> lis
     return layers
 
 
-def _common(a, b) -> int:
-    n = 0
-    for x, y in zip(a, b):
-        if x != y:
-            break
-        n += 1
-    return n
-
-
 class PromptCache:
     """Both tiers and the policy between them."""
 
@@ -127,7 +119,7 @@ class PromptCache:
                 self.ssd_hits += 1
                 if self.ram.insert(ns, e.tokens, layers, e.session, persisted=True) is None:
                     # Too large to keep in RAM: serve this request straight from the restore.
-                    n = usable_length(len(e.tokens), _common(e.tokens, prompt), len(prompt),
+                    n = usable_length(len(e.tokens), common_prefix(e.tokens, prompt), len(prompt),
                                       True, False)
                     return view(layers, n, len(e.tokens)), n, "ssd"
         layers, n = self.ram.fetch(ns, prompt)
