@@ -62,6 +62,14 @@ class FlushResult(BaseModel):
     workers: dict[str, WorkerReply]
 
 
+class SessionClose(BaseModel):
+    """POST /admin/cache/session/close: which session, and what each loaded worker said."""
+
+    object: Literal["cache.session.close"] = "cache.session.close"
+    session_id: str
+    workers: dict[str, WorkerReply]
+
+
 class SupervisorStats(BaseModel):
     uptime_s: float
     budget_bytes: int

@@ -13,9 +13,17 @@ import orjson
 from aiohttp import web
 from pydantic import BaseModel
 
+from mlxd.shared.bodies import load_json
 from mlxd.shared.errors import BadRequest
 from mlxd.shared.logs import bind_log_context
-from mlxd.shared.wire_admin import FlushResult, LogTail, ModelAction, ModelStatusList, StatsResult
+from mlxd.shared.wire_admin import (
+    FlushResult,
+    LogTail,
+    ModelAction,
+    ModelStatusList,
+    SessionClose,
+    StatsResult,
+)
 
 from . import logtail
 from .admin_views import all_model_ids, fan_out, model_status, supervisor_stats
@@ -87,6 +95,18 @@ async def flush_cache(request: web.Request) -> web.Response:
                              workers=replies))
 
 
+async def close_session(request: web.Request) -> web.Response:
+    """Drop a session's prompt-cache entries in every loaded worker (RAM and SSD)."""
+    data = load_json(await request.read())
+    session = data.get("session_id") or data.get("prompt_cache_key")
+    if not isinstance(session, str) or not session:
+        raise BadRequest("Invalid 'session_id': a non-empty string is required",
+                         param="session_id")
+    replies = await fan_out(_registry(request), "POST", "/admin/cache/session/close",
+                            FLUSH_TIMEOUT_S, body={"session_id": session})
+    return _json(SessionClose(session_id=session, workers=replies))
+
+
 async def stats(request: web.Request) -> web.Response:
     reg = _registry(request)
     return _json(StatsResult(supervisor=supervisor_stats(reg),
@@ -129,6 +149,7 @@ def add_admin_routes(app: web.Application) -> None:
     r.add_get("/admin/models", list_models)
     r.add_get("/admin/stats", stats)
     r.add_post("/admin/cache/flush", flush_cache)
+    r.add_post("/admin/cache/session/close", close_session)
     r.add_get("/admin/models/{model_id:.+}/logs", model_logs)
     for action in ACTIONS:
         r.add_post(f"/admin/models/{{model_id:.+}}/{action}", _action_handler(action))

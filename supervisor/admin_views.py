@@ -75,18 +75,20 @@ def supervisor_stats(reg: Registry) -> SupervisorStats:
         evictions=c.evictions, unloads=c.unloads, crashes=c.crashes, reloads=c.reloads)
 
 
-async def fan_out(reg: Registry, method: str, path: str,
-                  timeout_s: float = 5.0) -> dict[str, WorkerReply]:
+async def fan_out(reg: Registry, method: str, path: str, timeout_s: float = 5.0,
+                  body: dict | None = None) -> dict[str, WorkerReply]:
     """Send one request to every READY worker at once; each answer or failure by model id."""
     ready = [s for s in reg.slots.values() if s.state is State.READY]
 
     async def one(slot: ModelSlot) -> WorkerReply:
-        call = reg.upstream.get_json if method == "GET" else reg.upstream.post_json
         try:
-            status, body = await call(slot.socket, path, timeout_s)
+            if method == "GET":
+                status, reply = await reg.upstream.get_json(slot.socket, path, timeout_s)
+            else:
+                status, reply = await reg.upstream.post_json(slot.socket, path, timeout_s, body)
         except Exception as exc:  # a worker that just died or hangs: report, don't fail all
             return WorkerReply(error=f"{type(exc).__name__}: {exc}".rstrip(": "))
-        return WorkerReply(status=status, body=body if isinstance(body, dict) else {})
+        return WorkerReply(status=status, body=reply if isinstance(reply, dict) else {})
 
     replies = await asyncio.gather(*(one(s) for s in ready))
     return {s.id: r for s, r in zip(ready, replies)}

@@ -28,3 +28,19 @@ def test_cache_survives_unload_and_daemon_restart(make_daemon):
     again = chat(d2, msgs)
     assert again.usage.prompt_tokens_details.cached_tokens >= 0.9 * again.usage.prompt_tokens
     assert again.choices[0].message.content == cold.choices[0].message.content
+
+
+def test_session_close_through_the_admin_api(make_daemon):
+    d = make_daemon()
+    msgs = [{"role": "user", "content": LONG}]
+    oai = d.openai()
+    oai.chat.completions.create(model="a", messages=msgs, max_tokens=4, temperature=0,
+                                extra_headers={"x-session-affinity": "agent-7"})
+    warm = oai.chat.completions.create(model="a", messages=msgs, max_tokens=4, temperature=0)
+    assert warm.usage.prompt_tokens_details.cached_tokens > 0
+    r = d.http.post("/admin/cache/session/close", json={"session_id": "agent-7"})
+    assert r.status_code == 200
+    assert r.json()["workers"]["a"]["status"] == 200
+    assert d.http.post("/admin/cache/session/close", json={}).status_code == 400
+    cold = oai.chat.completions.create(model="a", messages=msgs, max_tokens=4, temperature=0)
+    assert cold.usage.prompt_tokens_details.cached_tokens == 0
