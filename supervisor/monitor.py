@@ -23,7 +23,8 @@ async def run_monitor(reg: Registry, tick_s: float = 0.5) -> None:
             ka = reg.keep_alive_s(slot)
             if (slot.leases == 0 and ka >= 0 and not slot.settings.pinned
                     and now - slot.last_used >= ka):
-                reg.spawn_task(reg.unload(slot.id, reason=f"idle {ka:.0f}s (keep_alive)"))
+                reg.spawn_task(reg.unload(slot.id, reason=f"idle {ka:.0f}s (keep_alive)",
+                                          only_if_idle=True))
         if now - last_health >= reg.settings.health_interval_s:
             last_health = now
             for slot in [s for s in reg.slots.values() if s.state is State.READY]:

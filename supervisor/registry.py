@@ -166,7 +166,7 @@ class Registry:
         if slot.leases == 0:
             self._signal_room()
             if self.keep_alive_s(slot) == 0 and not slot.settings.pinned:
-                self.spawn_task(self.unload_slot(slot, reason="keep_alive 0"))
+                self.spawn_task(self.unload_slot(slot, "keep_alive 0", only_if_idle=True))
 
     def _signal_room(self) -> None:
         self._room.set()
@@ -195,9 +195,10 @@ class Registry:
         await self._load(slot)
 
     async def _load(self, slot: ModelSlot) -> None:
+        # Sleep out a crash backoff before taking the load gate: other models keep loading.
+        if slot.state is State.BACKOFF:
+            await asyncio.sleep(max(0.0, slot.backoff_until - self.clock()))
         async with self._load_gate:
-            if slot.state is State.BACKOFF:
-                await asyncio.sleep(max(0.0, slot.backoff_until - self.clock()))
             if (slot.state not in (State.STOPPED, State.BACKOFF) or slot in self.retired
                     or slot.drained):
                 return  # someone else moved it (an unload, a reload, an operator's drain)
@@ -207,7 +208,13 @@ class Registry:
             proc = self.spawner(slot.id, self._worker_argv(slot),
                                 self.settings.logs_dir / f"{slot.socket.stem}.log")
             slot.process = proc
-            await proc.spawn()
+            try:
+                await proc.spawn()
+            except OSError as exc:  # no process, so no reaper: leave STARTING here
+                slot.process = None
+                slot.last_error = f"cannot start the worker: {exc}"
+                slot.transition(State.FATAL, slot.last_error)
+                raise Unavailable(f"Model '{slot.id}' failed to start: {exc}") from None
             self.spawn_task(self._reap(slot, proc))
             await self._wait_healthy(slot, proc)
 
@@ -268,7 +275,8 @@ class Registry:
             if victims == []:
                 return
             if victims:
-                await asyncio.gather(*(self.unload(v, reason=f"evicted for {slot.id}")
+                await asyncio.gather(*(self.unload(v, reason=f"evicted for {slot.id}",
+                                                   only_if_idle=True)
                                        for v in victims))
                 self.counters.evictions += len(victims)
                 continue
@@ -314,14 +322,19 @@ class Registry:
         self._signal_room()
 
     # -- stopping -------------------------------------------------------------------------
-    async def unload(self, model_id: str, reason: str = "unload") -> bool:
-        """Drain and stop `model_id`'s worker; True if it was running."""
-        slot = self.slots.get(model_id)
-        return slot is not None and await self.unload_slot(slot, reason)
+    async def unload(self, model_id: str, reason: str = "unload",
+                     only_if_idle: bool = False) -> bool:
+        """Drain and stop `model_id`'s worker; True if it was running.
 
-    async def unload_slot(self, slot: ModelSlot, reason: str = "unload") -> bool:
+        `only_if_idle`: keep-alive and eviction decided on an earlier loop turn; a request
+        that took a lease since then keeps the model."""
+        slot = self.slots.get(model_id)
+        return slot is not None and await self.unload_slot(slot, reason, only_if_idle)
+
+    async def unload_slot(self, slot: ModelSlot, reason: str = "unload",
+                          only_if_idle: bool = False) -> bool:
         """Drain and stop this slot's worker (a reload's old one too); True if it was READY."""
-        if slot.state is not State.READY:
+        if slot.state is not State.READY or (only_if_idle and slot.leases):
             return False
         log.info("unloading model=%s reason=%s", slot.id, reason)
         slot.transition(State.DRAINING, reason)

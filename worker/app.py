@@ -38,6 +38,9 @@ async def health(request: web.Request) -> web.Response:
     state: WorkerState = request.app["state"]
     if state.loaded is None:
         return _json({"status": "loading"}, status=503)
+    if state.engine is not None and state.engine.dead is not None:
+        # Unhealthy on purpose: the supervisor's watchdog then restarts this worker.
+        return _json({"status": "failed", "error": state.engine.dead}, status=503)
     return _json({"status": "draining" if state.draining else "ok"})
 
 

@@ -31,6 +31,7 @@ class Entry:
     last_used: float = field(default_factory=time.monotonic)
     persisted: bool = False  # durable on the SSD tier
     queued: bool = False  # a write to the SSD tier is pending
+    ram_only: bool = False  # a cache type the SSD tier cannot hold
 
     @property
     def key(self) -> tuple[str, tuple[int, ...]]:

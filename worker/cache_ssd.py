@@ -186,10 +186,13 @@ class SsdStore:
             arrays = stnp.load(data)
             if tuple(arrays.pop("__tokens__").tolist()) != e.tokens:
                 raise ValueError("token ids mismatch")
+        except FileNotFoundError:  # evicted meanwhile: a plain miss
+            return None
         except (OSError, ValueError, KeyError) as exc:
             log.warning("discarding corrupt cache entry %s: %s", e.key, exc)
             self.stats["corrupt"] += 1
-            self._remove(e)
+            if self._entries.get(e.key) is e:  # not a newer entry written under the same key
+                self._remove(e)
             return None
         e.last_used = time.time()
         os.utime(path)
@@ -197,14 +200,16 @@ class SsdStore:
         return arrays
 
     def write(self, ns: str, tokens: tuple[int, ...], arrays: dict[str, np.ndarray],
-              meta: dict[str, str], session: str | None) -> None:
-        """Persist one entry atomically, then keep the folder under its byte cap."""
+              meta: dict[str, str], session: str | None) -> bool:
+        """Persist one entry atomically, then keep the folder under its byte cap.
+
+        Returns whether the entry is now on disk."""
         key = entry_key(ns, tokens)
         tensors = {**arrays, "__tokens__": np.asarray(tokens, dtype=np.uint32)}
         parts = safetensors_parts(tensors, {**meta, "format": str(FORMAT_VERSION)})
         size = sum(len(p) for p in parts)
         if size > self.cap_bytes:
-            return
+            return False
         h = hashlib.sha256()
         for part in parts:
             h.update(part)
@@ -219,10 +224,11 @@ class SsdStore:
             log.error("cache write failed: %s", exc)
             self.stats["write_errors"] += 1
             self._delete_files(key)
-            return
+            return False
         self._add(SsdEntry(key, ns, tokens, size, digest, session, time.time()))
         self.stats["writes"] += 1
         self._enforce_cap()
+        return True
 
     def sync(self) -> None:
         """Make renames durable (fsync of the folder)."""

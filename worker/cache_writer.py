@@ -49,8 +49,12 @@ class CacheWriter:
     def pending(self) -> int:
         return len(self._q) + (1 if self._busy else 0)
 
-    def put(self, job: WriteJob) -> None:
+    def put(self, job: WriteJob, block: bool = False) -> None:
+        """Queue a write. Normally a full queue drops its oldest write; with `block` (a drain,
+        where every entry must reach the disk) the caller waits for room instead."""
         with self._cv:
+            if block:
+                self._cv.wait_for(lambda: len(self._q) < self.max_queued)
             if len(self._q) >= self.max_queued:
                 old = self._q.popleft()
                 self.dropped += 1
@@ -73,8 +77,7 @@ class CacheWriter:
                 self._busy = True
             ok = False
             try:
-                self.store.write(job.ns, job.tokens, job.arrays, job.meta, job.session)
-                ok = True
+                ok = self.store.write(job.ns, job.tokens, job.arrays, job.meta, job.session)
             except Exception:
                 log.exception("prompt cache write failed")
             finally:

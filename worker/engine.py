@@ -85,7 +85,10 @@ class Engine:
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()
         self._rows: dict[int, _Row] = {}
         self._by_sub: dict[int, _Row] = {}
-        self._pending = 0
+        # Two counters, each written by one thread only: queued = submitted - admitted.
+        self._submitted = 0
+        self._admitted = 0
+        self.dead: str | None = None  # why the engine thread stopped unexpectedly
         self._totals = BatchStats()
         self.cancellations = 0
         self.requests_done = 0
@@ -97,7 +100,11 @@ class Engine:
         self._thread.start()
 
     def submit(self, sub: Submission) -> None:
-        self._pending += 1
+        if self.dead is not None:
+            sub.sink(Event(error=Unavailable(f"The engine stopped: {self.dead}"),
+                           finish_reason="error"))
+            return
+        self._submitted += 1
         self._inbox.put(("submit", sub))
 
     def cancel(self, sub: Submission, reason: MlxdError | None = None) -> None:
@@ -138,13 +145,13 @@ class Engine:
 
     @property
     def queued_rows(self) -> int:
-        return self._pending
+        return max(0, self._submitted - self._admitted)
 
     def stats(self) -> dict:
         t = self._totals
         return {
             "rows_active": len(self._rows),
-            "rows_queued": self._pending,
+            "rows_queued": self.queued_rows,
             "batch_size": self.batch,
             "prompt_tokens": t.prompt_tokens,
             "generation_tokens": t.generation_tokens,
@@ -159,6 +166,32 @@ class Engine:
 
     # -- the engine thread ----------------------------------------------------------------
     def _run(self) -> None:
+        try:
+            self._loop()
+        except BaseException as exc:  # never leave requests waiting on a dead thread
+            log.exception("engine thread stopped")
+            self.dead = f"{type(exc).__name__}: {exc}"
+            self._fail_all(Unavailable(f"The engine stopped: {self.dead}"))
+            self._fail_queued()
+        finally:
+            self._stopped.set()
+
+    def _fail_queued(self) -> None:
+        try:
+            while True:
+                kind, sub = self._inbox.get_nowait()
+                if kind == "submit":
+                    self._admitted += 1
+                    sub.sink(Event(error=Unavailable(f"The engine stopped: {self.dead}"),
+                                   finish_reason="error"))
+                elif kind == "persist":
+                    sub.set()
+                elif kind == "close_session":
+                    sub[1].set()
+        except queue.Empty:
+            pass
+
+    def _loop(self) -> None:
         # Streams belong to the thread that creates them: make ours here.
         stream = mx.new_stream(mx.default_device())
         self._gen = BatchGenerator(
@@ -178,7 +211,10 @@ class Engine:
             since = time.monotonic() - last_upkeep
             if self.cache is not None and (since >= 1.0 and not self._rows or since >= 30.0):
                 last_upkeep = time.monotonic()
-                self.cache.maintain(last_upkeep)
+                try:
+                    self.cache.maintain(last_upkeep)
+                except Exception:  # the cache is an optimisation: never a reason to stop
+                    log.exception("prompt-cache upkeep failed")
             if stopping and not self._rows:
                 break
             if not self._rows:
@@ -194,9 +230,12 @@ class Engine:
                 self._fail_all(Unavailable(f"generation failed: {exc}"))
                 continue
             for r in responses:
-                self._on_token(r)
+                try:
+                    self._on_token(r)
+                except Exception as exc:  # one row's failure ends that row only
+                    log.exception("row %s failed", r.uid)
+                    self._fail_row(r.uid, Unavailable(f"generation failed: {exc}"))
         self._gen.close()
-        self._stopped.set()
 
     def _admit(self, block: bool) -> bool:
         """Take everything waiting in the inbox. Returns True when asked to stop."""
@@ -207,9 +246,14 @@ class Engine:
             while True:
                 kind, sub = item
                 if kind == "submit":
-                    self._pending -= 1
+                    self._admitted += 1
                     if not sub.cancelled:
-                        self._insert(sub)
+                        try:
+                            self._insert(sub)
+                        except Exception as exc:  # a bad restore or an MLX error: this row only
+                            log.exception("admitting %s failed", sub.rid)
+                            sub.sink(Event(error=Unavailable(f"generation failed: {exc}"),
+                                           finish_reason="error"))
                 elif kind == "cancel":
                     self._drop(sub)
                 elif kind == "persist":
@@ -299,7 +343,8 @@ class Engine:
             self._store(row, tokens, cache)
 
     def _store(self, row: _Row, tokens, layers) -> None:
-        if self.cache is not None and tokens and layers:
+        # A row cancelled before its prefill holds only what it was given from the cache.
+        if self.cache is not None and layers and len(tokens) > row.sub.prompt_cached:
             self.cache.store(row.sub.ns, tuple(tokens), layers, row.sub.session)
 
     def _snapshot(self, prompt_responses) -> None:
@@ -321,10 +366,27 @@ class Engine:
             entry["top"] = sorted(zip(top.tolist(), vals), key=lambda x: -x[1])
         return [entry]
 
+    def _fail_row(self, uid: int, err: MlxdError) -> None:
+        row = self._rows.get(uid)
+        if row is None:
+            return
+        try:
+            self._gen.remove([uid])
+        except Exception:
+            log.exception("removing row %s failed", uid)
+        self._finish(row)
+        row.sub.sink(Event(completion_tokens=row.generated, finish_reason="error", error=err))
+
     def _fail_all(self, err: MlxdError) -> None:
         rows = list(self._rows.values())
-        if rows:
-            self._gen.remove([row.uid for row in rows])
+        if rows and hasattr(self, "_gen"):
+            try:
+                self._gen.remove([row.uid for row in rows])
+            except Exception:
+                log.exception("clearing the batch failed")
         for row in rows:
             self._finish(row)
-            row.sub.sink(Event(error=err, finish_reason="error"))
+            try:
+                row.sub.sink(Event(error=err, finish_reason="error"))
+            except RuntimeError:  # the event loop is already closed: nobody is waiting
+                pass

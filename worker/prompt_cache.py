@@ -27,7 +27,7 @@ log = logging.getLogger("mlxd.worker.cache")
 
 
 def fingerprint(model_path: Path, kv_scheme: str) -> str:
-    """Model config + tokenizer + KV scheme + format: what must match for a restore."""
+    """Model config, tokenizer, weight files, KV scheme and format: what must match."""
     h = hashlib.sha256()
     try:
         cfg = json.loads((model_path / "config.json").read_text())
@@ -38,6 +38,11 @@ def fingerprint(model_path: Path, kv_scheme: str) -> str:
         f = model_path / name
         if f.is_file():
             h.update(hashlib.sha256(f.read_bytes()).digest())
+    # Weights re-exported under the same config must not restore old KV: their names, sizes
+    # and modification times stand in for their content (hashing gigabytes would be slow).
+    for f in sorted(model_path.glob("*.safetensors")):
+        st = f.stat()
+        h.update(f"{f.name}|{st.st_size}|{st.st_mtime_ns}".encode())
     h.update(f"{kv_scheme}|v{FORMAT_VERSION}".encode())
     return h.hexdigest()[:20]
 
@@ -140,6 +145,8 @@ class PromptCache:
             return
         now = time.monotonic() if now is None else now
         for e in self.ram.entries():
+            if e.ram_only:
+                continue
             if not e.persisted and not e.queued and now - e.created >= self.quiet_s:
                 self._enqueue(e)
             elif e.persisted and now - e.last_used >= self.idle_s:
@@ -150,8 +157,8 @@ class PromptCache:
         """Queue every RAM entry not yet on the SSD (drain, flush)."""
         n = 0
         for e in self.ram.entries():
-            if not e.persisted and not e.queued:
-                self._enqueue(e)
+            if not e.persisted and not e.queued and not e.ram_only:
+                self._enqueue(e, block=True)  # a drain must not drop writes
                 n += 1
         return n
 
@@ -162,14 +169,17 @@ class PromptCache:
         return n
 
     def _spill(self, e: Entry) -> None:
-        if self.ssd is not None and not e.persisted and not e.queued:
+        if self.ssd is not None and not e.persisted and not e.queued and not e.ram_only:
             self.spills += 1
             self._enqueue(e)
 
-    def _enqueue(self, e: Entry) -> None:
+    def _enqueue(self, e: Entry, block: bool = False) -> None:
         if not all(type(c) is KVCache for c in e.layers):
-            self.unsupported += 1  # only plain KV caches travel to the SSD tier for now
-            e.persisted = True
+            # Only plain KV caches travel to the SSD tier for now: such entries stay in RAM
+            # (never demoted) and are not queued again.
+            if not e.ram_only:
+                self.unsupported += 1
+            e.ram_only = True
             return
         arrays, meta, keep = _to_numpy(e.layers)
         e.queued = True
@@ -178,7 +188,7 @@ class PromptCache:
             e.queued = False
             e.persisted = ok
 
-        self.writer.put(WriteJob(e.ns, e.tokens, arrays, meta, e.session, keep, done))
+        self.writer.put(WriteJob(e.ns, e.tokens, arrays, meta, e.session, keep, done), block)
 
     def stats(self) -> dict:
         r = self.ram
