@@ -29,6 +29,10 @@ from .upstream import UpstreamPool
 
 log = logging.getLogger("mlxd.registry")
 
+# A worker's drain: its rows (drain_timeout_s), then cancelled rows leave (5 s), then its
+# prompt cache is written and fsynced (at most 30 s to queue, 120 s to flush).
+PERSIST_BUDGET_S = 160.0
+
 
 class Counters:
     """Lifecycle events, for /metrics and /admin."""
@@ -357,7 +361,7 @@ class Registry:
             await asyncio.sleep(0.05)
         try:
             status, body = await self.upstream.post_json(
-                slot.socket, "/admin/drain", self.settings.drain_timeout_s + 5.0)
+                slot.socket, "/admin/drain", self.settings.drain_timeout_s + PERSIST_BUDGET_S)
             return body if status == 200 else {}
         except Exception as exc:  # a worker without a drain route, or one that just died
             log.debug("drain model=%s: %s", slot.id, exc)

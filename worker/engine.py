@@ -89,6 +89,7 @@ class Engine:
         self._submitted = 0
         self._admitted = 0
         self.dead: str | None = None  # why the engine thread stopped unexpectedly
+        self.closing = False  # a drain passed its deadline: admit nothing more
         self._totals = BatchStats()
         self.cancellations = 0
         self.requests_done = 0
@@ -115,6 +116,7 @@ class Engine:
 
     def cancel_all(self) -> int:
         """Cancel every row still running or queued (a drain deadline passed)."""
+        self.closing = True  # submissions still on their way get refused, not admitted
         subs = [row.sub for row in list(self._rows.values())]
         for sub in subs:
             self.cancel(sub, Unavailable("The model is being unloaded; this request was cancelled"))
@@ -247,7 +249,10 @@ class Engine:
                 kind, sub = item
                 if kind == "submit":
                     self._admitted += 1
-                    if not sub.cancelled:
+                    if self.closing:
+                        sub.sink(Event(error=Unavailable("This worker is draining"),
+                                       finish_reason="error"))
+                    elif not sub.cancelled:
                         try:
                             self._insert(sub)
                         except Exception as exc:  # a bad restore or an MLX error: this row only
