@@ -7,7 +7,8 @@ import asyncio
 from mlxd.shared.params import GenerationParams
 
 from .cache_keys import CacheKey
-from .engine import Engine, Event, Submission
+from .engine import Engine
+from .rows import Event, Submission
 
 
 class Generation:

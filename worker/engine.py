@@ -12,8 +12,6 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import Callable
-from dataclasses import dataclass, field
 
 import mlx.core as mx
 from mlx_lm.generate import BatchGenerator, StopSequences
@@ -21,53 +19,15 @@ from mlx_lm.generate_utils import BatchStats
 from mlx_lm.models.cache import can_trim_prompt_cache, make_prompt_cache
 
 from mlxd.shared.errors import MlxdError, Unavailable
-from mlxd.shared.params import GenerationParams
 
 from .loaded import LoadedModel
+from .logprobs import logprob_entry
 from .prompt_cache import PromptCache
+from .rows import Event, Row, Submission
 from .sampling import make_row_processors, make_row_sampler
 from .textstream import TextStream, make_detokenizer
 
 log = logging.getLogger("mlxd.worker.engine")
-
-
-@dataclass
-class Event:
-    """What the engine tells a request after a step: new text, and maybe the end."""
-
-    text: str = ""
-    completion_tokens: int = 0
-    finish_reason: str | None = None
-    logprobs: list[dict] | None = None
-    error: MlxdError | None = None
-
-
-@dataclass(eq=False)
-class Submission:
-    """One request handed to the engine. `sink` is called on the engine thread."""
-
-    rid: str
-    prompt: list[int]
-    params: GenerationParams
-    sink: Callable[[Event], None]
-    prompt_cached: int = 0  # set by the engine when the row is admitted
-    ns: str = ""  # prompt-cache namespace (what changes the KV)
-    session: str | None = None  # session affinity for the prompt cache
-    boundary: int = 0  # stable prompt boundary (multi-turn snapshot point), 0: none
-    restored: tuple | None = None  # (SsdEntry, arrays) read from the SSD tier for this prompt
-    # Extra per-row logits processors (e.g. a grammar), run after penalties and bias.
-    processors: list = field(default_factory=list)
-    cancelled: bool = False
-    cancel_reason: MlxdError | None = None
-
-
-@dataclass(eq=False)
-class _Row:
-    sub: Submission
-    uid: int
-    text: TextStream
-    generated: int = 0
-    admitted_at: float = field(default_factory=time.monotonic)
 
 
 class Engine:
@@ -83,8 +43,8 @@ class Engine:
         self.batch = batch
         self.prefill_step = prefill_step
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()
-        self._rows: dict[int, _Row] = {}
-        self._by_sub: dict[int, _Row] = {}
+        self._rows: dict[int, Row] = {}
+        self._by_sub: dict[int, Row] = {}
         # Two counters, each written by one thread only: queued = submitted - admitted.
         self._submitted = 0
         self._admitted = 0
@@ -297,7 +257,7 @@ class Engine:
             logits_processors=[make_row_processors(p) + sub.processors],
             stop_sequences=[self._eos],
         )[0]
-        row = _Row(sub=sub, uid=uid, text=TextStream(make_detokenizer(self.m.tokenizer), p.stop))
+        row = Row(sub=sub, uid=uid, text=TextStream(make_detokenizer(self.m.tokenizer), p.stop))
         self._rows[uid] = row
         self._by_sub[id(sub)] = row
 
@@ -312,7 +272,7 @@ class Engine:
             sub.sink(Event(completion_tokens=row.generated, finish_reason="error",
                            error=sub.cancel_reason))
 
-    def _finish(self, row: _Row) -> None:
+    def _finish(self, row: Row) -> None:
         self._rows.pop(row.uid, None)
         self._by_sub.pop(id(row.sub), None)
         self.requests_done += 1
@@ -339,7 +299,7 @@ class Engine:
             self._finish(row)
         row.sub.sink(Event(text, row.generated, finish, logprobs))
 
-    def _remove_keeping_cache(self, row: _Row) -> None:
+    def _remove_keeping_cache(self, row: Row) -> None:
         """Take a row out of the batch; its prompt state goes to the cache on the way out."""
         if self.cache is None:
             self._gen.remove([row.uid])
@@ -347,7 +307,7 @@ class Engine:
         for cache, tokens in self._gen.remove([row.uid], return_prompt_caches=True).values():
             self._store(row, tokens, cache)
 
-    def _store(self, row: _Row, tokens, layers) -> None:
+    def _store(self, row: Row, tokens, layers) -> None:
         # A row cancelled before its prefill holds only what it was given from the cache.
         if self.cache is not None and layers and len(tokens) > row.sub.prompt_cached:
             self.cache.store(row.sub.ns, tuple(tokens), layers, row.sub.session)
@@ -361,15 +321,8 @@ class Engine:
         for uid, (cache, tokens) in self._gen.extract_cache(uids).items():
             self._store(self._rows[uid], tokens, cache)
 
-    def _logprobs(self, row: _Row, r) -> list[dict]:
-        lp = r.logprobs
-        entry = {"token_id": r.token, "logprob": lp[r.token].item(), "top": []}
-        k = row.sub.params.top_logprobs
-        if k:
-            top = mx.argpartition(-lp, k - 1)[:k]
-            vals = lp[top].tolist()
-            entry["top"] = sorted(zip(top.tolist(), vals), key=lambda x: -x[1])
-        return [entry]
+    def _logprobs(self, row: Row, r) -> list[dict]:
+        return [logprob_entry(r.logprobs, r.token, row.sub.params.top_logprobs)]
 
     def _fail_row(self, uid: int, err: MlxdError) -> None:
         row = self._rows.get(uid)

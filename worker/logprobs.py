@@ -2,6 +2,17 @@
 
 from __future__ import annotations
 
+import mlx.core as mx
+
+
+def logprob_entry(logprobs: mx.array, token: int, top_k: int) -> dict:
+    """The sampled token's log-probability and the `top_k` most likely, on the engine thread."""
+    entry = {"token_id": token, "logprob": logprobs[token].item(), "top": []}
+    if top_k:
+        top = mx.argpartition(-logprobs, top_k - 1)[:top_k]
+        entry["top"] = sorted(zip(top.tolist(), logprobs[top].tolist()), key=lambda x: -x[1])
+    return entry
+
 
 def _tok(tokenizer, token_id: int) -> str:
     return tokenizer.decode([token_id])
