@@ -59,7 +59,21 @@ async def make_cache_key(state, prompt: list[int], session: str | None,
         return key
     entry = cache.ssd_candidate(key.ns, prompt)
     if entry is not None:
-        arrays = await asyncio.to_thread(cache.read_ssd, entry)
+        arrays = await _read_once(cache, entry)
         if arrays is not None:
             key.restored = (entry, arrays)
     return key
+
+
+_reads: dict[str, asyncio.Task] = {}
+
+
+async def _read_once(cache, entry):
+    """One read of an SSD entry however many requests want it at once (say, agents sharing a
+    system prompt right after a restart): they share the arrays instead of each holding a copy."""
+    task = _reads.get(entry.key)
+    if task is None:
+        task = asyncio.ensure_future(asyncio.to_thread(cache.read_ssd, entry))
+        _reads[entry.key] = task
+        task.add_done_callback(lambda _t, k=entry.key: _reads.pop(k, None))
+    return await asyncio.shield(task)

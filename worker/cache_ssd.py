@@ -95,6 +95,7 @@ class SsdStore:
         self._entries: dict[str, SsdEntry] = {}
         self._tries: dict[str, TokenTrie[SsdEntry]] = {}
         self._lock = threading.RLock()
+        self._closed_sessions: dict[str, float] = {}  # session -> when it was closed
         self.stats = {"hits": 0, "restores": 0, "writes": 0, "corrupt": 0, "evictions": 0,
                       "write_errors": 0}
 
@@ -170,6 +171,8 @@ class SsdStore:
 
     def drop_session(self, session: str) -> int:
         with self._lock:
+            # Writes queued for it before now must not land; later use of the id starts afresh.
+            self._closed_sessions[session] = time.monotonic()
             victims = [e for e in self._entries.values() if e.session == session]
         for e in victims:
             self._remove(e)
@@ -200,7 +203,8 @@ class SsdStore:
         return arrays
 
     def write(self, ns: str, tokens: tuple[int, ...], arrays: dict[str, np.ndarray],
-              meta: dict[str, str], session: str | None) -> bool:
+              meta: dict[str, str], session: str | None,
+              queued_at: float | None = None) -> bool:
         """Persist one entry atomically, then keep the folder under its byte cap.
 
         Returns whether the entry is now on disk."""
@@ -225,7 +229,12 @@ class SsdStore:
             self.stats["write_errors"] += 1
             self._delete_files(key)
             return False
-        self._add(SsdEntry(key, ns, tokens, size, digest, session, time.time()))
+        with self._lock:
+            closed_at = self._closed_sessions.get(session) if session is not None else None
+            if closed_at is not None and (queued_at is None or queued_at <= closed_at):
+                self._delete_files(key)  # the session was closed while this write was queued
+                return False
+            self._add(SsdEntry(key, ns, tokens, size, digest, session, time.time()))
         self.stats["writes"] += 1
         self._enforce_cap()
         return True

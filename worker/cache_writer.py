@@ -9,8 +9,9 @@ from __future__ import annotations
 import collections
 import logging
 import threading
+import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -28,6 +29,7 @@ class WriteJob:
     session: str | None
     keepalive: object  # the MLX arrays behind `arrays`: they must outlive the write
     on_done: Callable[[bool], None]
+    queued_at: float = field(default_factory=time.monotonic)
 
 
 class CacheWriter:
@@ -77,7 +79,8 @@ class CacheWriter:
                 self._busy = True
             ok = False
             try:
-                ok = self.store.write(job.ns, job.tokens, job.arrays, job.meta, job.session)
+                ok = self.store.write(job.ns, job.tokens, job.arrays, job.meta, job.session,
+                                      job.queued_at)
             except Exception:
                 log.exception("prompt cache write failed")
             finally:
