@@ -50,6 +50,7 @@ class Engine:
         self._admitted = 0
         self.dead: str | None = None  # why the engine thread stopped unexpectedly
         self.closing = False  # a drain passed its deadline: admit nothing more
+        self._broken: list[tuple[Submission, Exception]] = []  # rows whose processor raised
         self._totals = BatchStats()
         self.cancellations = 0
         self.requests_done = 0
@@ -191,7 +192,13 @@ class Engine:
                 log.exception("engine step failed")
                 self._fail_all(Unavailable(f"generation failed: {exc}"))
                 continue
+            for sub, exc in self._broken:
+                if (row := self._by_sub.get(id(sub))) is not None:
+                    self._fail_row(row.uid, Unavailable(f"generation failed: {exc}"))
+            self._broken.clear()
             for r in responses:
+                if r.uid not in self._rows:
+                    continue  # failed just above
                 try:
                     self._on_token(r)
                 except Exception as exc:  # one row's failure ends that row only
@@ -254,7 +261,8 @@ class Engine:
             all_tokens=[list(sub.prompt[:n])],
             max_tokens=[p.max_tokens],
             samplers=[sampler],
-            logits_processors=[make_row_processors(p) + sub.processors],
+            logits_processors=[make_row_processors(p) + [self._guard(sub, f)
+                                                         for f in sub.processors]],
             stop_sequences=[self._eos],
         )[0]
         row = Row(sub=sub, uid=uid, text=TextStream(make_detokenizer(self.m.tokenizer), p.stop))
@@ -298,6 +306,17 @@ class Engine:
         if finish is not None:
             self._finish(row)
         row.sub.sink(Event(text, row.generated, finish, logprobs))
+
+    def _guard(self, sub: Submission, processor):
+        """A request's own logits processor (a grammar) that raises fails that row only."""
+        def run(tokens, logits):
+            try:
+                return processor(tokens, logits)
+            except Exception as exc:
+                log.exception("logits processor of %s failed", sub.rid)
+                self._broken.append((sub, exc))
+                return logits
+        return run
 
     def _remove_keeping_cache(self, row: Row) -> None:
         """Take a row out of the batch; its prompt state goes to the cache on the way out."""

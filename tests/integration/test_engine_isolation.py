@@ -1,0 +1,51 @@
+"""One row's failure never disturbs the others in the batch (the engine, in process)."""
+
+from __future__ import annotations
+
+import threading
+
+from mlxd.shared.params import GenerationParams
+from mlxd.worker.engine import Engine
+from mlxd.worker.loaded import load_model
+from mlxd.worker.rows import Submission
+
+
+def _sub(rid: str, done: dict, processors=()):
+    events = []
+    finished = threading.Event()
+
+    def sink(ev):
+        events.append(ev)
+        if ev.finish_reason is not None:
+            done[rid] = events
+            finished.set()
+
+    params = GenerationParams(max_tokens=40, temperature=0.0, top_p=1.0, top_k=0, min_p=0.0)
+    return Submission(rid, [5, 6, 7, 8, 9], params, sink, processors=list(processors)), finished
+
+
+def test_a_raising_processor_fails_its_row_only(tiny_model_dir):
+    engine = Engine(load_model(tiny_model_dir, "tiny"), batch=4)
+    engine.start()
+    calls = {"n": 0}
+
+    def explodes_on_third_step(tokens, logits):
+        calls["n"] += 1
+        if calls["n"] == 3:
+            raise RuntimeError("grammar state corrupted")
+        return logits
+
+    done: dict = {}
+    good, good_done = _sub("good", done)
+    bad, bad_done = _sub("bad", done, [explodes_on_third_step])
+    engine.submit(good)
+    engine.submit(bad)
+    assert bad_done.wait(60) and good_done.wait(60)
+    last_bad = done["bad"][-1]
+    assert last_bad.finish_reason == "error" and "grammar state corrupted" in last_bad.error.message
+    last_good = done["good"][-1]
+    assert last_good.error is None and last_good.finish_reason == "length"
+    assert last_good.completion_tokens == 40
+    assert engine.dead is None and engine.active_rows == 0
+    engine.stop()
+    assert engine.join(10)
