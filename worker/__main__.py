@@ -1,5 +1,7 @@
 """`python -m mlxd.worker --model-path DIR --model-id ID --socket PATH`."""
 
+import logging
+import os
 import sys
 
 from .app import main
@@ -10,4 +12,11 @@ if __name__ == "__main__":
     cfg = parse_args()
     if cfg.exit_with_parent:
         die_with_parent()
-    sys.exit(main(cfg))
+    code = main(cfg)
+    # Everything is flushed and stopped by now. Skip the interpreter's teardown: MLX's C++
+    # statics (per-thread streams of helper threads) can abort the process while they are
+    # destroyed, turning a clean exit into SIGABRT.
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
