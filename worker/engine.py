@@ -63,8 +63,7 @@ class Engine:
 
     def submit(self, sub: Submission) -> None:
         if self.dead is not None:
-            sub.sink(Event(error=Unavailable(f"The engine stopped: {self.dead}"),
-                           finish_reason="error"))
+            sub.sink(Event.failure(Unavailable(f"The engine stopped: {self.dead}")))
             return
         self._submitted += 1
         self._inbox.put(("submit", sub))
@@ -145,8 +144,7 @@ class Engine:
                 kind, sub = self._inbox.get_nowait()
                 if kind == "submit":
                     self._admitted += 1
-                    sub.sink(Event(error=Unavailable(f"The engine stopped: {self.dead}"),
-                                   finish_reason="error"))
+                    sub.sink(Event.failure(Unavailable(f"The engine stopped: {self.dead}")))
                 elif kind == "persist":
                     sub.set()
                 elif kind == "close_session":
@@ -217,15 +215,13 @@ class Engine:
                 if kind == "submit":
                     self._admitted += 1
                     if self.closing:
-                        sub.sink(Event(error=Unavailable("This worker is draining"),
-                                       finish_reason="error"))
+                        sub.sink(Event.failure(Unavailable("This worker is draining")))
                     elif not sub.cancelled:
                         try:
                             self._insert(sub)
                         except Exception as exc:  # a bad restore or an MLX error: this row only
                             log.exception("admitting %s failed", sub.rid)
-                            sub.sink(Event(error=Unavailable(f"generation failed: {exc}"),
-                                           finish_reason="error"))
+                            sub.sink(Event.failure(Unavailable(f"generation failed: {exc}")))
                 elif kind == "cancel":
                     self._drop(sub)
                 elif kind == "persist":
@@ -277,8 +273,7 @@ class Engine:
         del self._rows[row.uid]
         self.cancellations += 1
         if sub.cancel_reason is not None:
-            sub.sink(Event(completion_tokens=row.generated, finish_reason="error",
-                           error=sub.cancel_reason))
+            sub.sink(Event.failure(sub.cancel_reason, row.generated))
 
     def _finish(self, row: Row) -> None:
         self._rows.pop(row.uid, None)
@@ -352,7 +347,7 @@ class Engine:
         except Exception:
             log.exception("removing row %s failed", uid)
         self._finish(row)
-        row.sub.sink(Event(completion_tokens=row.generated, finish_reason="error", error=err))
+        row.sub.sink(Event.failure(err, row.generated))
 
     def _fail_all(self, err: MlxdError) -> None:
         rows = list(self._rows.values())
@@ -364,6 +359,6 @@ class Engine:
         for row in rows:
             self._finish(row)
             try:
-                row.sub.sink(Event(error=err, finish_reason="error"))
+                row.sub.sink(Event.failure(err))
             except RuntimeError:  # the event loop is already closed: nobody is waiting
                 pass

@@ -27,14 +27,12 @@ from mlxd.shared.wire_openai import (
 from . import sse
 from .bridge import Generation
 from .cache_keys import make_cache_key, session_of
-from .chat_run import ChatRun, Delta, Keepalive, ToolCalls
+from .chat_run import KEEPALIVE_S, ChatRun, Delta, Keepalive, ToolCalls
 from .guided import row_processors
 from .logprobs import chat_logprobs, completion_logprobs
 from .prompts import completion_prompt, resolve_params
 from .state import WorkerState
 from .tool_calls import ToolCall
-
-KEEPALIVE_S = 5.0
 
 
 def _json(body, headers: dict[str, str] | None = None) -> web.Response:

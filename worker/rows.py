@@ -22,6 +22,11 @@ class Event:
     logprobs: list[dict] | None = None
     error: MlxdError | None = None
 
+    @classmethod
+    def failure(cls, err: MlxdError, completion_tokens: int = 0) -> Event:
+        """The last event of a row that ends in error."""
+        return cls(completion_tokens=completion_tokens, finish_reason="error", error=err)
+
 
 @dataclass(eq=False)
 class Submission:
