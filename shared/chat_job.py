@@ -16,8 +16,10 @@ import orjson
 from .errors import BadRequest
 from .guided import GuidedSpec
 from .params import GenerationParams
+from .wire_tools import ToolOrigin
 
 ToolMode = Literal["auto", "none", "required", "function"]
+Surface = Literal["openai", "anthropic"]
 
 
 @dataclass
@@ -33,6 +35,10 @@ class ChatJob:
     guided: GuidedSpec | None = None
     session: str | None = None  # prompt-cache affinity (prompt_cache_key, metadata.user_id)
     report_stop: bool = False  # the API names the stop string that matched (Anthropic)
+    # Tools the model sees under another shape or name (namespaced, custom): see wire_tools.
+    tool_origins: dict[str, ToolOrigin] = field(default_factory=dict)
+    warnings: list[str] = field(default_factory=list)  # `Warning` values for the response
+    surface: Surface = "openai"  # whose wording errors use (the context-limit message)
 
     @property
     def rendered_tools(self) -> list[dict[str, Any]] | None:
@@ -49,18 +55,6 @@ def function_tool(name: str, description: str | None, parameters: dict | None) -
     return {"type": "function", "function": fn}
 
 
-def check_tools(tools: list[dict] | None, param: str = "tools") -> list[dict] | None:
-    """Validate OpenAI chat tools: each {"type": "function", "function": {"name": ...}}."""
-    for i, t in enumerate(tools or []):
-        fn = t.get("function") if isinstance(t, dict) else None
-        if not isinstance(fn, dict) or t.get("type", "function") != "function":
-            raise BadRequest(f"Invalid '{param}.{i}': only function tools are supported",
-                             param=f"{param}.{i}")
-        if not isinstance(fn.get("name"), str) or not fn["name"]:
-            raise BadRequest(f"Invalid '{param}.{i}.function.name'", param=f"{param}.{i}")
-    return tools or None
-
-
 def tool_mode(choice: str | dict | None, tools: list[dict] | None,
               param: str = "tool_choice") -> tuple[ToolMode, str | None]:
     """OpenAI `tool_choice` as (mode, forced tool name)."""
@@ -70,7 +64,8 @@ def tool_mode(choice: str | dict | None, tools: list[dict] | None,
         if choice not in ("auto", "none", "required"):
             raise BadRequest(f"Invalid '{param}': {choice!r}", param=param)
         return choice, None  # type: ignore[return-value]
-    name = (choice.get("function") or {}).get("name") or choice.get("name")
+    name = ((choice.get("function") or {}).get("name") or (choice.get("custom") or {}).get("name")
+            or choice.get("name"))
     if not isinstance(name, str):
         raise BadRequest(f"Invalid '{param}': name the function to call", param=param)
     if name not in {t["function"]["name"] for t in tools or []}:
@@ -78,8 +73,8 @@ def tool_mode(choice: str | dict | None, tools: list[dict] | None,
     return "function", name
 
 
-def text_of(content: Any, param: str) -> str:
-    """The text of a content field: a string, or a list of text parts."""
+def text_of(content: Any, param: str, sep: str = "") -> str:
+    """The text of a content field: a string, or a list of text parts joined by `sep`."""
     if content is None:
         return ""
     if isinstance(content, str):
@@ -92,7 +87,7 @@ def text_of(content: Any, param: str) -> str:
         else:
             raise BadRequest(f"Invalid '{param}': only text content is supported (got {kind!r})",
                              param=param)
-    return "".join(parts)
+    return sep.join(parts)
 
 
 def arguments_object(arguments: Any) -> Any:
@@ -111,3 +106,54 @@ def tool_call_message(call_id: str, name: str, arguments: Any) -> dict:
     """An assistant tool call in the shape templates iterate over."""
     return {"id": call_id, "type": "function",
             "function": {"name": name, "arguments": arguments_object(arguments)}}
+
+
+def late_system_indexes(messages: list[dict]) -> list[int]:
+    """Positions of system messages after the conversation began (a non-system message)."""
+    started, out = False, []
+    for i, m in enumerate(messages):
+        if m.get("role") != "system":
+            started = True
+        elif started:
+            out.append(i)
+    return out
+
+
+def system_note(text: str) -> str:
+    """A system message's text as a delimited note inside a user turn."""
+    return f"<system_note>\n{text}\n</system_note>"
+
+
+def fold_system_messages(messages: list[dict]) -> list[dict]:
+    """The conversation with every system message after the first turn folded into a user
+    turn, for chat templates that refuse a system message there (or silently drop it).
+
+    Leading system messages merge into one; a later one becomes a `system_note` at the start
+    of the next user turn, or at the end of the previous one when no user turn follows.
+    The text is kept either way.
+    """
+    out: list[dict] = []
+    pending: list[str] = []
+    for m in messages:
+        role, text = m.get("role"), m.get("content") or ""
+        if role == "system" and all(o["role"] == "system" for o in out):
+            if out:
+                out[0] = {**out[0], "content": f"{out[0].get('content') or ''}\n\n{text}"}
+            else:
+                out.append(m)
+        elif role == "system":
+            pending.append(system_note(text))
+        elif role == "user" and pending:
+            out.append({**m, "content": "\n\n".join([*pending, text])})
+            pending = []
+        else:
+            out.append(m)
+    if pending:
+        users = [i for i, o in enumerate(out) if o["role"] == "user"]
+        if users:
+            last = out[users[-1]]
+            out[users[-1]] = {**last, "content": "\n\n".join([last.get("content") or "",
+                                                               *pending])}
+        else:
+            out.append({"role": "user", "content": "\n\n".join(pending)})
+    return out

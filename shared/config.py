@@ -19,6 +19,13 @@ from pydantic_settings import (
 )
 
 MiB = 1024 * 1024
+# Settings the supervisor hands to every worker as `--grammar-…` flags of the same name.
+GRAMMAR_SETTINGS = ("grammar_max_repeat", "grammar_max_bytes", "grammar_max_positions",
+                    "grammar_compile_timeout_s", "grammar_compile_memory_bytes",
+                    "grammar_compile_concurrency", "grammar_queue_timeout_s",
+                    "grammar_cache_bytes")
+# Settings the supervisor hands to every worker as flags of the same name, for streaming.
+STREAM_SETTINGS = ("stream_heartbeat_s", "debug_prefill_delay_s")
 
 
 class ModelSettings(BaseModel):
@@ -62,6 +69,7 @@ class Settings(BaseSettings):
     load_timeout_s: float = Field(300.0, gt=0)
     queue_size: int = Field(64, ge=0)
     queue_timeout_s: float = Field(300.0, gt=0)
+    min_residency_s: float = Field(0.0, ge=0)  # a fresh model is not evicted before this
     backoff_initial_s: float = Field(1.0, ge=0)
     backoff_max_s: float = Field(60.0, ge=0)
     crash_limit: int = Field(5, ge=1)
@@ -76,11 +84,28 @@ class Settings(BaseSettings):
     batch: int = Field(8, ge=1)
     context_limit: int | None = Field(None, ge=16)
     prefill_step: int = Field(512, ge=16)
+    # A quiet stream (a long prefill) sends a protocol event this often, not just a comment:
+    # coding agents' idle watchdogs count only events (docs/coding-agents.md).
+    stream_heartbeat_s: float = Field(10.0, gt=0)
+    # Test-only (undocumented): hold each chat request's first token back this long, to
+    # stand for a slow prefill in tests/e2e/test_coding_agents.py.
+    debug_prefill_delay_s: float = Field(0.0, ge=0)
 
     # Prompt cache (per worker)
     prompt_cache_bytes: int | None = Field(None, ge=0)  # RAM tier; None: sized from memory
     ssd_cache: bool = True  # SSD tier under $MLXD_HOME/cache
     ssd_cache_bytes: int = Field(20 * 1024**3, ge=0)
+
+    # Structured-output grammars (per worker; docs/security.md): static caps before a compile,
+    # then each compile's bounds in its child process. GRAMMAR_SETTINGS pass them on.
+    grammar_max_repeat: int = Field(1000, ge=1)  # {m,n}, minLength, maxItems, …
+    grammar_max_bytes: int = Field(64 * 1024, ge=1)  # regex, grammar or schema text
+    grammar_max_positions: int = Field(50_000, ge=1)  # regex size, repetitions counted out
+    grammar_compile_timeout_s: float = Field(30.0, gt=0)
+    grammar_compile_memory_bytes: int = Field(2 * 1024**3, ge=16 * MiB)
+    grammar_compile_concurrency: int = Field(2, ge=1)  # more wait, then 503
+    grammar_queue_timeout_s: float = Field(10.0, ge=0)
+    grammar_cache_bytes: int = Field(256 * MiB, ge=0)  # compiled grammars, LRU
 
     # Responses API store under $MLXD_HOME/responses (TTL 0: kept until the byte cap)
     responses_ttl_s: float = Field(30 * 24 * 3600.0, ge=0)
@@ -89,6 +114,15 @@ class Settings(BaseSettings):
     # HTTP
     max_body_bytes: int = Field(32 * MiB, ge=1024)
     cors_origins: list[str] = []  # browser origins allowed to call the API ("*" for any)
+    # Host header names served besides loopback names, IP literals and the bind host ("*": any);
+    # anything else is refused, so a DNS-rebinding page cannot pass for a local client.
+    allowed_hosts: list[str] = []
+    # Connection bounds on the public port (docs/security.md). header_timeout_s runs from the
+    # connection's start or its previous response, so it also ends idle keep-alive connections.
+    max_connections: int = Field(1024, ge=1)  # kept below the descriptor limit at start
+    max_connections_per_client: int = Field(256, ge=1)  # per peer address
+    header_timeout_s: float = Field(15.0, gt=0)
+    body_timeout_s: float = Field(60.0, gt=0)  # for the whole request body
 
     # Security (docs/api.md): a non-loopback bind needs api_key unless insecure is set
     api_key: SecretStr | None = None  # required on every /v1 route when set

@@ -18,11 +18,14 @@ class MlxdError(Exception):
     type = "server_error"
     anthropic_type = "api_error"
 
-    def __init__(self, message: str, *, param: str | None = None, code: str | None = None):
+    def __init__(self, message: str, *, param: str | None = None, code: str | None = None,
+                 retry_after_s: float | None = None):
         super().__init__(message)
         self.message = message
         self.param = param
         self.code = code
+        # When set, the response carries `Retry-After` (whole seconds): the wait is temporary.
+        self.retry_after_s = retry_after_s
 
 
 class BadRequest(MlxdError):
@@ -58,6 +61,14 @@ class PayloadTooLarge(MlxdError):
     status = 413
     type = "invalid_request_error"
     anthropic_type = "request_too_large"
+
+
+class RequestTimeout(MlxdError):
+    """The client did not send its request body in time."""
+
+    status = 408
+    type = "invalid_request_error"
+    anthropic_type = "invalid_request_error"
 
 
 class TooManyRequests(MlxdError):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import math
 import uuid
 
 from aiohttp import web
@@ -32,7 +33,12 @@ async def request_id_middleware(request: web.Request, handler):
     return resp
 
 
-def _from_http(exc: web.HTTPException) -> MlxdError:
+def _from_http(exc: web.HTTPException | web.RequestPayloadError) -> MlxdError:
+    if isinstance(exc, web.RequestPayloadError):
+        # The body could not be read: an undecodable Content-Encoding, a broken chunked
+        # encoding, a short body. aiohttp's text may name library internals: say it plainly.
+        return BadRequest("The request body could not be read: check its Content-Encoding "
+                          "(gzip and deflate are accepted) and its length")
     if isinstance(exc, web.HTTPRequestEntityTooLarge):
         return PayloadTooLarge("Request body is too large")
     if isinstance(exc, web.HTTPNotFound):
@@ -47,8 +53,14 @@ def _from_http(exc: web.HTTPException) -> MlxdError:
 def error_response(err: MlxdError, request: web.Request) -> web.Response:
     resp = web.Response(status=err.status, body=error_bytes(err, request.path),
                         content_type="application/json")
+    if request.can_read_body:
+        # Refused before its body was read: the connection cannot carry another request
+        # (the rest of the body is still on it), so tell the client to open a new one.
+        resp.force_close()
     if "request_id" in request:
         resp.headers[REQUEST_ID] = request["request_id"]
+    if getattr(err, "retry_after_s", None) is not None:
+        resp.headers["Retry-After"] = str(max(1, math.ceil(err.retry_after_s)))
     return resp
 
 
@@ -64,6 +76,8 @@ async def error_middleware(request: web.Request, handler):
     except web.HTTPException as exc:
         if exc.status < 400:
             raise
+        return error_response(_from_http(exc), request)
+    except web.RequestPayloadError as exc:  # raised by request.read(), not an HTTPException
         return error_response(_from_http(exc), request)
     except ConnectionResetError:
         raise

@@ -8,6 +8,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+# Model-independent bounds every API surface applies to what it accepts; bounds that depend on
+# the model (vocabulary, context) are checked where the worker resolves the parameters.
+# mx.random.key takes an unsigned 64-bit seed: a negative or larger one would fail the row.
+MIN_SEED = 0
+MAX_SEED = 2**64 - 1
+# Stop strings are scanned for at every token (their prefixes too): a long one costs each step.
+MAX_STOP_CHARS = 256
+
 
 @dataclass(frozen=True)
 class GenerationParams:

@@ -97,3 +97,16 @@ class LogTail(BaseModel):
     file: str
     lines: list[str]
     offset: int  # the file size after the returned lines
+
+
+class WorkerHealth(BaseModel):
+    """A worker's GET /health answer: whether it serves, and who it is.
+
+    The supervisor routes to a socket only when `pid` and `generation` are those of the
+    process it started for that slot: a socket path can be answered by a stale worker."""
+
+    status: str  # ok (200); loading, starting, draining, failed (503)
+    pid: int | None = None
+    generation: int | None = None
+    model: str | None = None
+    error: str | None = None  # why the engine stopped, when status is failed

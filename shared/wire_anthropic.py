@@ -9,7 +9,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from .chat_job import ChatJob, ToolMode, function_tool, text_of, tool_call_message
 from .errors import BadRequest
 from .guided import GuidedFields, GuidedSpec
-from .params import GenerationParams
+from .params import MAX_STOP_CHARS, GenerationParams
 
 MAX_STOP_SEQUENCES = 16
 STOP_REASONS = {"stop": "end_turn", "length": "max_tokens", "tool_calls": "tool_use",
@@ -41,7 +41,8 @@ class ToolChoice(_Lenient):
 
 
 class MessageParam(_Lenient):
-    role: Literal["user", "assistant"]
+    # "system" mid-conversation: Claude Code's beta `mid-conversation-system-2026-04-07`.
+    role: Literal["user", "assistant", "system"]
     content: str | list[dict[str, Any]]
 
 
@@ -72,6 +73,8 @@ class MessagesRequest(GuidedFields):
     def _no_empty_stop(cls, v):
         if any(s == "" for s in v or []):
             raise ValueError("stop sequences must not be empty")
+        if any(len(s) > MAX_STOP_CHARS for s in v or []):
+            raise ValueError(f"stop sequences must be at most {MAX_STOP_CHARS} characters")
         return v
 
     def to_generation_params(self) -> GenerationParams:
@@ -90,7 +93,8 @@ class MessagesRequest(GuidedFields):
         return ChatJob(messages=self.chat_messages(), params=self.to_generation_params(),
                        tools=tools or None, tool_mode=mode, forced_tool=forced,
                        template_kwargs=kwargs, guided=self._output_spec() or self.to_guided_spec(),
-                       session=user if isinstance(user, str) else None, report_stop=True)
+                       session=user if isinstance(user, str) else None, report_stop=True,
+                       surface="anthropic")
 
     def _output_spec(self) -> GuidedSpec | None:
         fmt = (self.output_config or {}).get("format") or self.output_format
@@ -116,9 +120,12 @@ class MessagesRequest(GuidedFields):
         """The conversation in the chat-template shape (OpenAI roles and tool messages)."""
         out: list[dict[str, Any]] = []
         if self.system:
-            out.append({"role": "system", "content": text_of(self.system, "system")})
+            out.append({"role": "system", "content": text_of(self.system, "system", sep="\n\n")})
         for i, msg in enumerate(self.messages):
-            if isinstance(msg.content, str):
+            if msg.role == "system":  # kept in place; the worker folds it if need be
+                out.append({"role": "system",
+                            "content": text_of(msg.content, f"messages.{i}.content")})
+            elif isinstance(msg.content, str):
                 out.append({"role": msg.role, "content": msg.content})
             elif msg.role == "user":
                 out.extend(_user_blocks(msg.content, f"messages.{i}.content"))

@@ -18,9 +18,10 @@ from pydantic import (
     model_validator,
 )
 
-from .chat_job import ChatJob, arguments_object, check_tools, text_of, tool_mode
+from .chat_job import ChatJob, arguments_object, text_of, tool_mode
 from .guided import GuidedFields
-from .params import GenerationParams
+from .params import MAX_SEED, MAX_STOP_CHARS, MIN_SEED, GenerationParams
+from .wire_tools import CUSTOM_INPUT, chat_tool_set
 
 MAX_STOP_SEQUENCES = 16
 
@@ -45,8 +46,16 @@ class ChatMessage(_Lenient):
         """This message as chat templates expect it: text content, tool-call arguments as
         objects (a JSON string would be quoted twice by `| tojson`)."""
         out = self.model_dump(exclude_none=True)
+        if out["role"] == "developer":  # OpenAI's newer name; templates know "system"
+            out["role"] = "system"
         out["content"] = text_of(self.content, f"messages.{i}.content")
-        for call in out.get("tool_calls") or []:
+        for j, call in enumerate(out.get("tool_calls") or []):
+            custom = call.get("custom") if call.get("type") == "custom" else None
+            if isinstance(custom, dict):  # a custom tool's call: its function shape here
+                call = out["tool_calls"][j] = {
+                    "id": call.get("id"), "type": "function",
+                    "function": {"name": custom.get("name"),
+                                 "arguments": {CUSTOM_INPUT: custom.get("input", "")}}}
             fn = call.get("function")
             if isinstance(fn, dict) and "arguments" in fn:
                 fn["arguments"] = arguments_object(fn["arguments"])
@@ -64,7 +73,7 @@ class _SamplingRequest(_Lenient):
     top_p: float | None = Field(None, gt=0.0, le=1.0)
     top_k: int | None = Field(None, ge=-1)
     min_p: float | None = Field(None, ge=0.0, le=1.0)
-    seed: int | None = None
+    seed: int | None = Field(None, ge=MIN_SEED, le=MAX_SEED)
     repetition_penalty: float | None = Field(None, gt=0.0, le=10.0)
     presence_penalty: float | None = Field(None, ge=-2.0, le=2.0)
     frequency_penalty: float | None = Field(None, ge=-2.0, le=2.0)
@@ -81,14 +90,17 @@ class _SamplingRequest(_Lenient):
             raise ValueError(f"at most {MAX_STOP_SEQUENCES} stop sequences")
         if any(s == "" for s in stops):
             raise ValueError("stop sequences must not be empty")
+        if any(len(s) > MAX_STOP_CHARS for s in stops):
+            raise ValueError(f"stop sequences must be at most {MAX_STOP_CHARS} characters")
         return v
 
     @field_validator("logit_bias")
     @classmethod
     def _check_bias(cls, v):
         for k, bias in (v or {}).items():
-            if not k.lstrip("-").isdigit() or int(k) < 0:
-                raise ValueError(f"logit_bias key {k!r} is not a token id")
+            # ASCII digits only: str.isdigit() also passes "²", which int() refuses.
+            if not (k.isascii() and k.isdigit()) or len(k) > 20:
+                raise ValueError(f"logit_bias key {k[:32]!r} is not a token id")
             if not -100.0 <= bias <= 100.0:
                 raise ValueError("logit_bias values must be within [-100, 100]")
         return v
@@ -153,7 +165,8 @@ class ChatCompletionRequest(_SamplingRequest, GuidedFields):
 
     def to_chat_job(self) -> ChatJob:
         """The worker's view of this request."""
-        tools = check_tools(self.tools)
+        tool_set = chat_tool_set(self.tools)
+        tools = tool_set.tools or None
         mode, forced = tool_mode(self.tool_choice, tools)
         return ChatJob(
             messages=self.template_messages(),
@@ -164,6 +177,8 @@ class ChatCompletionRequest(_SamplingRequest, GuidedFields):
             template_kwargs=dict(self.chat_template_kwargs or {}),
             guided=self.to_guided_spec(),
             session=self.prompt_cache_key,
+            tool_origins=tool_set.origins,
+            warnings=[tool_set.warning] if tool_set.warning else [],
         )
 
 

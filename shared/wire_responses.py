@@ -9,12 +9,13 @@ from __future__ import annotations
 import time
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_serializer
 
-from .chat_job import ChatJob, check_tools, function_tool, text_of, tool_call_message, tool_mode
+from .chat_job import ChatJob, text_of, tool_call_message, tool_mode
 from .errors import BadRequest
 from .guided import GuidedFields, GuidedSpec, JsonSchemaFormat
 from .params import GenerationParams
+from .wire_tools import CUSTOM_INPUT, ToolSet, qualified_name, responses_tool_set
 
 
 class _Lenient(BaseModel):
@@ -56,14 +57,9 @@ class ResponsesRequest(GuidedFields):
             return [{"type": "message", "role": "user", "content": self.input}]
         return list(self.input)
 
-    def chat_tools(self) -> list[dict] | None:
-        tools = []
-        for i, t in enumerate(self.tools or []):
-            if t.get("type") != "function" or not isinstance(t.get("name"), str):
-                raise BadRequest(f"Invalid 'tools.{i}': only function tools are supported",
-                                 param=f"tools.{i}")
-            tools.append(function_tool(t["name"], t.get("description"), t.get("parameters")))
-        return check_tools(tools)
+    def tool_set(self) -> ToolSet:
+        """`tools` as function tools (namespaces flattened, hosted tools left out)."""
+        return responses_tool_set(self.tools)
 
     def to_generation_params(self) -> GenerationParams:
         return GenerationParams(max_tokens=self.max_output_tokens, temperature=self.temperature,
@@ -79,14 +75,20 @@ class ResponsesRequest(GuidedFields):
 
     def to_chat_job(self) -> ChatJob:
         """The worker's view of this request."""
-        tools = self.chat_tools()
+        tool_set = self.tool_set()
+        tools = tool_set.tools or None
         choice = self.tool_choice
-        if isinstance(choice, dict) and choice.get("type") == "function":
-            choice = {"function": {"name": choice.get("name")}}
+        if isinstance(choice, dict) and choice.get("type") in ("function", "custom"):
+            name = choice.get("name")
+            if isinstance(choice.get("namespace"), str) and isinstance(name, str):
+                name = qualified_name(choice["namespace"], name)
+            choice = {"function": {"name": name}}
         mode, forced = tool_mode(choice, tools)
         return ChatJob(messages=self.chat_messages(), params=self.to_generation_params(),
                        tools=tools, tool_mode=mode, forced_tool=forced,
-                       guided=self.to_guided_spec(), session=self.prompt_cache_key)
+                       guided=self.to_guided_spec(), session=self.prompt_cache_key,
+                       tool_origins=tool_set.origins,
+                       warnings=[tool_set.warning] if tool_set.warning else [])
 
     def chat_messages(self) -> list[dict[str, Any]]:
         """Input items as chat-template messages; `instructions` become the system message."""
@@ -105,13 +107,19 @@ class ResponsesRequest(GuidedFields):
                 if role == "assistant" and reasoning:
                     msg["reasoning_content"], reasoning = reasoning, None
                 out.append(msg)
-            elif kind == "function_call":
-                call = tool_call_message(item.get("call_id"), item.get("name"),
-                                         item.get("arguments", "{}"))
+            elif kind in ("function_call", "custom_tool_call"):
+                name = item.get("name")
+                if isinstance(item.get("namespace"), str) and isinstance(name, str):
+                    name = qualified_name(item["namespace"], name)  # as the model saw it
+                args = (item.get("arguments", "{}") if kind == "function_call"
+                        else {CUSTOM_INPUT: item.get("input", "")})
+                call = tool_call_message(item.get("call_id"), name, args)
                 if not (out and out[-1]["role"] == "assistant"):
                     out.append({"role": "assistant", "content": ""})
+                if reasoning:  # the reasoning that led to this call (Codex sends it first)
+                    out[-1]["reasoning_content"], reasoning = reasoning, None
                 out[-1].setdefault("tool_calls", []).append(call)
-            elif kind == "function_call_output":
+            elif kind in ("function_call_output", "custom_tool_call_output"):
                 out.append({"role": "tool", "tool_call_id": item.get("call_id"),
                             "content": text_of(item.get("output"), f"{param}.output")})
             elif kind == "reasoning":
@@ -151,6 +159,25 @@ class FunctionCallItem(BaseModel):
     name: str
     arguments: str
     status: str = "completed"
+    namespace: str | None = None  # a tool from a `namespace` entry (Codex routes by it)
+
+    @model_serializer(mode="wrap")
+    def _no_empty_namespace(self, handler):
+        out = handler(self)
+        if out.get("namespace") is None:
+            out.pop("namespace", None)
+        return out
+
+
+class CustomToolCallItem(BaseModel):
+    """A call to a freeform (`custom`) tool: its input is text, not JSON arguments."""
+
+    type: Literal["custom_tool_call"] = "custom_tool_call"
+    id: str
+    call_id: str
+    name: str
+    input: str
+    status: str = "completed"
 
 
 class ReasoningItem(BaseModel):
@@ -160,7 +187,7 @@ class ReasoningItem(BaseModel):
     content: list[ReasoningText] = []
 
 
-OutputItem = MessageItem | FunctionCallItem | ReasoningItem
+OutputItem = MessageItem | FunctionCallItem | CustomToolCallItem | ReasoningItem
 
 
 class ResponseUsage(BaseModel):

@@ -64,6 +64,15 @@ def bind_refusal(settings: Settings) -> str | None:
             "(set MLXD_API_KEY or api_key in config.toml), or pass --insecure")
 
 
+def insecure_warning(settings: Settings) -> str | None:
+    """The warning to log when --insecure opens the API to the network without a key."""
+    if is_loopback_host(settings.host) or _secret(settings.api_key):
+        return None
+    return (f"--insecure: the API on {settings.host}:{settings.port} is open to the network "
+            "without an API key; anyone who can reach this port can use the models "
+            "(set MLXD_API_KEY to require one)")
+
+
 def check_api_key(request: web.Request, settings: Settings) -> None:
     secret = _secret(settings.api_key)
     if not secret:
@@ -86,7 +95,7 @@ def check_admin(request: web.Request, settings: Settings) -> None:
                         "to allow others")
 
 
-def _area(request: web.Request) -> set[str]:
+def request_areas(request: web.Request) -> set[str]:
     """Which protected areas the request touches: by its path and by the route it matched."""
     route = request.match_info.route if request.match_info is not None else None
     resource = route.resource if route is not None else None
@@ -103,7 +112,7 @@ def _area(request: web.Request) -> set[str]:
 async def auth_middleware(request: web.Request, handler):
     """Runs inside the error middleware, so a refusal gets the route's envelope."""
     settings: Settings = request.app["settings"]
-    areas = _area(request)
+    areas = request_areas(request)
     if "api" in areas:
         check_api_key(request, settings)
     if "admin" in areas:

@@ -14,6 +14,8 @@ import signal
 import sys
 from pathlib import Path
 
+from mlxd.shared.exit_codes import MEANING
+
 log = logging.getLogger("mlxd.child")
 
 
@@ -90,6 +92,13 @@ class WorkerProcess:
                         self.pid, timeout_s)
             self.kill()
             return await self.proc.wait()
+
+    def exit_summary(self) -> str:
+        """How the worker ended, without its log lines (safe to tell an API client)."""
+        code = self.returncode
+        if code is not None and code < 0:
+            return f"killed by {signal.Signals(-code).name}"
+        return f"exit code {code}: {MEANING.get(code, 'it failed')}"
 
     def describe_exit(self) -> str:
         code = self.returncode

@@ -26,14 +26,24 @@ def _start(args: argparse.Namespace) -> int:
     if (refusal := bind_refusal(settings)) is not None:
         print(f"mlxd: {refusal}", file=sys.stderr)
         return 2
+    from .daemon import prepare_home, serve
+    from .pidlock import HomeLocked
+
+    try:  # before logging opens its file, so the log is created private and by one daemon
+        lock = prepare_home(settings)
+    except HomeLocked as exc:
+        print(f"mlxd: {exc}", file=sys.stderr)
+        return 1
+    except OSError as exc:
+        print(f"mlxd: cannot prepare home {settings.home_dir}: {exc.strerror}", file=sys.stderr)
+        return 2
     setup_logging(settings.log_level, settings.logs_dir / "mlxd.log")
-    from .daemon import serve
 
     try:
         import uvloop
-        return uvloop.run(serve(settings))
+        return uvloop.run(serve(settings, lock))
     except ImportError:  # pragma: no cover
-        return asyncio.run(serve(settings))
+        return asyncio.run(serve(settings, lock))
 
 
 def _service(args: argparse.Namespace) -> int:

@@ -1,5 +1,6 @@
-"""CORS for browser clients: off unless `cors_origins` lists origins ("*" allows any).
+"""CORS for browser clients: off unless `cors_origins` lists origins ("*": any, on /v1 only).
 
+Which origins may call at all is the guard's rule (guard.py; /admin never takes one).
 Preflights (OPTIONS with Access-Control-Request-Method) from an allowed origin are answered
 here, before authentication (browsers send no credentials on a preflight). Every response to
 an allowed origin, streams included, gets Access-Control-Allow-Origin just before its headers
@@ -10,6 +11,9 @@ from __future__ import annotations
 
 from aiohttp import web
 
+from .auth import request_areas
+from .guard import listed_origin
+
 ALLOW_METHODS = "GET, POST, DELETE, OPTIONS"
 DEFAULT_ALLOW_HEADERS = ("authorization, content-type, x-api-key, x-request-id, "
                          "anthropic-version, anthropic-beta, openai-organization")
@@ -17,12 +21,11 @@ MAX_AGE_S = 600
 
 
 def allowed_origin(request: web.Request) -> str | None:
-    """The request's Origin when the settings allow it."""
-    origins = request.app["settings"].cors_origins
+    """The request's Origin when `cors_origins` lets it call this route (never /admin)."""
     origin = request.headers.get("Origin")
-    if not origins or not origin:
+    if not origin or not listed_origin(origin, request_areas(request), request.app["settings"]):
         return None
-    return origin if "*" in origins or origin in origins else None
+    return origin
 
 
 @web.middleware

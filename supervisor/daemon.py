@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import signal
 
 import psutil
@@ -15,11 +14,21 @@ from mlxd.shared.middleware import error_middleware, request_id_middleware
 
 from . import routes
 from .admin import add_admin_routes
-from .auth import auth_middleware
+from .auth import auth_middleware, insecure_warning
 from .builtin import setup_builtin
 from .cors import add_cors, cors_middleware
+from .guard import guard_middleware
+from .homedir import make_private_dir, prepare_home_dirs, set_private_umask
+from .limits import (
+    ConnectionLimiter,
+    GuardedTCPSite,
+    add_body_timeout,
+    connection_cap,
+    raise_nofile_limit,
+)
 from .metrics import add_metrics, observe_middleware
 from .monitor import run_monitor
+from .pidlock import PidLock
 from .registry import Registry
 from .responses import add_response_routes
 from .upstream import UpstreamPool
@@ -28,11 +37,15 @@ log = logging.getLogger("mlxd.daemon")
 
 
 def build_app(settings: Settings, registry: Registry) -> web.Application:
-    # Outermost first: ids and metrics see every answer; CORS preflights skip auth; a refusal
-    # from auth still gets the error envelope.
+    # Outermost first: ids and metrics see every answer; every refusal below gets the error
+    # envelope; the guard (path, Host, Origin, Content-Type) refuses before CORS answers a
+    # preflight; CORS preflights skip auth.
     app = web.Application(middlewares=[request_id_middleware, observe_middleware,
-                                       cors_middleware, error_middleware, auth_middleware],
+                                       error_middleware, guard_middleware, cors_middleware,
+                                       auth_middleware],
                           client_max_size=settings.max_body_bytes)
+    if (warning := insecure_warning(settings)) is not None:
+        log.warning(warning)
     app["settings"] = settings
     app["registry"] = registry
     add_response_routes(app)  # before the generic /v1 proxy route
@@ -43,25 +56,54 @@ def build_app(settings: Settings, registry: Registry) -> web.Application:
     return app
 
 
-def prepare_home(settings: Settings) -> None:
-    for d in (settings.models_dir, settings.logs_dir, settings.cache_dir):
-        d.mkdir(parents=True, exist_ok=True)
-    settings.run_dir.mkdir(parents=True, exist_ok=True)
-    os.chmod(settings.run_dir, 0o700)  # sockets live here: only this user may connect
+def prepare_home(settings: Settings) -> PidLock:
+    """Claim the home for this daemon: owner-only modes, then the one-daemon-per-home lock.
+
+    Sets the process umask to 077 (workers inherit it), creates the folders 0700, tightens what
+    older runs left readable, and takes the pid-file lock. Raises HomeLocked, before any socket
+    or worker is touched, when another daemon runs on this home.
+    """
+    set_private_umask()
+    make_private_dir(settings.run_dir)  # sockets and the lock live here: only this user
+    lock = PidLock.acquire(settings.run_dir, settings.home_dir)
+    try:
+        prepare_home_dirs(settings.home_dir)
+    except BaseException:
+        lock.release()
+        raise
+    return lock
 
 
-async def serve(settings: Settings) -> int:
-    """Run until SIGTERM or SIGINT, then shut down in order. Returns the exit code."""
-    prepare_home(settings)
+async def serve(settings: Settings, lock: PidLock | None = None) -> int:
+    """Run until SIGTERM or SIGINT, then shut down in order. Returns the exit code.
+
+    `lock` is the home's lock when the caller already took it with prepare_home.
+    """
+    lock = lock or prepare_home(settings)
+    before, nofile = raise_nofile_limit()
+    max_total = connection_cap(settings.max_connections, nofile)
+    log.info("descriptor limit %d (was %d); connections at most %d, %d per client", nofile,
+             before, max_total, settings.max_connections_per_client)
+    if max_total < settings.max_connections:
+        log.warning("max_connections lowered from %d to %d to stay under the descriptor limit",
+                    settings.max_connections, max_total)
     registry = Registry(settings, UpstreamPool(),
                         total_memory_bytes=psutil.virtual_memory().total)
     app = build_app(settings, registry)
+    add_body_timeout(app, settings.body_timeout_s)
+    # aiohttp's keep-alive timer starts when a connection opens and again after each response,
+    # and closes the connection if no complete request head arrived by then: the header timeout.
     runner = web.AppRunner(app, handler_cancellation=True, access_log=None,
-                           shutdown_timeout=settings.shutdown_grace_s)
+                           shutdown_timeout=settings.shutdown_grace_s,
+                           keepalive_timeout=settings.header_timeout_s,
+                           # A request refused before its body was read closes its connection
+                           # (shared/middleware.py): no point reading the rest of a body
+                           # nobody will use, nor decoding a broken one into the log.
+                           lingering_time=0)
     await runner.setup()
-    site = web.TCPSite(runner, settings.host, settings.port)
+    limiter = ConnectionLimiter(max_total, settings.max_connections_per_client)
+    site = GuardedTCPSite(runner, settings.host, settings.port, limiter)
     await site.start()
-    (settings.run_dir / "mlxd.pid").write_text(str(os.getpid()))
     log.info("mlxd listening on http://%s:%d home=%s budget=%d bytes", settings.host,
              settings.port, settings.home_dir, registry.budget_bytes)
 
@@ -84,7 +126,7 @@ async def serve(settings: Settings) -> int:
     await _wait_in_flight(registry, settings.shutdown_grace_s)
     await registry.shutdown()
     await runner.cleanup()
-    (settings.run_dir / "mlxd.pid").unlink(missing_ok=True)
+    lock.release()
     log.info("stopped")
     return 0
 

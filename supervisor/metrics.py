@@ -42,6 +42,8 @@ CACHE_EVENTS = (  # (event label, key in the worker's /stats)
     ("demotion", "cache_demotions"), ("ssd_write", "cache_ssd_writes"),
     ("write_dropped", "cache_write_drops"), ("ssd_corrupt", "cache_ssd_corrupt"),
     ("ram_eviction", "cache_ram_evictions"), ("ssd_eviction", "cache_ssd_evictions"),
+    ("ssd_error", "cache_ssd_errors"), ("ssd_rejected", "cache_ssd_rejected"),
+    ("write_failed", "cache_write_failed"),
 )
 # A stream event carrying generated text (OpenAI, Anthropic and Responses deltas). Workers
 # send a role-only preamble before prefill; a non-empty string here is the first token.

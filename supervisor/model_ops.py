@@ -16,16 +16,29 @@ from __future__ import annotations
 import asyncio
 import logging
 
-from mlxd.shared.errors import Unavailable
+from mlxd.shared.errors import MlxdError, Unavailable
 
-from .eviction import DoesNotFit, Resident, plan_eviction
+from .admission import residents
+from .eviction import DoesNotFit, plan_eviction
 from .registry import Registry
 from .slot import ModelSlot
-from .states import RUNNING, State
+from .states import State
 
 log = logging.getLogger("mlxd.ops")
 
 _WAIT_S = 1.0  # how long one wait for a state change lasts before looking again
+
+
+async def _start(reg: Registry, entry) -> None:
+    """Load `entry` for an operator: a failure names the worker's own error (admin only)."""
+    try:
+        reg.release(await reg.acquire(entry))
+    except MlxdError as exc:
+        why = reg.slot_for(entry).last_error
+        if why:
+            exc.message = f"{exc.message}: {why}"
+            exc.args = (exc.message,)
+        raise
 
 
 class ModelOps:
@@ -46,7 +59,7 @@ class ModelOps:
             slot = reg.slot_for(entry)
             slot.drained = False
             was_ready = slot.state is State.READY
-            reg.release(await reg.acquire(entry))
+            await _start(reg, entry)
             return "already loaded" if was_ready else "loaded"
 
     async def unload(self, model_id: str) -> str:
@@ -84,13 +97,13 @@ class ModelOps:
                 slot.restarts = 0
                 slot.transition(State.STOPPED, "reload")  # FATAL -> STOPPED: operator's reset
             if slot.state is State.STOPPED:
-                reg.release(await reg.acquire(entry))
+                await _start(reg, entry)
                 return "loaded"
             # The folder may have changed (that is often the point): rediscover it.
             new = reg.new_slot(reg.entries().get(slot.id, slot.entry), slot.generation + 1)
             if not _fits_beside(reg, slot, new):
                 await reg.unload_slot(slot, "cold reload")
-                reg.release(await reg.acquire(entry))
+                await _start(reg, entry)
                 reg.counters.reloads += 1
                 return "reloaded cold"
             await _swap(reg, slot, new)
@@ -113,12 +126,8 @@ async def _settle(slot: ModelSlot) -> ModelSlot:
 
 def _fits_beside(reg: Registry, old: ModelSlot, new: ModelSlot) -> bool:
     """Can `new` start while `old` (same model) keeps serving?"""
-    residents = [Resident(s.id, s.footprint_bytes, s.leases, s.last_used, s.settings.pinned,
-                          evictable=s.state is State.READY and s.id != old.id)
-                 for s in [*reg.slots.values(), *reg.incoming, *reg.retired]
-                 if s.state in RUNNING]
     try:
-        return plan_eviction(residents, new.footprint_bytes, reg.budget_bytes,
+        return plan_eviction(residents(reg, old.id), new.footprint_bytes, reg.budget_bytes,
                              reg.settings.max_loaded_models) is not None
     except DoesNotFit:
         return False

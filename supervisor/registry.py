@@ -2,7 +2,8 @@
 
 Requests `lease` a model (loading it if needed, waiting for a load in progress) and `release`
 it when their response ends. Loads go one at a time (configurable) and first make room under
-the memory budget by evicting idle models, least recently used first. Every unload drains.
+the memory budget by evicting idle models, least recently used first; models competing for
+room are served first come, first served (admission.py). Every unload drains.
 """
 
 from __future__ import annotations
@@ -16,15 +17,15 @@ import time
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
-from mlxd.shared.config import Settings
+from mlxd.shared.config import GRAMMAR_SETTINGS, STREAM_SETTINGS, Settings
 from mlxd.shared.errors import BadRequest, ModelNotFound, Unavailable
 from mlxd.shared.exit_codes import NO_RESTART
 
+from .admission import Admission, make_room, wait_any
 from .child import WorkerProcess
 from .discovery import ModelEntry, discover
-from .eviction import DoesNotFit, Resident, plan_eviction
 from .slot import ModelSlot
-from .states import RUNNING, State
+from .states import State
 from .upstream import UpstreamPool
 
 log = logging.getLogger("mlxd.registry")
@@ -32,6 +33,9 @@ log = logging.getLogger("mlxd.registry")
 # A worker's drain: its rows (drain_timeout_s), then cancelled rows leave (5 s), then its
 # prompt cache is written and fsynced (at most 30 s to queue, 120 s to flush).
 PERSIST_BUDGET_S = 160.0
+# Where a client is sent for a worker's failure: /v1 errors never carry it (paths, log lines).
+ADMIN_HINT = "why: mlxctl ps, or GET /admin/models/{}"
+START_SLACK_S = 2.0
 
 
 class Counters:
@@ -66,8 +70,9 @@ class Registry:
         self.counters = Counters()
         self._load_gate = asyncio.Semaphore(settings.max_concurrent_loads)
         self._load_tasks: dict[str, asyncio.Task] = {}
-        self._room = asyncio.Event()
-        self._waiting_for_room = 0
+        self.room = asyncio.Event()  # set (and replaced) when a lease ends or a worker exits
+        self.admission = Admission()
+        self._last_load_s = 0.0
         self._background: set[asyncio.Task] = set()
 
     # -- lookup ---------------------------------------------------------------------------
@@ -139,30 +144,83 @@ class Registry:
             self.release(slot)
 
     async def acquire(self, entry: ModelEntry) -> ModelSlot:
-        deadline = self.clock() + self.settings.load_timeout_s + self.settings.queue_timeout_s
+        """A lease on `entry`'s READY worker; loads it if needed, first come first served.
+
+        Waiting behind other models (for room, a load, a drain) is bounded by queue_timeout_s,
+        the model's own start by load_timeout_s; past either, 503 with Retry-After."""
+        arrived = self.clock()
+        queue_deadline = arrived + self.settings.queue_timeout_s
+        ticket = object()
+        handed: ModelSlot | None = None  # the slot whose start this request waited for
         while True:
             slot = self.slot_for(entry)  # looked up each time: a hot reload swaps the slot
             if slot.drained:
                 raise Unavailable(f"Model '{slot.id}' was drained by an operator; "
                                   "load or reload it to serve it again")
-            if slot.state is State.READY:
+            if slot.state is State.READY and (slot is handed
+                                              or self.admission.admits(slot, arrived)):
                 slot.leases += 1
                 slot.touch()
                 return slot
             if slot.state is State.FATAL:
+                # The worker's own error stays on /admin: it can carry paths and log lines.
                 raise Unavailable(f"Model '{slot.id}' is FATAL after repeated failures "
-                                  f"({slot.last_error}); reload it to try again")
+                                  f"({slot.public_error}; {ADMIN_HINT.format(slot.id)}); reload it to try again")
+            held = slot.state is State.READY  # closing: older requests elsewhere go first
+            starting = slot.state is State.STARTING
+            # A start ends by itself at load_timeout_s (killed); the slack lets its own
+            # error reach the waiters first.
+            deadline = (max(queue_deadline, slot.started_at + self.settings.load_timeout_s
+                            + START_SLACK_S) if starting else queue_deadline)
             left = deadline - self.clock()
             if left <= 0:
-                raise Unavailable(f"Model '{slot.id}' did not become ready in time")
-            slot.waiting += 1
-            try:
-                if slot.state in (State.STOPPED, State.BACKOFF):
-                    await asyncio.wait_for(asyncio.shield(self._start_load(slot)), left)
-                else:  # STARTING, DRAINING, STOPPING: wait for the next state
-                    await slot.wait_change(left)
-            finally:
-                slot.waiting -= 1
+                what = ("did not become ready in time" if starting else
+                        f"was not ready after {self.settings.queue_timeout_s:g}s in the queue "
+                        "(queue_timeout_s): other models kept the memory busy")
+                raise Unavailable(f"Model '{slot.id}' {what}", retry_after_s=self.retry_after_s())
+            cold = slot.state in (State.STOPPED, State.BACKOFF)
+            # Queued: behind other models' requests, or behind a load or eviction under way.
+            if (held or slot.load_waiting or (cold and self._load_gate.locked())) \
+                    and self.queued() >= self.settings.queue_size:
+                raise Unavailable("Every loaded model is busy and the load queue is full",
+                                  retry_after_s=self.retry_after_s())
+            # The load under way (started here if need be): its failure is ours to report.
+            load = self._start_load(slot) if cold else self._load_tasks.get(slot.id)
+            if held or (load is not None and load.done()):
+                load = None
+            events = [slot.changed, self.admission.changed] if held else [slot.changed]
+            with self._waiting(slot, ticket, arrived, held=held):
+                await wait_any(events, load, left)
+            if not held:
+                handed = slot
+            if load is not None and load.done() and not load.cancelled() \
+                    and load.exception() is not None:
+                raise load.exception()
+
+    @contextlib.contextmanager
+    def _waiting(self, slot: ModelSlot, ticket: object, arrived: float, *, held: bool):
+        """Count one waiting request on `slot` (see ModelSlot.handover and .held)."""
+        slot.waiting += 1
+        slot.wait_since[ticket] = arrived
+        slot.held += held
+        slot.handover += not held
+        try:
+            yield
+        finally:
+            slot.waiting -= 1
+            slot.wait_since.pop(ticket, None)
+            slot.held -= held
+            slot.handover -= not held
+            if not slot.handover:
+                self._signal_room()  # a load nobody waits for any more stops closing others
+
+    def queued(self) -> int:
+        """Requests waiting behind other models (bounded by queue_size)."""
+        return sum(s.held + (s.handover if s.load_waiting else 0) for s in self.slots.values())
+
+    def retry_after_s(self) -> float:
+        """What a 503 for a full or slow queue suggests: about one model load."""
+        return min(60.0, max(1.0, self._last_load_s or 5.0))
 
     def release(self, slot: ModelSlot) -> None:
         slot.leases -= 1
@@ -173,8 +231,8 @@ class Registry:
                 self.spawn_task(self.unload_slot(slot, "keep_alive 0", only_if_idle=True))
 
     def _signal_room(self) -> None:
-        self._room.set()
-        self._room = asyncio.Event()
+        self.room.set()
+        self.room = asyncio.Event()
 
     def spawn_task(self, coro, *, inherit_context: bool = False) -> asyncio.Task:
         # Background work outlives the request that started it: by default its log lines
@@ -191,6 +249,8 @@ class Registry:
         task = self._load_tasks.get(slot.id)
         if task is None or task.done():
             task = asyncio.create_task(self._load(slot))
+            # Its waiters read a failure; one that nobody waits for any more is not an error.
+            task.add_done_callback(lambda t: t.cancelled() or t.exception())
             self._load_tasks[slot.id] = task
         return task
 
@@ -202,32 +262,43 @@ class Registry:
         # Sleep out a crash backoff before taking the load gate: other models keep loading.
         if slot.state is State.BACKOFF:
             await asyncio.sleep(max(0.0, slot.backoff_until - self.clock()))
-        async with self._load_gate:
-            if (slot.state not in (State.STOPPED, State.BACKOFF) or slot in self.retired
-                    or slot.drained):
-                return  # someone else moved it (an unload, a reload, an operator's drain)
-            await self._make_room(slot)
-            slot.transition(State.STARTING)
-            slot.started_at = self.clock()
-            proc = self.spawner(slot.id, self._worker_argv(slot),
-                                self.settings.logs_dir / f"{slot.socket.stem}.log")
-            slot.process = proc
-            try:
-                await proc.spawn()
-            except OSError as exc:  # no process, so no reaper: leave STARTING here
-                slot.process = None
-                slot.last_error = f"cannot start the worker: {exc}"
-                slot.transition(State.FATAL, slot.last_error)
-                raise Unavailable(f"Model '{slot.id}' failed to start: {exc}") from None
-            self.spawn_task(self._reap(slot, proc))
-            await self._wait_healthy(slot, proc)
+        slot.load_waiting = True
+        try:
+            async with self._load_gate:
+                if (slot.state not in (State.STOPPED, State.BACKOFF) or slot in self.retired
+                        or slot.drained):
+                    return  # someone else moved it (an unload, a reload, an operator's drain)
+                await make_room(self, slot)
+                slot.load_waiting = False
+                await self._start_worker(slot)
+        finally:
+            slot.load_waiting = False
+
+    async def _start_worker(self, slot: ModelSlot) -> None:
+        """Spawn the worker (STOPPED -> STARTING) and wait until it proves healthy."""
+        slot.transition(State.STARTING)
+        slot.started_at = self.clock()
+        proc = self.spawner(slot.id, self._worker_argv(slot),
+                            self.settings.logs_dir / f"{slot.socket.stem}.log")
+        slot.process = proc
+        try:
+            await proc.spawn()
+        except OSError as exc:  # no process, so no reaper: leave STARTING here
+            slot.process = None
+            slot.last_error = f"cannot start the worker: {exc}"
+            slot.public_error = f"cannot start the worker: {exc.strerror or type(exc).__name__}"
+            slot.transition(State.FATAL, slot.last_error)
+            raise Unavailable(f"Model '{slot.id}' failed to start ({slot.public_error}; "
+                              f"{ADMIN_HINT.format(slot.id)})") from None
+        self.spawn_task(self._reap(slot, proc))
+        await self._wait_healthy(slot, proc)
 
     def _worker_argv(self, slot: ModelSlot) -> list[str]:
         s, ms = self.settings, slot.settings
         argv = ["--model-path", str(slot.entry.path), "--model-id", slot.id,
                 "--socket", str(slot.socket), "--batch", str(ms.batch or s.batch),
                 "--prefill-step", str(s.prefill_step), "--max-body-bytes", str(s.max_body_bytes),
-                "--grace-s", str(s.drain_timeout_s)]
+                "--grace-s", str(s.drain_timeout_s), "--generation", str(slot.generation)]
         limit = ms.context_limit or s.context_limit
         if limit:
             argv += ["--context-limit", str(limit)]
@@ -240,63 +311,44 @@ class Registry:
             argv += ["--no-ssd-cache"]
         if ms.enable_thinking is not None:
             argv += ["--enable-thinking" if ms.enable_thinking else "--no-enable-thinking"]
+        for name in GRAMMAR_SETTINGS + STREAM_SETTINGS:
+            argv += ["--" + name.replace("_", "-"), str(getattr(s, name))]
         return argv
 
     async def _wait_healthy(self, slot: ModelSlot, proc: WorkerProcess) -> None:
         deadline = self.clock() + self.settings.load_timeout_s
+        warned = False
         while self.clock() < deadline:
             if proc.returncode is not None or slot.process is not proc:
-                raise Unavailable(f"Model '{slot.id}' failed to start: {slot.last_error}")
+                why = slot.public_error if slot.process is not proc else proc.exit_summary()
+                raise Unavailable(f"Model '{slot.id}' failed to start ({why}; "
+                                  f"{ADMIN_HINT.format(slot.id)})")
             if slot.socket.exists():
                 try:
-                    status, _ = await self.upstream.get_json(slot.socket, "/health", 2.0)
-                    if status == 200 and slot.state is State.STARTING:
-                        slot.last_health_ok = self.clock()
-                        slot.transition(State.READY, f"pid={proc.pid}")
-                        self.counters.loads += 1
-                        return
+                    status, health = await self.upstream.health(slot.socket, 2.0)
                 except (OSError, asyncio.TimeoutError, Exception):  # not listening yet
-                    pass
+                    status, health = None, None
+                wrong = health is not None and slot.identity_mismatch(health)
+                if wrong:
+                    # Not our process (a stale worker on this path): never adopt it. A fresh
+                    # connection reaches our worker once it has bound the path.
+                    if not warned:
+                        log.warning("model=%s socket answered by another worker (%s); "
+                                    "not adopting it", slot.id, wrong)
+                        warned = True
+                    await self.upstream.close(slot.socket)
+                elif status == 200 and health.status == "ok" and slot.state is State.STARTING:
+                    now = self.clock()
+                    slot.last_health_ok = slot.ready_at = now
+                    self._last_load_s = now - slot.started_at
+                    slot.transition(State.READY, f"pid={proc.pid}")
+                    self.counters.loads += 1
+                    return
             await asyncio.sleep(0.05)
         slot.last_error = f"not healthy within {self.settings.load_timeout_s:.0f}s"
+        slot.public_error = slot.last_error
         proc.kill()
         raise Unavailable(f"Model '{slot.id}' did not become healthy in time")
-
-    async def _make_room(self, slot: ModelSlot) -> None:
-        while True:
-            residents = [
-                Resident(s.id, s.footprint_bytes, s.leases, s.last_used, s.settings.pinned,
-                         evictable=s.state is State.READY and s.id != slot.id)
-                for s in [*self.slots.values(), *self.incoming, *self.retired]
-                if s is not slot and s.state in RUNNING
-            ]
-            try:
-                victims = plan_eviction(residents, slot.footprint_bytes, self.budget_bytes,
-                                        self.settings.max_loaded_models)
-            except DoesNotFit as exc:
-                self.counters.load_failures += 1
-                raise Unavailable(f"Model '{slot.id}' does not fit in memory: {exc}") from None
-            if victims == []:
-                return
-            if victims:
-                await asyncio.gather(*(self.unload(v, reason=f"evicted for {slot.id}",
-                                                   only_if_idle=True)
-                                       for v in victims))
-                self.counters.evictions += len(victims)
-                continue
-            await self._wait_for_room(slot)
-
-    async def _wait_for_room(self, slot: ModelSlot) -> None:
-        if self._waiting_for_room >= self.settings.queue_size:
-            raise Unavailable("Every loaded model is busy and the load queue is full")
-        self._waiting_for_room += 1
-        try:
-            room = self._room
-            await asyncio.wait_for(room.wait(), self.settings.queue_timeout_s)
-        except asyncio.TimeoutError:
-            raise Unavailable(f"No room to load '{slot.id}': every loaded model stayed busy") from None
-        finally:
-            self._waiting_for_room -= 1
 
     async def _reap(self, slot: ModelSlot, proc: WorkerProcess) -> None:
         code = await proc.reap()
@@ -309,6 +361,7 @@ class Registry:
             self._signal_room()
             return
         slot.last_error = proc.describe_exit()
+        slot.public_error = proc.exit_summary()
         now = self.clock()
         slot.crashes.append(now)
         self.counters.crashes += 1
@@ -338,7 +391,7 @@ class Registry:
     async def unload_slot(self, slot: ModelSlot, reason: str = "unload",
                           only_if_idle: bool = False) -> bool:
         """Drain and stop this slot's worker (a reload's old one too); True if it was READY."""
-        if slot.state is not State.READY or (only_if_idle and slot.leases):
+        if slot.state is not State.READY or (only_if_idle and (slot.leases or slot.handover)):
             return False
         log.info("unloading model=%s reason=%s", slot.id, reason)
         slot.transition(State.DRAINING, reason)

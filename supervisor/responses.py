@@ -17,7 +17,7 @@ from mlxd.shared.bodies import load_json, parse_model
 from mlxd.shared.errors import NotFound
 from mlxd.shared.wire_responses import ResponsesRequest
 
-from .proxy import ON_STREAM_CHUNK, forward
+from .proxy import ON_STREAM_CHUNK, forward_leased
 from .registry import Registry
 from .response_store import ResponseStore
 
@@ -78,9 +78,8 @@ async def create_response(request: web.Request) -> web.StreamResponse:
     capture = _FinalEvent()
     chained = request.get(ON_STREAM_CHUNK)
     request[ON_STREAM_CHUNK] = capture.chain(chained)
-    async with reg.lease(entry.id) as slot:
-        log.info("responses model=%s request_id=%s", slot.id, request["request_id"])
-        resp = await forward(request, slot, body, reg.upstream)
+    log.info("responses model=%s request_id=%s", entry.id, request["request_id"])
+    resp = await forward_leased(request, reg, entry.id, body)
     final = capture.response
     if final is None and isinstance(resp, web.Response) and resp.status == 200 and resp.body:
         final = orjson.loads(resp.body)

@@ -9,11 +9,11 @@ import orjson
 from aiohttp import web
 
 from mlxd.shared.bodies import load_json
-from mlxd.shared.errors import BadRequest, ModelNotFound
+from mlxd.shared.errors import BadRequest, ModelNotFound, NotFound
 from mlxd.shared.logs import bind_log_context
 from mlxd.shared.wire_openai import ModelCard, ModelList
 
-from .proxy import forward
+from .proxy import forward_leased
 from .registry import Registry
 from .states import State
 
@@ -25,6 +25,15 @@ STATUS = {  # the lifecycle state as /v1/models shows it
     State.FATAL: "failed",
 }
 STARTED = int(time.time())
+# What /v1/models says of a failed model; the exit details (worker log lines) stay in /admin.
+FAILURE = {
+    State.BACKOFF: "The model's worker stopped unexpectedly; it is being restarted",
+    State.FATAL: "The model failed to start repeatedly; an operator can see why in /admin "
+                 "and reload it",
+}
+# The POST routes a worker serves that the generic proxy forwards, each to its own path.
+PROXIED_POSTS = ("/v1/chat/completions", "/v1/completions", "/v1/messages",
+                 "/v1/messages/count_tokens")
 
 
 def _json(data, status: int = 200) -> web.Response:
@@ -39,8 +48,8 @@ def _card(reg: Registry, model_id: str) -> dict:
     slot = reg.slots.get(model_id)
     status = STATUS[slot.state] if slot else "available"
     card = ModelCard(id=model_id, created=STARTED, status=status).model_dump()
-    if slot and slot.last_error and slot.state in (State.BACKOFF, State.FATAL):
-        card["error"] = slot.last_error
+    if slot and slot.state in FAILURE:
+        card["error"] = FAILURE[slot.state]
     return card
 
 
@@ -59,7 +68,7 @@ async def get_model(request: web.Request) -> web.Response:
 
 
 async def proxy_v1(request: web.Request) -> web.StreamResponse:
-    """Any /v1 POST that carries `model` goes to that model's worker."""
+    """A known /v1 POST (PROXIED_POSTS) goes to the worker of the model its body names."""
     reg: Registry = request.app["registry"]
     body = await request.read()
     data = load_json(body)
@@ -73,14 +82,23 @@ async def proxy_v1(request: web.Request) -> web.StreamResponse:
     if model != entry.id:  # the default model was chosen: tell the worker
         data["model"] = entry.id
         body = orjson.dumps(data)
-    async with reg.lease(entry.id) as slot:
-        log.info("proxy model=%s path=%s request_id=%s", slot.id, request.path,
-                 request["request_id"])
-        return await forward(request, slot, body, reg.upstream)
+    log.info("proxy model=%s path=%s request_id=%s", entry.id, request.path,
+             request["request_id"])
+    return await forward_leased(request, reg, entry.id, body)
+
+
+async def root(request: web.Request) -> web.Response:
+    """HEAD / is 200 with no body: Claude Code probes the base URL before its first request.
+    GET / stays the 404 any unknown path gets (until there is a dashboard to serve)."""
+    if request.method == "HEAD":
+        return web.Response(status=200)
+    raise NotFound("Not found")
 
 
 def add_routes(app: web.Application) -> None:
     app.router.add_get("/health", health)
+    app.router.add_get("/", root)  # and HEAD /, which aiohttp routes to the same handler
     app.router.add_get("/v1/models", list_models)
     app.router.add_get("/v1/models/{model_id:.+}", get_model)
-    app.router.add_post("/v1/{tail:.+}", proxy_v1)
+    for path in PROXIED_POSTS:  # by name: nothing else under /v1 reaches a worker
+        app.router.add_post(path, proxy_v1)

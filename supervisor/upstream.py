@@ -5,6 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import aiohttp
+from pydantic import ValidationError
+
+from mlxd.shared.wire_admin import WorkerHealth
 
 
 class UpstreamPool:
@@ -31,6 +34,14 @@ class UpstreamPool:
                 return r.status, await r.json(content_type=None)
             except ValueError:
                 return r.status, {}
+
+    async def health(self, socket: Path, timeout_s: float) -> tuple[int, WorkerHealth]:
+        """GET /health; an answer that is not a health body reads as status "unknown"."""
+        status, body = await self.get_json(socket, "/health", timeout_s)
+        try:
+            return status, WorkerHealth.model_validate(body)
+        except ValidationError:
+            return status, WorkerHealth(status="unknown")
 
     async def post_json(self, socket: Path, path: str, timeout_s: float,
                         body: dict | None = None) -> tuple[int, dict]:

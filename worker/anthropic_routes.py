@@ -34,9 +34,8 @@ from mlxd.shared.wire_anthropic import (
 
 from . import sse
 from .cache_keys import session_of
-from .chat_run import ChatRun, Delta, Done, Keepalive, ToolCalls
+from .chat_run import ChatRun, Delta, Done, Keepalive, ToolCalls, render_job
 from .openai_routes import _usage
-from .prompts import chat_prompt
 from .state import WorkerState
 
 
@@ -51,6 +50,12 @@ def _event(ev) -> bytes:
     return sse.data(ev, event=ev.type)
 
 
+# What a quiet stream sends every stream_heartbeat_s: Claude Code's idle watchdog ignores
+# `ping`, while an interim message_delta with no stop reason and no tokens changes nothing in
+# the SDK's accumulated message (the final message_delta overwrites every field it sets).
+_HEARTBEAT = MessageDelta(delta=MessageDeltaBody(stop_reason=None), usage={"output_tokens": 0})
+
+
 async def messages(request: web.Request) -> web.StreamResponse:
     state: WorkerState = request.app["state"]
     state.ready()
@@ -59,6 +64,7 @@ async def messages(request: web.Request) -> web.StreamResponse:
     job.session = job.session or session_of(request, req)
     rid = "msg_" + uuid.uuid4().hex[:24]
     run = await ChatRun.prepare(state, job, rid)
+    request["progress"] = run  # the access log's line if the client leaves
     model = req.model or run.m.model_id
     with run:
         if not req.stream:
@@ -75,16 +81,22 @@ async def messages(request: web.Request) -> web.StreamResponse:
             return web.Response(body=orjson.dumps(body.model_dump()),
                                 content_type="application/json", headers=run.headers)
         resp = await sse.open_stream(request, run.headers)
-        start = Message(id=rid, model=model, content=[], usage=_anthropic_usage(run, 0))
+        # Token counts come with the final message_delta: Claude Code adds a message_delta's
+        # running usage to its totals once per event, so heartbeats must carry zeros.
+        start = Message(id=rid, model=model, content=[],
+                        usage=AnthropicUsage(input_tokens=0, output_tokens=0))
         await resp.write(_event(MessageStart(message=start)))
         await resp.write(_event(Ping()))
         blocks = _BlockWriter(resp)
+        beat = sse.Heartbeat(state.config.stream_heartbeat_s)
         async for ev in run.events():
             if isinstance(ev, Keepalive):
-                await resp.write(_event(Ping()))
+                await resp.write(_event(_HEARTBEAT if beat.due() else Ping()))
             elif isinstance(ev, Delta):
+                beat.touch()
                 await blocks.text(ev.kind, ev.text)
             elif isinstance(ev, ToolCalls):
+                beat.touch()
                 for c in ev.calls:
                     await blocks.tool_use(c)
             elif isinstance(ev, Done):
@@ -141,7 +153,6 @@ async def count_tokens(request: web.Request) -> web.Response:
     m, _ = state.ready()
     req = parse_model(CountTokensRequest, load_json(await request.read()))
     job = req.to_chat_job()
-    prompt = chat_prompt(m, job.messages, job.rendered_tools, job.template_kwargs,
-                         state.config.enable_thinking)
+    prompt = render_job(m, job, state.config.enable_thinking)
     return web.Response(body=orjson.dumps(CountTokens(input_tokens=len(prompt.ids)).model_dump()),
                         content_type="application/json")

@@ -17,14 +17,16 @@ from mlxd.shared.bodies import load_json
 from mlxd.shared.errors import BadRequest
 from mlxd.shared.exit_codes import EXIT_MODEL_LOAD_ERROR, EXIT_OK, EXIT_PARENT_GONE
 from mlxd.shared.middleware import error_middleware, request_id_middleware
+from mlxd.shared.wire_admin import WorkerHealth
 from mlxd.shared.wire_openai import ModelCard, ModelList
 
 from . import anthropic_routes, openai_routes, responses_routes
+from .cache_layout import fingerprint, ssd_folder
 from .config import WorkerConfig
 from .engine import Engine
 from .lifeline import watch_parent
 from .loaded import load_model
-from .prompt_cache import PromptCache, fingerprint
+from .prompt_cache import PromptCache, kv_layout
 from .state import WorkerState
 
 log = logging.getLogger("mlxd.worker")
@@ -35,13 +37,21 @@ def _json(data, status: int = 200) -> web.Response:
 
 
 async def health(request: web.Request) -> web.Response:
+    """200 only while this worker serves; pid and generation let the supervisor check that
+    the process on its socket is the one it started."""
     state: WorkerState = request.app["state"]
-    if state.loaded is None:
-        return _json({"status": "loading"}, status=503)
-    if state.engine is not None and state.engine.dead is not None:
+    cfg = state.config
+    status, error = "ok", None
+    if state.loaded is None or not state.started:
+        status = "loading"
+    elif state.engine is not None and state.engine.dead is not None:
         # Unhealthy on purpose: the supervisor's watchdog then restarts this worker.
-        return _json({"status": "failed", "error": state.engine.dead}, status=503)
-    return _json({"status": "draining" if state.draining else "ok"})
+        status, error = "failed", state.engine.dead
+    elif state.draining:
+        status = "draining"  # admits nothing: routing must not count it as serving
+    body = WorkerHealth(status=status, pid=os.getpid(), generation=cfg.generation,
+                        model=cfg.model_id, error=error)
+    return _json(body.model_dump(exclude_none=True), status=200 if status == "ok" else 503)
 
 
 async def models(request: web.Request) -> web.Response:
@@ -61,9 +71,23 @@ async def stats(request: web.Request) -> web.Response:
 
 @web.middleware
 async def access_log(request: web.Request, handler):
-    """One line per request, carrying the id the supervisor passed through."""
+    """One line per request, carrying the id the supervisor passed through.
+
+    A request whose client left (the handler cancelled, or a write to a closed stream)
+    logs status 499, nginx's "client closed request", with how far it got.
+    """
     t0 = time.monotonic()
-    resp = await handler(request)
+    try:
+        resp = await handler(request)
+    except (asyncio.CancelledError, ConnectionResetError):
+        progress = request.get("progress")  # a ChatRun or RowProgress, once the row began
+        log.info("%s %s 499 %.3fs request_id=%s cancelled prompt_tokens=%d prompt_done=%d "
+                 "completion_tokens=%d", request.method, request.path, time.monotonic() - t0,
+                 request.get("request_id"),
+                 progress.gen.prompt_tokens if progress and progress.gen else 0,
+                 progress.prompt_done if progress else 0,
+                 progress.completion_tokens if progress else 0)
+        raise
     if request.path != "/health":
         log.info("%s %s %d %.3fs request_id=%s", request.method, request.path, resp.status,
                  time.monotonic() - t0, request.get("request_id"))
@@ -88,15 +112,25 @@ async def drain(request: web.Request) -> web.Response:
 
 
 async def _persist(state: WorkerState) -> dict:
-    """Write every RAM cache entry to the SSD tier and make it durable."""
+    """Write every RAM cache entry to the SSD tier and make it durable.
+
+    `cache_persisted` is true only when every write that ended meanwhile landed and the final
+    fsync succeeded: a full disk or a tier turned off reports false, with the counts."""
     cache = state.prompt_cache
-    if cache is None or cache.ssd is None:
+    if cache is None or cache.ssd is None or state.engine is None:
         return {"cache_persisted": False}
-    before = cache.ssd.stats["writes"]
-    queued = state.engine.persist_cache()
-    await asyncio.to_thread(queued.wait, 30.0)
-    durable = await asyncio.to_thread(cache.flush, 120.0)
-    return {"cache_persisted": durable, "cache_entries_written": cache.ssd.stats["writes"] - before,
+    written0, failed0 = cache.write_tally()
+    try:
+        queued = state.engine.persist_cache()
+        await asyncio.to_thread(queued.wait, 30.0)
+        durable = await asyncio.to_thread(cache.flush, 120.0)
+    except Exception:  # the cache is an optimisation: a drain still answers
+        log.exception("persisting the prompt cache failed")
+        durable = False
+    written, failed = cache.write_tally()
+    failed -= failed0
+    return {"cache_persisted": durable and failed == 0 and cache.ssd_writable,
+            "cache_entries_written": written - written0, "cache_entries_failed": failed,
             "cache_ssd_entries": len(cache.ssd)}
 
 
@@ -181,10 +215,14 @@ async def serve(cfg: WorkerConfig) -> int:
         await runner.cleanup()
         _unlink(sock)
         return EXIT_MODEL_LOAD_ERROR
-    state.prompt_cache = make_prompt_cache(cfg, state.loaded)
+    # The SSD scan can take a while on a big folder: off the loop, so /health answers
+    # "loading" meanwhile, and READY (state.started) only once it and the engine are up.
+    state.prompt_cache = await asyncio.to_thread(make_prompt_cache, cfg, state.loaded)
     state.engine = Engine(state.loaded, batch=cfg.batch, prefill_step=cfg.prefill_step,
                           cache=state.prompt_cache)
+    state.engine.debug_prefill_delay_s = cfg.debug_prefill_delay_s  # test-only (bridge.py)
     state.engine.start()
+    state.started = True
     log.info("ready model=%s context_limit=%d batch=%d", cfg.model_id,
              state.loaded.context_limit, cfg.batch)
 
@@ -229,11 +267,17 @@ def make_prompt_cache(cfg: WorkerConfig, loaded) -> PromptCache | None:
         ram = min(psutil.virtual_memory().total // 8, 16 * 1024**3)
     if ram == 0:
         return None  # --prompt-cache-bytes 0 turns the whole prompt cache off
-    ssd_dir = None
+    ssd_dir, layout = None, None
     if cfg.ssd_cache_dir is not None:
-        ssd_dir = cfg.ssd_cache_dir / fingerprint(cfg.model_path, "kv-fp")
-    cache = PromptCache(ram, ssd_dir, cfg.ssd_cache_bytes, quiet_s=cfg.cache_quiet_s,
-                        idle_s=cfg.cache_idle_s)
+        ssd_dir = cfg.ssd_cache_dir / "unusable"  # where the tier would be if all else fails
+        try:
+            ssd_dir = ssd_folder(cfg.ssd_cache_dir, cfg.model_id,
+                                 fingerprint(cfg.model_path, "kv-fp"))
+            layout = kv_layout(loaded.model)  # what every SSD entry is checked against
+        except Exception as exc:  # no layout: the tier turns itself off in start()
+            log.warning("SSD prompt cache unusable for model=%s: %s", cfg.model_id, exc)
+    cache = PromptCache(ram, ssd_dir, cfg.ssd_cache_bytes, layout=layout,
+                        quiet_s=cfg.cache_quiet_s, idle_s=cfg.cache_idle_s)
     cache.start()
     return cache
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 
 from mlxd.shared.params import GenerationParams
 
@@ -37,6 +38,9 @@ class Generation:
             self._sub.restored = cache_key.restored
         self.done = False
         self.prompt_tokens = len(prompt)
+        # Test-only slow prefill (settings: debug_prefill_delay_s): the first event waits.
+        delay_s = getattr(engine, "debug_prefill_delay_s", 0.0)
+        self._hold_until = time.monotonic() + delay_s if delay_s else None
 
     @property
     def cached_tokens(self) -> int:
@@ -53,6 +57,16 @@ class Generation:
 
     async def next(self, timeout_s: float | None = None) -> Event | None:
         """The next event, or None when `timeout_s` passes first (time for a keep-alive)."""
+        if self._hold_until is not None:
+            left_s = self._hold_until - time.monotonic()
+            if left_s > 0:
+                if timeout_s is not None and timeout_s <= left_s:
+                    await asyncio.sleep(timeout_s)
+                    return None
+                await asyncio.sleep(left_s)
+                if timeout_s is not None:  # the caller's keep-alive ticks keep their pace
+                    timeout_s -= left_s
+            self._hold_until = None
         try:
             ev = await asyncio.wait_for(self._queue.get(), timeout_s)
         except asyncio.TimeoutError:

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 from dataclasses import dataclass
 
 from aiohttp import web
 from pydantic import BaseModel
 
 from .cache_trie import common_prefix
+
+log = logging.getLogger("mlxd.worker.cache")
 
 SESSION_HEADER = "x-session-affinity"
 SESSION_FIELDS = ("session_id", "prompt_cache_key")
@@ -59,7 +62,11 @@ async def make_cache_key(state, prompt: list[int], session: str | None,
         return key
     entry = cache.ssd_candidate(key.ns, prompt)
     if entry is not None:
-        arrays = await _read_once(cache, entry)
+        try:
+            arrays = await _read_once(cache, entry)
+        except Exception:  # the SSD tier is an optimisation: a failed read is a miss
+            log.exception("reading SSD cache entry %s failed", entry.key)
+            arrays = None
         if arrays is not None:
             key.restored = (entry, arrays)
     return key

@@ -1,132 +1,144 @@
 """The SSD tier of the prompt cache: one safetensors file per entry, verified on every read.
 
-Files live in `<cache root>/<fingerprint>/`, so an entry never restores into a model it does
-not belong to. Each entry is `<key>.safetensors` plus `<key>.json` (its token ids, byte size,
-SHA-256 and session). Writes are atomic (temporary file, fsync, rename, fsync of the folder);
-a truncated, corrupted or mismatched file is deleted and counted, never loaded. Pure NumPy and
-file I/O: nothing here touches MLX, so it is safe off the engine thread.
+Files live in `<cache root>/<model id>/<fingerprint>/` (cache_layout; format: cache_format).
+Writes are atomic (temporary file, fsync, rename, fsync of the folder); a damaged file or one
+shaped for another model is deleted and counted, never loaded. The tier never stops a worker:
+an OSError listing the folder turns it off for the run, one on a file skips that file; each is
+counted and logged once a minute per kind. NumPy and file I/O only: safe off the engine thread.
 """
 
 from __future__ import annotations
 
-import hashlib
+import contextlib
 import logging
 import os
 import threading
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import orjson
-import safetensors.numpy as stnp
 
+from .cache_format import (
+    Layout,
+    LayoutMismatch,
+    SsdEntry,
+    decode_entry,
+    encode_entry,
+    entry_from_meta,
+    entry_key,
+    fsync_dir,
+    write_atomic,
+)
 from .cache_trie import TokenTrie
+from .quiet_log import QuietLog
 
 log = logging.getLogger("mlxd.worker.ssd")
 
-FORMAT_VERSION = 1
-
-
-@dataclass(eq=False)
-class SsdEntry:
-    key: str
-    ns: str
-    tokens: tuple[int, ...]
-    file_bytes: int
-    sha256: str
-    session: str | None
-    last_used: float
-
-
-def entry_key(ns: str, tokens: tuple[int, ...]) -> str:
-    h = hashlib.sha256(ns.encode() + b"\0" + np.asarray(tokens, dtype=np.uint32).tobytes())
-    return h.hexdigest()[:32]
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _write_atomic(path: Path, *parts) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "wb") as f:
-        for part in parts:
-            f.write(part)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-
-
-_ST_DTYPES = {"float32": "F32", "float16": "F16", "uint16": "U16", "uint32": "U32",
-              "int32": "I32", "uint8": "U8", "int8": "I8"}
-
-
-def safetensors_parts(tensors: dict[str, np.ndarray], metadata: dict[str, str]) -> list:
-    """A safetensors file as [header, buffer, buffer, ...] without joining the buffers.
-
-    Writing and hashing the parts one by one (both release the GIL on large buffers) keeps the
-    writer thread from stalling the engine thread the way building one big bytes object would.
-    """
-    header: dict = {"__metadata__": metadata}
-    parts, offset = [], 0
-    for name, a in tensors.items():
-        a = np.ascontiguousarray(a)
-        header[name] = {"dtype": _ST_DTYPES[a.dtype.name], "shape": list(a.shape),
-                        "data_offsets": [offset, offset + a.nbytes]}
-        parts.append(memoryview(a).cast("B"))
-        offset += a.nbytes
-    head = orjson.dumps(header)
-    head += b" " * (-len(head) % 8)  # the format aligns the data to 8 bytes
-    return [len(head).to_bytes(8, "little") + head, *parts]
-
+# A temporary or lone data file younger than this may belong to a live writer (a hot reload
+# runs two workers of one model id for a while): the scan leaves it alone.
+STALE_S = 60.0
+# After a failed write (a full disk, a read-only folder) writes pause this long instead of
+# failing one by one, each after writing most of a file.
+WRITE_PAUSE_S = 30.0
 
 class SsdStore:
-    """Index and files of one fingerprint's SSD entries. Thread-safe."""
+    """Index and files of one model's SSD entries. Thread-safe.
 
-    def __init__(self, folder: Path, cap_bytes: int):
+    `layout`, when set, is the model's KV signature: an entry that does not match it is a miss
+    and is deleted. `disabled` says why the tier is off for this run (None while it is on).
+    """
+
+    def __init__(self, folder: Path, cap_bytes: int, layout: Layout | None = None):
         self.dir = folder
         self.cap_bytes = cap_bytes
+        self.layout = layout
         self.nbytes = 0
+        self.disabled: str | None = None
+        self.read_only = False
         self._entries: dict[str, SsdEntry] = {}
         self._tries: dict[str, TokenTrie[SsdEntry]] = {}
         self._lock = threading.RLock()
         self._closed_sessions: dict[str, float] = {}  # session -> when it was closed
+        self._paused_until = 0.0  # writes skip until then (monotonic), after a failed write
+        self._quiet = QuietLog(log)
         self.stats = {"hits": 0, "restores": 0, "writes": 0, "corrupt": 0, "evictions": 0,
-                      "write_errors": 0}
+                      "rejected": 0, "write_errors": 0, "write_skipped": 0, "read_errors": 0,
+                      "delete_errors": 0, "scan_errors": 0}
 
     def __len__(self) -> int:
         return len(self._entries)
 
+    @property
+    def errors(self) -> int:
+        """OSErrors met in any part: scan, read, write, delete."""
+        s = self.stats
+        return s["scan_errors"] + s["read_errors"] + s["write_errors"] + s["delete_errors"]
+
+    def disable(self, reason: str) -> None:
+        """Turn the tier off for this run (one log line); the worker serves from RAM."""
+        if self.disabled is None:
+            log.error("SSD prompt cache off for this run, serving from RAM only: %s", reason)
+        self.disabled = reason
+        with self._lock:
+            self._entries.clear()
+            self._tries.clear()
+            self.nbytes = 0
+
     # -- index ------------------------------------------------------------------------------
     def scan(self) -> int:
-        """Index what a previous run left (restart survival); drop what is incomplete."""
-        self.dir.mkdir(parents=True, exist_ok=True)
-        for tmp in self.dir.glob("*.tmp"):
-            tmp.unlink(missing_ok=True)
-        for meta_path in sorted(self.dir.glob("*.json")):
-            try:
-                meta = orjson.loads(meta_path.read_bytes())
-                data_path = meta_path.with_suffix(".safetensors")
-                if data_path.stat().st_size != meta["file_bytes"]:
-                    raise ValueError("size mismatch")
-                e = SsdEntry(meta_path.stem, meta["ns"], tuple(meta["tokens"]),
-                             meta["file_bytes"], meta["sha256"], meta.get("session"),
-                             data_path.stat().st_mtime)
-            except (OSError, ValueError, KeyError, TypeError):
-                self._delete_files(meta_path.stem)
-                self.stats["corrupt"] += 1
-                continue
-            self._add(e)
-        for data_path in self.dir.glob("*.safetensors"):  # data without its metadata
-            if data_path.stem not in self._entries:
-                data_path.unlink(missing_ok=True)
+        """Index what a previous run left (restart survival); drop what is incomplete.
+
+        A folder that cannot be made or listed turns the tier off; a file that cannot be read
+        or removed is skipped. Neither stops the worker."""
+        try:
+            self.dir.mkdir(parents=True, exist_ok=True)
+            names = os.listdir(self.dir)
+        except OSError as exc:
+            self.stats["scan_errors"] += 1
+            self.disable(f"cannot use {self.dir}: {exc}")
+            return 0
+        if not os.access(self.dir, os.W_OK | os.X_OK):
+            self.read_only = True
+            log.warning("SSD prompt cache folder %s is read-only: no writes", self.dir)
+        now = time.time()
+        for name in names:
+            if name.endswith(".tmp"):
+                self._remove_stale(name, now)
+        for name in sorted(names):
+            if name.endswith(".json"):
+                self._index(name[: -len(".json")])
+        for name in names:  # data without its metadata
+            if name.endswith(".safetensors") and name[: -len(".safetensors")] not in self._entries:
+                self._remove_stale(name, now)
         self._enforce_cap()
         return len(self._entries)
+
+    def _index(self, key: str) -> None:
+        try:
+            meta = orjson.loads((self.dir / (key + ".json")).read_bytes())
+            st = (self.dir / (key + ".safetensors")).stat()
+            e = entry_from_meta(key, meta, st.st_size, st.st_mtime)
+        except (FileNotFoundError, ValueError):  # incomplete or damaged (orjson's error too)
+            self.stats["corrupt"] += 1
+        except OSError as exc:  # unreadable, or a folder under an entry's name
+            self.stats["scan_errors"] += 1
+            self._quiet.warn("SSD prompt cache scan", exc)
+        else:
+            self._add(e)
+            return
+        self._delete_files(key)
+
+    def _remove_stale(self, name: str, now: float) -> None:
+        path = self.dir / name
+        try:
+            if now - path.lstat().st_mtime >= STALE_S:
+                path.unlink()
+        except FileNotFoundError:
+            pass
+        except OSError as exc:
+            self.stats["delete_errors"] += 1
+            self._quiet.warn("SSD prompt cache delete", exc)
 
     def _add(self, e: SsdEntry) -> None:
         with self._lock:
@@ -137,16 +149,26 @@ class SsdStore:
             self._tries.setdefault(e.ns, TokenTrie()).insert(e.tokens, e)
             self.nbytes += e.file_bytes
 
-    def _remove(self, e: SsdEntry) -> None:
+    def _forget(self, e: SsdEntry) -> bool:
         with self._lock:
-            if self._entries.pop(e.key, None) is not None:
-                self.nbytes -= e.file_bytes
-                self._tries[e.ns].remove(e.tokens)
-        self._delete_files(e.key)
+            if self._entries.get(e.key) is not e:  # gone, or a newer entry under the same key
+                return False
+            del self._entries[e.key]
+            self.nbytes -= e.file_bytes
+            self._tries[e.ns].remove(e.tokens)
+            return True
+
+    def _remove(self, e: SsdEntry) -> None:
+        if self._forget(e):
+            self._delete_files(e.key)
 
     def _delete_files(self, key: str) -> None:
         for suffix in (".safetensors", ".json"):
-            (self.dir / (key + suffix)).unlink(missing_ok=True)
+            try:
+                (self.dir / (key + suffix)).unlink(missing_ok=True)
+            except OSError as exc:  # a folder under that name, a read-only folder
+                self.stats["delete_errors"] += 1
+                self._quiet.warn("SSD prompt cache delete", exc)
 
     def best(self, ns: str, prompt: list[int]) -> tuple[SsdEntry | None, int]:
         """The entry covering most of `prompt`, and how many tokens it covers.
@@ -166,9 +188,6 @@ class SsdStore:
             best, n = m.longer[1], min(m.common, len(prompt) - 1)
         return (best, n) if n > 0 else (None, 0)
 
-    def contains(self, ns: str, tokens: tuple[int, ...]) -> bool:
-        return entry_key(ns, tokens) in self._entries
-
     def drop_session(self, session: str) -> int:
         with self._lock:
             # Writes queued for it before now must not land; later use of the id starts afresh.
@@ -178,71 +197,97 @@ class SsdStore:
             self._remove(e)
         return len(victims)
 
+    def discard(self, e: SsdEntry, why: BaseException) -> None:
+        """Drop an entry that failed after it was read (its restore raised): never again."""
+        self.stats["rejected"] += 1
+        self._quiet.warn("SSD prompt cache restore", why)
+        self._remove(e)
+
     # -- data -------------------------------------------------------------------------------
     def read(self, e: SsdEntry) -> dict[str, np.ndarray] | None:
-        """The entry's arrays after checking size, hash and token ids; None (and deleted) if bad."""
+        """The entry's arrays after checking size, hash, token ids and (with a layout) shapes;
+        None, and the entry dropped, when anything is off."""
+        if self.disabled is not None:
+            return None
         path = self.dir / (e.key + ".safetensors")
         try:
             data = path.read_bytes()
-            if len(data) != e.file_bytes or hashlib.sha256(data).hexdigest() != e.sha256:
-                raise ValueError("size or hash mismatch")
-            arrays = stnp.load(data)
-            if tuple(arrays.pop("__tokens__").tolist()) != e.tokens:
-                raise ValueError("token ids mismatch")
-        except FileNotFoundError:  # evicted meanwhile: a plain miss
+        except FileNotFoundError:  # evicted meanwhile, or removed by hand: a plain miss
+            self._forget(e)
             return None
-        except (OSError, ValueError, KeyError) as exc:
-            log.warning("discarding corrupt cache entry %s: %s", e.key, exc)
+        except OSError as exc:
+            self.stats["read_errors"] += 1
+            self._quiet.warn("SSD prompt cache read", exc)
+            self._remove(e)
+            return None
+        try:
+            arrays = decode_entry(data, e, self.layout)
+        except LayoutMismatch as exc:
+            log.warning("discarding SSD cache entry %s made for another model shape: %s",
+                        e.key, exc)
+            self.stats["rejected"] += 1
+            self._remove(e)
+            return None
+        except Exception as exc:  # the file is untrusted: any parse failure is damage
+            log.warning("discarding corrupt SSD cache entry %s: %s", e.key, exc)
             self.stats["corrupt"] += 1
-            if self._entries.get(e.key) is e:  # not a newer entry written under the same key
-                self._remove(e)
+            self._remove(e)
             return None
         e.last_used = time.time()
-        os.utime(path)
+        with contextlib.suppress(OSError):  # on-disk recency is a hint for the next scan
+            os.utime(path)
         self.stats["restores"] += 1
         return arrays
 
     def write(self, ns: str, tokens: tuple[int, ...], arrays: dict[str, np.ndarray],
               meta: dict[str, str], session: str | None,
-              queued_at: float | None = None) -> bool:
+              queued_at: float | None = None) -> bool | None:
         """Persist one entry atomically, then keep the folder under its byte cap.
 
-        Returns whether the entry is now on disk."""
-        key = entry_key(ns, tokens)
-        tensors = {**arrays, "__tokens__": np.asarray(tokens, dtype=np.uint32)}
-        parts = safetensors_parts(tensors, {**meta, "format": str(FORMAT_VERSION)})
-        size = sum(len(p) for p in parts)
-        if size > self.cap_bytes:
+        True: the entry is on disk. False: it is not (an I/O error, no room, the tier off).
+        None: it was not wanted any more (its session closed while the write was queued)."""
+        if self.disabled is not None or self.read_only or time.monotonic() < self._paused_until:
+            self.stats["write_skipped"] += 1
             return False
-        h = hashlib.sha256()
-        for part in parts:
-            h.update(part)
-        digest = h.hexdigest()
+        key = entry_key(ns, tokens)
+        parts, sidecar, size, digest = encode_entry(ns, tokens, arrays, meta, session)
+        if size > self.cap_bytes:
+            self.stats["write_skipped"] += 1
+            return False
         try:
-            _write_atomic(self.dir / (key + ".safetensors"), *parts)
-            info = {"ns": ns, "tokens": list(tokens), "file_bytes": size, "sha256": digest,
-                    "session": session, "format": FORMAT_VERSION}
-            _write_atomic(self.dir / (key + ".json"), orjson.dumps(info))
-            _fsync_dir(self.dir)
+            self.dir.mkdir(parents=True, exist_ok=True)  # it may have been removed by hand
+            write_atomic(self.dir / (key + ".safetensors"), *parts)
+            write_atomic(self.dir / (key + ".json"), sidecar)
+            fsync_dir(self.dir)
         except OSError as exc:
-            log.error("cache write failed: %s", exc)
             self.stats["write_errors"] += 1
+            self._paused_until = time.monotonic() + WRITE_PAUSE_S
+            self._quiet.warn("SSD prompt cache write (writes paused a while)", exc)
             self._delete_files(key)
             return False
         with self._lock:
             closed_at = self._closed_sessions.get(session) if session is not None else None
             if closed_at is not None and (queued_at is None or queued_at <= closed_at):
                 self._delete_files(key)  # the session was closed while this write was queued
-                return False
+                return None
             self._add(SsdEntry(key, ns, tokens, size, digest, session, time.time()))
         self.stats["writes"] += 1
         self._enforce_cap()
         return True
 
-    def sync(self) -> None:
-        """Make renames durable (fsync of the folder)."""
-        if self.dir.exists():
-            _fsync_dir(self.dir)
+    def sync(self) -> bool:
+        """Make renames durable (fsync of the folder); False when that failed."""
+        if self.disabled is not None:
+            return False
+        try:
+            fsync_dir(self.dir)
+        except FileNotFoundError:  # nothing was ever written
+            return True
+        except OSError as exc:
+            self.stats["write_errors"] += 1
+            self._quiet.warn("SSD prompt cache sync", exc)
+            return False
+        return True
 
     def _enforce_cap(self) -> None:
         while self.nbytes > self.cap_bytes:

@@ -1,7 +1,8 @@
 """Writes to the SSD tier happen here, off the decode path, through a bounded queue.
 
 When the queue is full the oldest queued write is dropped and counted: that is a future cache
-miss, never a wrong answer.
+miss, never a wrong answer. `written` and `failed` count every outcome, so a drain can tell
+whether everything it queued really landed.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .cache_ssd import SsdStore
+from .quiet_log import QuietLog
 
 log = logging.getLogger("mlxd.worker.cache")
 
@@ -38,7 +40,10 @@ class CacheWriter:
     def __init__(self, store: SsdStore, max_queued: int = 32):
         self.store = store
         self.max_queued = max_queued
-        self.dropped = 0
+        self.dropped = 0  # oldest writes pushed out of a full queue
+        self.written = 0  # writes now on disk
+        self.failed = 0  # writes that did not land for any reason (dropped ones included)
+        self._quiet = QuietLog(log)
         self._q: collections.deque[WriteJob] = collections.deque()
         self._cv = threading.Condition()
         self._busy = False
@@ -60,16 +65,17 @@ class CacheWriter:
             if len(self._q) >= self.max_queued:
                 old = self._q.popleft()
                 self.dropped += 1
+                self.failed += 1
                 old.on_done(False)
             self._q.append(job)
             self._cv.notify_all()
 
     def flush(self, timeout_s: float) -> bool:
-        """Wait until every queued write is on disk and durable."""
+        """Wait until every queued write is on disk and durable; False on a timeout or when
+        the final fsync failed."""
         with self._cv:
             ok = self._cv.wait_for(lambda: not self._q and not self._busy, timeout_s)
-        self.store.sync()
-        return ok
+        return self.store.sync() and ok
 
     def _run(self) -> None:
         while True:
@@ -77,14 +83,18 @@ class CacheWriter:
                 self._cv.wait_for(lambda: bool(self._q))
                 job = self._q.popleft()
                 self._busy = True
-            ok = False
+            ok: bool | None = False
             try:
                 ok = self.store.write(job.ns, job.tokens, job.arrays, job.meta, job.session,
                                       job.queued_at)
-            except Exception:
-                log.exception("prompt cache write failed")
+            except Exception as exc:  # an unexpected array (dtype, shape): that entry only
+                self._quiet.warn("SSD prompt cache write", exc)
             finally:
-                job.on_done(ok)
+                if ok:
+                    self.written += 1
+                elif ok is False:  # None: its session closed, nothing was lost
+                    self.failed += 1
+                job.on_done(bool(ok))
                 with self._cv:
                     self._busy = False
                     self._cv.notify_all()

@@ -7,20 +7,19 @@ events: `Delta` (reasoning or answer text, with logprob entries), `ToolCalls` (p
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field, replace
 
-from mlxd.shared.chat_job import ChatJob
-from mlxd.shared.errors import MlxdError, Unavailable
+from mlxd.shared.chat_job import ChatJob, fold_system_messages, late_system_indexes
+from mlxd.shared.errors import BadRequest, MlxdError, Unavailable
 from mlxd.shared.guided import GuidedSpec
 
 from .bridge import Generation
 from .cache_keys import make_cache_key, stable_boundary
 from .chat_output import REASONING, TEXT, OutputSplitter, StopScanner
 from .guided import GuidedProcessor, GuidedUnavailable, compile_spec, warning_header
-from .prompts import ChatPrompt, chat_prompt, resolve_params
+from .prompts import ChatPrompt, chat_prompt, check_params, resolve_params
 from .state import WorkerState
 from .tool_calls import ToolCall, forced_call_spec, markers, parse_block
 
@@ -55,6 +54,25 @@ class Done:
 
 
 @dataclass
+class RowProgress:
+    """How far a request got, for the access log's line when the client leaves early.
+
+    `ChatRun` has the same two attributes; plain completions use this.
+    """
+
+    gen: Generation | None = None
+    completion_tokens: int = 0
+
+    @property
+    def prompt_done(self) -> int:
+        """Prompt tokens known to be processed: all of them once a token came out, else
+        only those the prompt cache supplied (prefill progress is the engine's)."""
+        if self.gen is None:
+            return 0
+        return self.gen.prompt_tokens if self.completion_tokens else self.gen.cached_tokens
+
+
+@dataclass
 class Collected:
     """A whole completion, for the non-streaming responses."""
 
@@ -80,6 +98,7 @@ class ChatRun:
         self.warning: str | None = None
         self.prompt: ChatPrompt | None = None
         self.gen: Generation | None = None
+        self.completion_tokens = 0
 
     @classmethod
     async def prepare(cls, state: WorkerState, job: ChatJob, rid: str) -> ChatRun:
@@ -89,6 +108,7 @@ class ChatRun:
 
     async def _prepare(self) -> None:
         m, job = self.m, self.job
+        check_params(m, job.params)  # a bad parameter is a 400 before any grammar compiles
         spec = job.guided
         try:
             forced = forced_call_spec(m.tokenizer, job)
@@ -102,13 +122,14 @@ class ChatRun:
         compiled = None
         if spec is not None:
             try:
-                compiled = await asyncio.to_thread(compile_spec, m, spec)
+                compiled = await compile_spec(m, spec, self.state.config)
             except GuidedUnavailable as exc:
                 self._degrade(spec, str(exc))
-        self.prompt = chat_prompt(m, job.messages, job.rendered_tools, job.template_kwargs,
-                                  self.state.config.enable_thinking)
+        self.prompt = render_job(m, job, self.state.config.enable_thinking)
+        if self.prompt.warning:  # tools described as text: the template has no format
+            job.warnings.append(self.prompt.warning)
         ids = self.prompt.ids
-        params = resolve_params(m, job.params, len(ids))
+        params = resolve_params(m, job.params, len(ids), job.surface)
         # The engine cuts stop strings itself; when the API must name the one that matched,
         # they are cut here instead (the row is then cancelled as the block ends).
         self._stops = StopScanner(params.stop if job.report_stop else ())
@@ -141,7 +162,11 @@ class ChatRun:
 
     @property
     def headers(self) -> dict[str, str]:
-        return {"Warning": self.warning} if self.warning else {}
+        """`Warning` values (RFC 7234 allows a list): what the request asked for in vain."""
+        values = [*self.job.warnings, *([self.warning] if self.warning else [])]
+        return {"Warning": ", ".join(values)} if values else {}
+
+    prompt_done = RowProgress.prompt_done
 
     def __enter__(self) -> ChatRun:
         self.gen.__enter__()
@@ -161,6 +186,7 @@ class ChatRun:
             if ev is None:
                 yield Keepalive()
                 continue
+            self.completion_tokens = ev.completion_tokens  # for the access log
             if ev.error is not None:
                 yield Done("error", ev.completion_tokens, error=ev.error)
                 return
@@ -174,7 +200,8 @@ class ChatRun:
                 if p.kind == "tool":
                     calls = parse_block(tok, p.text, tools, n_calls)
                     if calls is None:  # not a call after all: keep it as text
-                        yield Delta(TEXT, tok.tool_call_start + p.text + tok.tool_call_end)
+                        start, end = markers(tok)
+                        yield Delta(TEXT, start + p.text + end)
                     else:
                         n_calls += len(calls)
                         yield ToolCalls(calls)
@@ -211,3 +238,28 @@ class ChatRun:
             raise err if isinstance(err, Unavailable) else Unavailable(err.message)
         out.text, out.reasoning = "".join(text), "".join(reasoning)
         return out
+
+
+def render_job(m, job: ChatJob, enable_thinking: bool | None) -> ChatPrompt:
+    """Render `job` through the chat template, keeping every system message's text.
+
+    A system message after the first turn (Claude Code's mid-conversation reminders, a
+    Responses `developer` item) stays in place where the template renders it there; where
+    the template refuses it, or renders the conversation without its text, it is folded
+    into a user turn as a delimited note (`fold_system_messages`).
+    """
+    late = late_system_indexes(job.messages)
+    if late:
+        try:
+            prompt = chat_prompt(m, job.messages, job.rendered_tools, job.template_kwargs,
+                                 enable_thinking)
+        except BadRequest:
+            prompt = None
+        if prompt is not None and all(str(job.messages[i].get("content") or "").strip()
+                                      in prompt.text for i in late):
+            return prompt
+        log.debug("folding %d later system message(s) into user turns: the template %s",
+                  len(late), "refused them" if prompt is None else "left their text out")
+        job.messages = fold_system_messages(job.messages)
+    return chat_prompt(m, job.messages, job.rendered_tools, job.template_kwargs,
+                       enable_thinking)

@@ -6,6 +6,8 @@ import argparse
 from dataclasses import dataclass
 from pathlib import Path
 
+from mlxd.shared.config import GRAMMAR_SETTINGS
+
 
 @dataclass(frozen=True)
 class WorkerConfig:
@@ -24,6 +26,18 @@ class WorkerConfig:
     ssd_cache_bytes: int = 20 * 1024**3
     cache_quiet_s: float = 2.0
     cache_idle_s: float = 300.0
+    generation: int = 0  # the supervisor's slot generation; /health reports it back
+    stream_heartbeat_s: float = 10.0  # a quiet stream's protocol event interval (sse.Heartbeat)
+    debug_prefill_delay_s: float = 0.0  # test-only: hold the first token back this long
+    # Structured-output grammars (docs/security.md): static caps, then the compile's bounds.
+    grammar_max_repeat: int = 1000
+    grammar_max_bytes: int = 64 * 1024
+    grammar_max_positions: int = 50_000
+    grammar_compile_timeout_s: float = 30.0
+    grammar_compile_memory_bytes: int = 2 * 1024**3
+    grammar_compile_concurrency: int = 2
+    grammar_queue_timeout_s: float = 10.0
+    grammar_cache_bytes: int = 256 * 1024**2
 
 
 def parse_args(argv: list[str] | None = None) -> WorkerConfig:
@@ -57,9 +71,17 @@ def parse_args(argv: list[str] | None = None) -> WorkerConfig:
     p.add_argument("--enable-thinking", action=argparse.BooleanOptionalAction, default=None,
                    help="default for the template's enable_thinking switch (default: the "
                         "template's); a request's chat_template_kwargs still win")
+    p.add_argument("--generation", type=int, default=0,
+                   help="the supervisor's generation for this worker, echoed by /health (0)")
+    p.add_argument("--stream-heartbeat-s", type=float, default=10.0,
+                   help="a quiet stream sends a protocol event (not only a comment) this often")
+    p.add_argument("--debug-prefill-delay-s", type=float, default=0.0, help=argparse.SUPPRESS)
+    _grammar_args(p)
     a = p.parse_args(argv)
     if a.batch < 1:
         p.error("--batch must be at least 1")
+    if a.grammar_compile_concurrency < 1:
+        p.error("--grammar-compile-concurrency must be at least 1")
     return WorkerConfig(
         model_path=a.model_path,
         model_id=a.model_id,
@@ -76,4 +98,29 @@ def parse_args(argv: list[str] | None = None) -> WorkerConfig:
         ssd_cache_bytes=a.ssd_cache_bytes,
         cache_quiet_s=a.cache_quiet_s,
         cache_idle_s=a.cache_idle_s,
+        generation=a.generation,
+        stream_heartbeat_s=a.stream_heartbeat_s,
+        debug_prefill_delay_s=a.debug_prefill_delay_s,
+        **{f: getattr(a, f) for f in _GRAMMAR_FIELDS},
     )
+
+
+_GRAMMAR_FIELDS = GRAMMAR_SETTINGS  # the supervisor passes each as a flag of the same name
+
+
+def _grammar_args(p: argparse.ArgumentParser) -> None:
+    d = WorkerConfig.__dataclass_fields__
+    helps = {
+        "grammar_max_repeat": "largest repetition count in a constraint ({m,n}, maxLength, …)",
+        "grammar_max_bytes": "largest regex, grammar or schema, in bytes",
+        "grammar_max_positions": "largest regex once its counted repetitions are expanded",
+        "grammar_compile_timeout_s": "a grammar compile longer than this is a 400",
+        "grammar_compile_memory_bytes": "memory one grammar compile may use, else a 400",
+        "grammar_compile_concurrency": "grammar compiles at once; more wait, then 503",
+        "grammar_queue_timeout_s": "how long a compile waits for a free slot before a 503",
+        "grammar_cache_bytes": "compiled-grammar cache cap in bytes (LRU)",
+    }
+    for name in _GRAMMAR_FIELDS:
+        default = d[name].default
+        p.add_argument("--" + name.replace("_", "-"), type=type(default), default=default,
+                       help=f"{helps[name]} ({default})")

@@ -17,6 +17,7 @@ import mlx.core as mx
 from mlx_lm.generate import BatchGenerator, StopSequences
 from mlx_lm.generate_utils import BatchStats
 from mlx_lm.models.cache import can_trim_prompt_cache, make_prompt_cache
+from mlx_lm.sample_utils import greedy_sampler
 
 from mlxd.shared.errors import MlxdError, Unavailable
 
@@ -25,9 +26,13 @@ from .logprobs import logprob_entry
 from .prompt_cache import PromptCache
 from .rows import Event, Row, Submission
 from .sampling import make_row_processors, make_row_sampler
+from .step_recovery import blame, generation_failed, guard_processor, guard_sampler
 from .textstream import TextStream, make_detokenizer
 
 log = logging.getLogger("mlxd.worker.engine")
+
+# Clients hear this; why the thread stopped is in the log and in /health (`dead`).
+ENGINE_STOPPED = "The engine of this worker stopped; the worker log has the details"
 
 
 class Engine:
@@ -54,6 +59,7 @@ class Engine:
         self._totals = BatchStats()
         self.cancellations = 0
         self.requests_done = 0
+        self.recoveries = 0  # failed steps after which the batch state was rebuilt
         self._thread = threading.Thread(target=self._run, name="mlxd-engine", daemon=True)
         self._stopped = threading.Event()
 
@@ -63,7 +69,7 @@ class Engine:
 
     def submit(self, sub: Submission) -> None:
         if self.dead is not None:
-            sub.sink(Event.failure(Unavailable(f"The engine stopped: {self.dead}")))
+            sub.sink(Event.failure(Unavailable(ENGINE_STOPPED)))
             return
         self._submitted += 1
         self._inbox.put(("submit", sub))
@@ -121,6 +127,7 @@ class Engine:
             "decode_tps": round(t.generation_tokens / t.decode_time, 2) if t.decode_time else 0.0,
             "requests_done": self.requests_done,
             "cancellations": self.cancellations,
+            "engine_recoveries": self.recoveries,
             "memory_active_bytes": mx.get_active_memory(),
             "memory_peak_bytes": mx.get_peak_memory(),
             **(self.cache.stats() if self.cache else {}),
@@ -133,7 +140,7 @@ class Engine:
         except BaseException as exc:  # never leave requests waiting on a dead thread
             log.exception("engine thread stopped")
             self.dead = f"{type(exc).__name__}: {exc}"
-            self._fail_all(Unavailable(f"The engine stopped: {self.dead}"))
+            self._fail_all(Unavailable(ENGINE_STOPPED))
             self._fail_queued()
         finally:
             self._stopped.set()
@@ -144,7 +151,7 @@ class Engine:
                 kind, sub = self._inbox.get_nowait()
                 if kind == "submit":
                     self._admitted += 1
-                    sub.sink(Event.failure(Unavailable(f"The engine stopped: {self.dead}")))
+                    sub.sink(Event.failure(Unavailable(ENGINE_STOPPED)))
                 elif kind == "persist":
                     sub.set()
                 elif kind == "close_session":
@@ -154,14 +161,8 @@ class Engine:
 
     def _loop(self) -> None:
         # Streams belong to the thread that creates them: make ours here.
-        stream = mx.new_stream(mx.default_device())
-        self._gen = BatchGenerator(
-            self.m.model,
-            completion_batch_size=self.batch,
-            prefill_batch_size=self.batch,
-            prefill_step_size=self.prefill_step,
-            stream=stream,
-        )
+        self._stream = mx.new_stream(mx.default_device())
+        self._gen = self._new_generator()
         self._eos = StopSequences([(t,) for t in self.m.eos_ids])
         stopping = False
         last_upkeep = time.monotonic()
@@ -183,26 +184,83 @@ class Engine:
             try:
                 with self._gen.stats() as st:
                     prompt_responses, responses = self._gen.next()
-                self._totals += st
-                if not self.trimmable:
-                    self._snapshot(prompt_responses)
-            except Exception as exc:  # an MLX failure must not kill the worker silently
-                log.exception("engine step failed")
-                self._fail_all(Unavailable(f"generation failed: {exc}"))
+            except Exception:  # the batch state is now unusable: rebuild it
+                log.exception("engine step failed (rows %s)",
+                              ", ".join(r.sub.rid for r in self._rows.values()))
+                self._recover()
                 continue
-            for sub, exc in self._broken:
+            self._totals += st
+            if not self.trimmable:
+                try:
+                    self._snapshot(prompt_responses)
+                except Exception:  # a missed snapshot is a cache miss later, nothing more
+                    log.exception("prompt-boundary snapshot failed")
+            for sub, _ in self._broken:
                 if (row := self._by_sub.get(id(sub))) is not None:
-                    self._fail_row(row.uid, Unavailable(f"generation failed: {exc}"))
+                    self._fail_row(row.uid, generation_failed(sub.rid))
             self._broken.clear()
             for r in responses:
                 if r.uid not in self._rows:
                     continue  # failed just above
                 try:
                     self._on_token(r)
-                except Exception as exc:  # one row's failure ends that row only
-                    log.exception("row %s failed", r.uid)
-                    self._fail_row(r.uid, Unavailable(f"generation failed: {exc}"))
+                except Exception:  # one row's failure ends that row only
+                    rid = self._rows[r.uid].sub.rid if r.uid in self._rows else r.uid
+                    log.exception("row %s failed", rid)
+                    self._fail_row(r.uid, generation_failed(str(rid)))
         self._gen.close()
+
+    def _new_generator(self) -> BatchGenerator:
+        return BatchGenerator(
+            self.m.model,
+            completion_batch_size=self.batch,
+            prefill_batch_size=self.batch,
+            prefill_step_size=self.prefill_step,
+            stream=self._stream,
+        )
+
+    def _recover(self) -> None:
+        """A step failed: start a fresh batch, fail the rows to blame, resume the others.
+
+        A failed step leaves mlx-lm's batch half-updated (every later step fails with "eval
+        an array without a primitive"), so nothing of it is kept: resumed rows prefill their
+        prompt and the tokens already sent again. If even a fresh batch cannot be made, the
+        exception stops the engine thread and /health reports the engine dead.
+        """
+        fail, resume = blame(list(self._rows.values()), self._broken)
+        self._broken.clear()
+        old, self._gen = self._gen, self._new_generator()
+        try:
+            old.close()
+        except Exception:
+            log.exception("closing the failed batch failed")
+        self.recoveries += 1
+        log.warning("rebuilt the batch after a failed step: failing %s; resuming %s",
+                    [r.sub.rid for r in fail] or "none", [r.sub.rid for r in resume] or "none")
+        self._rows.clear()  # the old uids mean nothing to the new batch
+        for row in fail:
+            self._finish(row)
+            row.sub.sink(Event.failure(generation_failed(row.sub.rid), row.generated))
+        for row in resume:
+            try:
+                self._resume(row)
+            except Exception:
+                log.exception("resuming %s failed", row.sub.rid)
+                self._finish(row)
+                row.sub.sink(Event.failure(generation_failed(row.sub.rid), row.generated))
+
+    def _resume(self, row: Row) -> None:
+        """Put `row` into the fresh batch where it was: prompt plus the tokens already sent."""
+        left = row.sub.params.max_tokens - row.generated
+        row.uid = self._gen.insert_segments(
+            [[list(row.sub.prompt) + row.tokens]],
+            max_tokens=[max(1, left)],
+            samplers=[row.sampler],
+            logits_processors=[row.processors],
+            stop_sequences=[self._eos],
+        )[0]
+        row.resumed = True
+        self._rows[row.uid] = row
 
     def _admit(self, block: bool) -> bool:
         """Take everything waiting in the inbox. Returns True when asked to stop."""
@@ -219,9 +277,9 @@ class Engine:
                     elif not sub.cancelled:
                         try:
                             self._insert(sub)
-                        except Exception as exc:  # a bad restore or an MLX error: this row only
+                        except Exception:  # a bad restore or an MLX error: this row only
                             log.exception("admitting %s failed", sub.rid)
-                            sub.sink(Event.failure(Unavailable(f"generation failed: {exc}")))
+                            sub.sink(Event.failure(generation_failed(sub.rid)))
                 elif kind == "cancel":
                     self._drop(sub)
                 elif kind == "persist":
@@ -243,6 +301,10 @@ class Engine:
     def _insert(self, sub: Submission) -> None:
         p = sub.params
         sampler = make_row_sampler(p.temperature, p.top_p, p.top_k, p.min_p, p.seed)
+        if sampler is not greedy_sampler:  # the shared greedy sampler runs once per batch
+            sampler = guard_sampler(sub, sampler, self._broken)
+        processors = make_row_processors(p) + [guard_processor(sub, f, self._broken)
+                                               for f in sub.processors]
         layers, n = None, 0
         if self.cache is not None:
             layers, n, _ = self.cache.fetch(sub.ns, sub.prompt, sub.restored)
@@ -257,11 +319,11 @@ class Engine:
             all_tokens=[list(sub.prompt[:n])],
             max_tokens=[p.max_tokens],
             samplers=[sampler],
-            logits_processors=[make_row_processors(p) + [self._guard(sub, f)
-                                                         for f in sub.processors]],
+            logits_processors=[processors],
             stop_sequences=[self._eos],
         )[0]
-        row = Row(sub=sub, uid=uid, text=TextStream(make_detokenizer(self.m.tokenizer), p.stop))
+        row = Row(sub=sub, uid=uid, text=TextStream(make_detokenizer(self.m.tokenizer), p.stop),
+                  sampler=sampler, processors=processors)
         self._rows[uid] = row
         self._by_sub[id(sub)] = row
 
@@ -285,6 +347,7 @@ class Engine:
         if row is None:
             return
         row.generated += 1
+        row.tokens.append(r.token)
         finish = r.finish_reason
         logprobs = self._logprobs(row, r) if row.sub.params.logprobs else None
         if finish == "stop":  # only end-of-sequence tokens are token-level stops here
@@ -301,17 +364,6 @@ class Engine:
         if finish is not None:
             self._finish(row)
         row.sub.sink(Event(text, row.generated, finish, logprobs))
-
-    def _guard(self, sub: Submission, processor):
-        """A request's own logits processor (a grammar) that raises fails that row only."""
-        def run(tokens, logits):
-            try:
-                return processor(tokens, logits)
-            except Exception as exc:
-                log.exception("logits processor of %s failed", sub.rid)
-                self._broken.append((sub, exc))
-                return logits
-        return run
 
     def _remove_keeping_cache(self, row: Row) -> None:
         """Take a row out of the batch; its prompt state goes to the cache on the way out."""

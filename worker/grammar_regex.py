@@ -6,6 +6,8 @@ parse: GBNF (`root ::= "yes" | "no"`) and Lark/EBNF (`start: "yes" | "no"`), wit
 single or double quotes, character classes, `.`, Lark `/regex/` terminals, grouping and the
 quantifiers `* + ?` and `{m,n}`. Anything else raises GrammarError (a recursive grammar,
 directives such as `%import`), which the caller turns into a prompt instruction.
+Inlining copies a rule at every use, so a small grammar can name an exponentially long regex:
+the regex being built is bounded by `max_bytes` (GrammarTooLong, the client's 400).
 """
 
 from __future__ import annotations
@@ -21,12 +23,17 @@ class GrammarError(ValueError):
     """The grammar cannot be turned into a regular expression."""
 
 
-def grammar_to_regex(text: str) -> str:
+class GrammarTooLong(GrammarError):
+    """The grammar's regex would be longer than allowed (a bound, not a degrade)."""
+
+
+def grammar_to_regex(text: str, max_bytes: int = 1 << 62) -> str:
+    """The one regex equivalent to the regular grammar `text`, at most `max_bytes` long."""
     rules = _split_rules(text)
     if not rules:
         raise GrammarError("the grammar defines no rules")
     start = next((n for n in ("root", "start") if n in rules), next(iter(rules)))
-    return _Inliner(rules).expand(start, ())
+    return _Inliner(rules, max_bytes).expand(start, ())
 
 
 def _split_rules(text: str) -> dict[str, str]:
@@ -72,8 +79,9 @@ def _strip_comment(line: str) -> str:
 
 
 class _Inliner:
-    def __init__(self, rules: dict[str, str]):
+    def __init__(self, rules: dict[str, str], max_bytes: int):
         self.rules = rules
+        self.max_bytes = max_bytes
         self.done: dict[str, str] = {}
 
     def expand(self, name: str, stack: tuple[str, ...]) -> str:
@@ -82,7 +90,8 @@ class _Inliner:
         if name not in self.done:
             if name not in self.rules:
                 raise GrammarError(f"rule {name!r} is not defined")
-            parser = _Parser(self.rules[name], lambda ref: self.expand(ref, stack + (name,)))
+            parser = _Parser(self.rules[name], lambda ref: self.expand(ref, stack + (name,)),
+                             self.max_bytes)
             self.done[name] = parser.parse()
         return self.done[name]
 
@@ -90,10 +99,11 @@ class _Inliner:
 class _Parser:
     """Recursive descent over one rule body; rule references are expanded through `ref`."""
 
-    def __init__(self, body: str, ref):
+    def __init__(self, body: str, ref, max_bytes: int):
         self.s = body
         self.i = 0
         self.ref = ref
+        self.max_bytes = max_bytes
 
     def parse(self) -> str:
         out = self.alternatives()
@@ -104,16 +114,26 @@ class _Parser:
 
     def alternatives(self) -> str:
         alts = [self.sequence()]
+        size = len(alts[0])
         while self._peek() == "|":
             self.i += 1
             alts.append(self.sequence())
+            size = self._bounded(size + len(alts[-1]))
         return alts[0] if len(alts) == 1 else "(" + "|".join(alts) + ")"
 
     def sequence(self) -> str:
-        items = []
+        items, size = [], 0
         while self._peek() not in ("", "|", ")"):
             items.append(self.quantified())
+            size = self._bounded(size + len(items[-1]))
         return "".join(items)
+
+    def _bounded(self, size: int) -> int:
+        # Checked as the pieces are made, so the over-long regex is never built.
+        if size > self.max_bytes:
+            raise GrammarTooLong(f"expands to a regex of more than {self.max_bytes} bytes once"
+                                 " its rules are inlined")
+        return size
 
     def quantified(self) -> str:
         atom = self.atom()

@@ -2,36 +2,38 @@
 
 The grammar engine is outlines-core: a regex (JSON schemas, choices and small grammars are
 turned into one) is compiled against the model's vocabulary into a token-level automaton.
-Each step the row's processor advances the automaton by the token just sampled and masks
-every token that cannot continue a match; once the match is complete only end-of-sequence
-remains, so the row stops there. Masks are built with numpy on the CPU and applied with one
-`mx.where`, which works the same on Metal, CUDA and the CPU backend.
+Compiles are bounded (worker/grammar_compiler.py: static caps, then a child process under a
+time and memory limit) and cached by bytes. Each step the row's processor advances the
+automaton by the token just sampled and masks every token that cannot continue a match; once
+the match is complete only end-of-sequence remains, so the row stops there. Masks are built
+with numpy on the CPU and applied with one `mx.where`, which works the same on Metal, CUDA and
+the CPU backend.
 """
 
 from __future__ import annotations
 
 import asyncio
-import functools
 import logging
+import pickle
 import threading
 
 import mlx.core as mx
 import numpy as np
-import orjson
 from outlines_core import Guide, Index, Vocabulary
-from outlines_core.json_schema import build_regex_from_schema
 
 from mlxd.shared.guided import GuidedSpec
 
-from .grammar_regex import GrammarError, grammar_to_regex
+from .config import WorkerConfig
+from .grammar_compile import escape_regex  # noqa: F401  (tool_calls imports it from here)
+from .grammar_compiler import CompileFailed, CompileSettings, GrammarCompiler
+from .grammar_limits import GrammarLimits
 from .loaded import LoadedModel
 from .vocab_bytes import token_bytes
 
 log = logging.getLogger("mlxd.worker.guided")
 
-# Any JSON object; nesting is bounded because the automaton is finite.
-JSON_OBJECT_SCHEMA = {"type": "object"}
-_lock = threading.Lock()
+# Held only while a model's vocabulary is first gathered (once per model), never over a compile.
+_vocab_lock = threading.Lock()
 
 
 class GuidedUnavailable(Exception):
@@ -44,40 +46,36 @@ def warning_header(param: str, why: str, outcome: str) -> str:
     return f'299 mlxd "{param} could not be enforced ({why[:300]}); {outcome}"'
 
 
-async def row_processors(m: LoadedModel, spec: GuidedSpec | None) -> tuple[list, str | None]:
+async def row_processors(m: LoadedModel, spec: GuidedSpec | None,
+                         config: WorkerConfig | None = None) -> tuple[list, str | None]:
     """Processors for a row of a plain completion, and a Warning if `spec` did not compile."""
     if spec is None:
         return [], None
     try:
-        return [GuidedProcessor(*await asyncio.to_thread(compile_spec, m, spec))], None
+        return [GuidedProcessor(*await compile_spec(m, spec, config))], None
     except GuidedUnavailable as exc:
         return [], warning_header(spec.param, str(exc), "the output is not constrained")
 
 
-def spec_regex(spec: GuidedSpec) -> str:
-    """The regular expression that `spec` asks the output to match."""
-    try:
-        if spec.kind == "regex":
-            return spec.value
-        if spec.kind == "choice":
-            return "(" + "|".join(escape_regex(str(c)) for c in spec.value) + ")"
-        if spec.kind == "grammar":
-            return grammar_to_regex(spec.value)
-        schema = JSON_OBJECT_SCHEMA if spec.kind == "json_object" else spec.value
-        return build_regex_from_schema(orjson.dumps(schema).decode())
-    except (GrammarError, ValueError, TypeError) as exc:
-        raise GuidedUnavailable(str(exc)) from None
-
-
-def escape_regex(text: str) -> str:
-    # The regex dialect (Rust's regex crate) escapes these, and nothing else needs it.
-    return "".join("\\" + c if c in r"\.+*?()|[]{}^$#&-~" else c for c in text)
+def compile_settings(config: WorkerConfig | None) -> CompileSettings:
+    """The compile bounds from the worker's settings (the defaults without them)."""
+    if config is None:
+        return CompileSettings()
+    return CompileSettings(
+        limits=GrammarLimits(max_repeat=config.grammar_max_repeat,
+                             max_bytes=config.grammar_max_bytes,
+                             max_positions=config.grammar_max_positions),
+        compile_timeout_s=config.grammar_compile_timeout_s,
+        compile_memory_bytes=config.grammar_compile_memory_bytes,
+        compile_concurrency=config.grammar_compile_concurrency,
+        queue_timeout_s=config.grammar_queue_timeout_s,
+        cache_bytes=config.grammar_cache_bytes)
 
 
 class _Vocab:
-    """outlines-core's view of a model's vocabulary, built once per model."""
+    """outlines-core's view of a model's vocabulary, built once per model, and its compiler."""
 
-    def __init__(self, m: LoadedModel):
+    def __init__(self, m: LoadedModel, settings: CompileSettings):
         self.eos_ids = sorted(m.eos_ids)
         self.eos = self.eos_ids[0]
         skip = set(self.eos_ids) | set(getattr(m.tokenizer, "all_special_ids", []) or [])
@@ -85,32 +83,36 @@ class _Vocab:
         for token_id, raw in token_bytes(m.tokenizer).items():
             if token_id not in skip and raw:
                 by_bytes.setdefault(raw, []).append(token_id)
-        self.vocabulary = Vocabulary(self.eos, by_bytes)
+        vocabulary = Vocabulary(self.eos, by_bytes)
         self.size = max(max(max(ids) for ids in by_bytes.values()), *self.eos_ids) + 1
-        self.indexes = functools.lru_cache(maxsize=64)(self._index)
-
-    def _index(self, regex: str) -> Index:
-        try:
-            return Index(regex, self.vocabulary)
-        except (ValueError, RuntimeError, TypeError) as exc:
-            raise GuidedUnavailable(str(exc)) from None
+        # The compile children get the vocabulary as bytes: pickled once, sent to each.
+        self.compiler = GrammarCompiler(pickle.dumps(vocabulary), settings)
 
 
-def _vocab(m: LoadedModel) -> _Vocab:
-    with _lock:
+def _vocab(m: LoadedModel, settings: CompileSettings) -> _Vocab:
+    with _vocab_lock:
         v = getattr(m, "_guided_vocab", None)
         if v is None:
-            v = _Vocab(m)
+            v = _Vocab(m, settings)
             m._guided_vocab = v
         return v
 
 
-def compile_spec(m: LoadedModel, spec: GuidedSpec) -> tuple[Index, _Vocab]:
-    """Compile (or fetch from the cache) the automaton for `spec`. Slow: call off the loop."""
-    vocab = _vocab(m)
-    regex = spec_regex(spec)
-    with _lock:
-        return vocab.indexes(regex), vocab
+async def compile_spec(m: LoadedModel, spec: GuidedSpec,
+                       config: WorkerConfig | None = None) -> tuple[Index, _Vocab]:
+    """The automaton for `spec`, compiled in a child or taken from the cache.
+
+    Raises GrammarTooLarge / GrammarTooComplex (400) for constraints over a bound, Unavailable
+    (503) when every compile slot stays busy, GuidedUnavailable when the engine cannot express
+    the constraint. Cancelling the caller stops the compile once no one else waits for it.
+    """
+    vocab = getattr(m, "_guided_vocab", None)
+    if vocab is None:
+        vocab = await asyncio.to_thread(_vocab, m, compile_settings(config))
+    try:
+        return await vocab.compiler.compile(spec.kind, spec.value, spec.param), vocab
+    except CompileFailed as exc:
+        raise GuidedUnavailable(str(exc)) from None
 
 
 class GuidedProcessor:

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +16,11 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import mlx.core as mx  # noqa: E402
 from mlx.utils import tree_flatten  # noqa: E402
 from mlx_lm import load  # noqa: E402
+
+log = logging.getLogger("mlxd.worker.loaded")
+
+# Used when the vocabulary cannot be read: longer than any piece of the tokenizers we know.
+FALLBACK_TOKEN_BYTES = 1024
 
 
 @dataclass
@@ -44,6 +51,22 @@ class LoadedModel:
     def vocab_size(self) -> int:
         return int(self.config.get("vocab_size") or len(self.tokenizer))
 
+    @cached_property
+    def max_token_bytes(self) -> int:
+        """An upper bound on the UTF-8 bytes of text one token can stand for.
+
+        The longest vocabulary string, added tokens included, measured in UTF-8: byte-level
+        BPE writes each byte as one character (1 or 2 UTF-8 bytes), SentencePiece writes a
+        space as the 3-byte "▁" and a fallback byte as "<0xNN>", so a piece's string is never
+        shorter than the text it matches.
+        """
+        try:
+            return max(1, max(len(piece.encode()) for piece in self.tokenizer.get_vocab()))
+        except Exception:  # an unusual tokenizer: a bound that is still far from unbounded
+            log.warning("cannot read the vocabulary; assuming %d bytes per token at most",
+                        FALLBACK_TOKEN_BYTES)
+            return FALLBACK_TOKEN_BYTES
+
 
 def _has_half_floats(model) -> bool:
     return any(v.dtype in (mx.float16, mx.bfloat16) for _, v in tree_flatten(model.parameters()))
@@ -60,7 +83,7 @@ def load_model(path: Path, model_id: str, context_limit: int | None = None,
         mx.eval(model.parameters())  # here: lazy arrays belong to this thread's stream
     native = int(config.get("max_position_embeddings") or 0) or 32768
     limit = min(context_limit, native) if context_limit else native
-    return LoadedModel(
+    loaded = LoadedModel(
         model=model,
         tokenizer=tokenizer,
         config=config,
@@ -69,6 +92,8 @@ def load_model(path: Path, model_id: str, context_limit: int | None = None,
         context_limit=limit,
         defaults=_read_defaults(path),
     )
+    _ = loaded.max_token_bytes  # read the vocabulary now, not on the first request
+    return loaded
 
 
 def _read_defaults(path: Path) -> SamplingDefaults:

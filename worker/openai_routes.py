@@ -9,6 +9,7 @@ import orjson
 from aiohttp import web
 
 from mlxd.shared.bodies import load_json, parse_model
+from mlxd.shared.chat_job import ChatJob
 from mlxd.shared.errors import Unavailable
 from mlxd.shared.wire_openai import (
     ChatChoice,
@@ -23,12 +24,13 @@ from mlxd.shared.wire_openai import (
     ResponseMessage,
     Usage,
 )
+from mlxd.shared.wire_tools import custom_input
 
 from . import sse
 from .bridge import Generation
 from .cache_keys import make_cache_key, session_of
-from .chat_run import KEEPALIVE_S, ChatRun, Delta, Keepalive, ToolCalls
-from .guided import row_processors
+from .chat_run import KEEPALIVE_S, ChatRun, Delta, Keepalive, RowProgress, ToolCalls
+from .guided import row_processors, warning_header
 from .logprobs import chat_logprobs, completion_logprobs
 from .prompts import completion_prompt, resolve_params
 from .state import WorkerState
@@ -52,6 +54,7 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     job.session = session_of(request, req)
     rid = "chatcmpl-" + uuid.uuid4().hex[:24]
     run = await ChatRun.prepare(state, job, rid)
+    request["progress"] = run  # the access log's line if the client leaves
     tok = run.m.tokenizer
     with run:
         if not req.stream:
@@ -59,7 +62,7 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
             message = ResponseMessage(
                 content=out.text or (None if out.calls else ""),
                 reasoning_content=out.reasoning or None,
-                tool_calls=[_tool_call(c) for c in out.calls] or None,
+                tool_calls=[_tool_call(c, job) for c in out.calls] or None,
             )
             choice = ChatChoice(message=message, finish_reason=out.done.finish_reason,
                                 logprobs=chat_logprobs(tok, out.logprobs)
@@ -85,7 +88,7 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
                          else ChunkDelta(content=ev.text))
                 await resp.write(chunk(delta, logprobs=lp))
             elif isinstance(ev, ToolCalls):
-                calls = [{"index": c.index, **_tool_call(c)} for c in ev.calls]
+                calls = [{"index": c.index, **_tool_call(c, job)} for c in ev.calls]
                 await resp.write(chunk(ChunkDelta(tool_calls=calls)))
             elif ev.error is not None:
                 await resp.write(sse.data({"error": {"message": ev.error.message,
@@ -100,7 +103,11 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
         return resp
 
 
-def _tool_call(call: ToolCall) -> dict:
+def _tool_call(call: ToolCall, job: ChatJob) -> dict:
+    origin = job.tool_origins.get(call.name)
+    if origin is not None and origin.custom:  # declared as a custom tool: answered as one
+        return {"id": call.id, "type": "custom",
+                "custom": {"name": origin.name, "input": custom_input(call.arguments)}}
     return {"id": call.id, "type": "function",
             "function": {"name": call.name, "arguments": call.arguments}}
 
@@ -114,9 +121,15 @@ async def completions(request: web.Request) -> web.StreamResponse:
     rid = "cmpl-" + uuid.uuid4().hex[:24]
     echo = m.tokenizer.decode(prompt) if req.echo else ""
     key = await make_cache_key(state, prompt, session_of(request, req))
-    processors, warning = await row_processors(m, req.to_guided_spec())
-    headers = {"Warning": warning} if warning else {}
+    processors, warning = await row_processors(m, req.to_guided_spec(), state.config)
+    warnings = [warning] if warning else []
+    if req.suffix:  # no fill-in-the-middle here: say so, as for other ignored constraints
+        warnings.append(warning_header("suffix", "this server does not fill in the middle",
+                                       "it was ignored"))
+    headers = {"Warning": ", ".join(warnings)} if warnings else {}
+    progress = request["progress"] = RowProgress()
     with Generation(engine, rid, prompt, params, processors=processors, cache_key=key) as gen:
+        progress.gen = gen
         if not req.stream:
             text, last, lps = await gen.collect()
             _raise_if_failed(last)
@@ -149,6 +162,7 @@ async def completions(request: web.Request) -> web.StreamResponse:
                 await resp.write(sse.data({"error": {"message": ev.error.message,
                                                      "type": ev.error.type}}))
                 break
+            progress.completion_tokens = ev.completion_tokens
             lp = completion_logprobs(m.tokenizer, ev.logprobs, offset) if ev.logprobs else None
             offset += len(ev.text)
             if ev.text or lp or ev.finish_reason:

@@ -12,7 +12,9 @@ import orjson
 from aiohttp import web
 
 from mlxd.shared.bodies import load_json, parse_model
+from mlxd.shared.chat_job import ChatJob
 from mlxd.shared.wire_responses import (
+    CustomToolCallItem,
     FunctionCallItem,
     MessageItem,
     OutputText,
@@ -23,6 +25,7 @@ from mlxd.shared.wire_responses import (
     ResponseUsage,
     StreamEvent,
 )
+from mlxd.shared.wire_tools import custom_input
 
 from . import sse
 from .cache_keys import session_of
@@ -51,18 +54,27 @@ def _finish(body: Response, run: ChatRun, done: Done) -> None:
         body.status = "completed"
 
 
-def _call_item(call: ToolCall) -> FunctionCallItem:
+def _call_item(call: ToolCall, job: ChatJob) -> FunctionCallItem | CustomToolCallItem:
+    """The call as the client declared the tool: a custom tool's call carries its text, a
+    namespaced one its namespace and plain name (what Codex looks the handler up by)."""
+    origin = job.tool_origins.get(call.name)
+    if origin is not None and origin.custom:
+        return CustomToolCallItem(id=_id("ctc"), call_id=call.id, name=origin.name,
+                                  input=custom_input(call.arguments))
+    if origin is not None and origin.namespace is not None:
+        return FunctionCallItem(id=_id("fc"), call_id=call.id, name=origin.name,
+                                namespace=origin.namespace, arguments=call.arguments)
     return FunctionCallItem(id=_id("fc"), call_id=call.id, name=call.name,
                             arguments=call.arguments)
 
 
-def _output(out: Collected) -> list:
+def _output(out: Collected, job: ChatJob) -> list:
     items: list = []
     if out.reasoning:
         items.append(ReasoningItem(id=_id("rs"), content=[ReasoningText(text=out.reasoning)]))
     if out.text or not out.calls:
         items.append(MessageItem(id=_id("msg"), content=[OutputText(text=out.text)]))
-    return items + [_call_item(c) for c in out.calls]
+    return items + [_call_item(c, job) for c in out.calls]
 
 
 async def responses(request: web.Request) -> web.StreamResponse:
@@ -73,24 +85,33 @@ async def responses(request: web.Request) -> web.StreamResponse:
     job.session = session_of(request, req)
     rid = _id("resp")
     run = await ChatRun.prepare(state, job, rid)
+    request["progress"] = run  # the access log's line if the client leaves
     body = Response.start(rid, req.model or run.m.model_id, req)
     with run:
         if not req.stream:
             out = await run.collect()
-            body.output = _output(out)
+            body.output = _output(out, job)
             _finish(body, run, out.done)
             return web.Response(body=orjson.dumps(body.model_dump()),
                                 content_type="application/json", headers=run.headers)
         resp = await sse.open_stream(request, run.headers)
-        w = _Writer(resp, body)
+        w = _Writer(resp, body, job)
         await w.emit("response.created", response=body.model_dump())
         await w.emit("response.in_progress", response=body.model_dump())
+        # Codex's idle watchdog counts SSE events and never sees comments: a quiet stream
+        # repeats response.in_progress, which clients parse and ignore.
+        beat = sse.Heartbeat(state.config.stream_heartbeat_s)
         async for ev in run.events():
             if isinstance(ev, Keepalive):
-                await resp.write(sse.KEEPALIVE)
+                if beat.due():
+                    await w.emit("response.in_progress", response=body.model_dump())
+                else:
+                    await resp.write(sse.KEEPALIVE)
             elif isinstance(ev, Delta):
+                beat.touch()
                 await w.delta(ev.kind, ev.text)
             elif isinstance(ev, ToolCalls):
+                beat.touch()
                 for call in ev.calls:
                     await w.call(call)
             elif isinstance(ev, Done):
@@ -105,9 +126,10 @@ async def responses(request: web.Request) -> web.StreamResponse:
 class _Writer:
     """Streams output items (reasoning, message, function_call) as the output changes kind."""
 
-    def __init__(self, resp: web.StreamResponse, body: Response):
+    def __init__(self, resp: web.StreamResponse, body: Response, job: ChatJob):
         self.resp = resp
         self.body = body
+        self.job = job
         self.seq = 0
         self.item = None  # the open MessageItem or ReasoningItem
         self.text: list[str] = []
@@ -148,15 +170,22 @@ class _Writer:
 
     async def call(self, call: ToolCall) -> None:
         await self.close()
-        item = _call_item(call)
+        item = _call_item(call, self.job)
         self.body.output.append(item)
-        opened = item.model_copy(update={"arguments": "", "status": "in_progress"})
+        custom = isinstance(item, CustomToolCallItem)
+        field = "input" if custom else "arguments"
+        opened = item.model_copy(update={field: "", "status": "in_progress"})
         at = {"item_id": item.id, "output_index": self.index}
         await self.emit("response.output_item.added", output_index=self.index,
                         item=opened.model_dump())
-        await self.emit("response.function_call_arguments.delta", delta=item.arguments, **at)
-        await self.emit("response.function_call_arguments.done", arguments=item.arguments,
-                        name=item.name, **at)
+        if custom:
+            await self.emit("response.custom_tool_call_input.delta", delta=item.input, **at)
+            await self.emit("response.custom_tool_call_input.done", input=item.input, **at)
+        else:
+            await self.emit("response.function_call_arguments.delta", delta=item.arguments,
+                            **at)
+            await self.emit("response.function_call_arguments.done",
+                            arguments=item.arguments, name=item.name, **at)
         await self.emit("response.output_item.done", output_index=self.index,
                         item=item.model_dump())
 

@@ -49,8 +49,14 @@ class Submission:
 
 @dataclass(eq=False)
 class Row:
+    """A submission admitted into the batch, with what it takes to resume it elsewhere."""
+
     sub: Submission
     uid: int
     text: TextStream
+    sampler: Callable | None = None
+    processors: list = field(default_factory=list)  # everything the batch runs for this row
+    tokens: list[int] = field(default_factory=list)  # generated so far, as the client saw them
     generated: int = 0
+    resumed: bool = False  # carried over a failed step once already
     admitted_at: float = field(default_factory=time.monotonic)

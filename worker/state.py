@@ -18,6 +18,9 @@ class WorkerState:
     loaded: LoadedModel | None = None
     engine: Engine | None = None
     draining: bool = False
+    # Start-up finished: model loaded, prompt cache (SSD scan) ready, engine running. /health
+    # says ok only after this, so a worker is never READY mid-scan.
+    started: bool = False
     load_error: str | None = None
     prompt_cache: PromptCache | None = None
     cache_ns: str = ""

@@ -46,17 +46,33 @@ def new_call_id() -> str:
     return "call_" + uuid.uuid4().hex[:24]
 
 
-def markers(tokenizer) -> tuple[str, str] | None:
-    if getattr(tokenizer, "has_tool_calling", False) and tokenizer.tool_parser is not None:
+# The call format of models whose tokenizer has no tool parser: tool_prompt.py asks for it
+# (JSON in tags, as Hermes and Qwen write it) when the chat template has no tool format.
+FALLBACK_MARKERS = ("<tool_call>", "</tool_call>")
+
+
+def _native(tokenizer) -> bool:
+    return bool(getattr(tokenizer, "has_tool_calling", False)
+                and getattr(tokenizer, "tool_parser", None) is not None)
+
+
+def markers(tokenizer) -> tuple[str, str]:
+    """The strings around a tool call in this model's output."""
+    if _native(tokenizer):
         return tokenizer.tool_call_start, tokenizer.tool_call_end
-    return None
+    return FALLBACK_MARKERS
+
+
+def _parse_fallback(text: str, tools: list[dict] | None) -> dict | list:
+    return orjson.loads(text.strip())
 
 
 def parse_block(tokenizer, text: str, tools: list[dict] | None, first_index: int
                 ) -> list[ToolCall] | None:
     """The calls in one block (the text between the markers), or None if it does not parse."""
+    parser = tokenizer.tool_parser if _native(tokenizer) else _parse_fallback
     try:
-        parsed = tokenizer.tool_parser(text, tools)
+        parsed = parser(text, tools)
     except Exception as exc:  # every parser raises its own errors on malformed output
         log.info("unparsable tool call (%s): %.200r", exc, text)
         return None

@@ -64,7 +64,7 @@ def test_models_list_and_status_fields(make_daemon, tiny_model_dir):
     for path in ("/admin/models/nope/load", "/admin/models/../../etc/passwd/logs",
                  "/admin/models/%2E%2E%2Fa/unload", "/admin/models/nope"):
         r = d.http.request("POST" if path.endswith("load") else "GET", path)
-        assert r.status_code == 404, path
+        assert r.status_code == (400 if "%2E" in path else 404), path  # dot segments: 400
         assert r.json()["error"]["message"]
 
 

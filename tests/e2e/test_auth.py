@@ -139,7 +139,7 @@ def test_cors_and_body_limit(make_daemon):
 def test_no_cors_headers_by_default(make_daemon):
     d = make_daemon()
     r = httpx.get(d.url + "/v1/models", headers={"Origin": "http://app.example"})
-    assert r.status_code == 200 and "access-control-allow-origin" not in r.headers
+    assert r.status_code == 403 and "access-control-allow-origin" not in r.headers  # unlisted
     r = httpx.options(d.url + "/v1/chat/completions", headers={
         "Origin": "http://app.example", "Access-Control-Request-Method": "POST"})
     assert "access-control-allow-origin" not in r.headers

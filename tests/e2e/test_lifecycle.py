@@ -149,7 +149,8 @@ def test_crash_loop_becomes_fatal(make_daemon):
         d.wait_for(lambda: d.status("a")["status"] == "failed", 10, "crash noticed")
     r = ask(d, "a")
     assert r.status_code == 503 and "FATAL" in r.json()["error"]["message"]
-    assert "SIGKILL" in d.status("a")["error"]
+    assert "SIGKILL" in d.http.get("/admin/models/a").json()["last_error"]  # details: /admin
+    assert "SIGKILL" not in d.status("a")["error"]  # /v1 clients get a sentence
     assert ask(d, "b").status_code == 200  # the other model is untouched
 
 
@@ -162,7 +163,8 @@ def test_model_that_cannot_load_says_why(make_daemon, tmp_path):
     assert r.status_code == 503
     assert "exit code 3" in r.json()["error"]["message"]
     card = d.status("broken")
-    assert card["status"] == "failed" and "No safetensors found" in card["error"]
+    assert card["status"] == "failed" and "No safetensors found" not in card["error"]
+    assert "No safetensors found" in d.http.get("/admin/models/broken").json()["last_error"]
 
 
 def test_sigterm_finishes_stream_then_exits_zero(make_daemon):

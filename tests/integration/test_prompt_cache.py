@@ -115,6 +115,7 @@ def test_cache_survives_drain_and_restart_from_ssd(tiny_model_dir, short_tmp, ca
         with uds_client(sock) as c:
             body = c.post("/admin/drain").json()
         assert body["cache_persisted"] is True and body["cache_ssd_entries"] >= 1
+        assert body["cache_entries_failed"] == 0
     finally:
         assert stop(proc) == 0
     proc = start_worker(tiny_model_dir, sock, "tiny", "--ssd-cache-dir", str(cache_dir))

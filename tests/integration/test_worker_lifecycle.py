@@ -79,7 +79,8 @@ def test_drain_finishes_rows_then_refuses_new_ones(tiny_model_dir, short_tmp):
             assert got["finish"] == "length"
             r = c.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "x"}]})
             assert r.status_code == 503
-            assert c.get("/health").json()["status"] == "draining"
+            health = c.get("/health")  # unhealthy: routing and the watchdog must see it
+            assert health.status_code == 503 and health.json()["status"] == "draining"
     finally:
         assert stop(proc) == 0
 

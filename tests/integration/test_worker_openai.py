@@ -139,7 +139,9 @@ def test_disconnect_frees_its_row(oai, http):
 
 
 def test_health_models_stats(http):
-    assert http.get("/health").json() == {"status": "ok"}
+    health = http.get("/health").json()
+    assert health["status"] == "ok" and health["model"] == "tiny" and health["generation"] == 0
+    assert isinstance(health["pid"], int)
     models = http.get("/v1/models").json()
     assert models["object"] == "list" and models["data"][0]["id"] == "tiny"
     s = http.get("/stats").json()

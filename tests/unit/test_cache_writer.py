@@ -1,11 +1,15 @@
-"""The SSD write queue never blocks the engine: a full queue drops its oldest write."""
+"""The SSD write queue never blocks the engine (a full queue drops its oldest write) and
+counts what landed and what failed."""
 
 from __future__ import annotations
 
+import errno
 import threading
 
 import numpy as np
 
+from mlxd.worker import cache_format
+from mlxd.worker.cache_ssd import SsdStore
 from mlxd.worker.cache_writer import CacheWriter, WriteJob
 
 
@@ -22,7 +26,7 @@ class SlowStore:
         return True
 
     def sync(self):
-        pass
+        return True
 
 
 def job(i: int, outcomes: dict) -> WriteJob:
@@ -46,3 +50,53 @@ def test_full_queue_drops_oldest_and_never_blocks_the_caller():
     assert writer.flush(30)
     assert store.written == [(0,), (37,), (38,), (39,), (40,)]
     assert all(outcomes[i] is True for i in (0, 37, 38, 39, 40))
+
+
+def test_outcomes_are_counted_so_a_drain_can_tell_what_landed(tmp_path, monkeypatch):
+    store = SsdStore(tmp_path / "fp", cap_bytes=1 << 20)
+    store.scan()
+    writer = CacheWriter(store, max_queued=8)
+    writer.start()
+    outcomes: dict[int, bool] = {}
+    writer.put(job(1, outcomes))
+    assert writer.flush(30) and (writer.written, writer.failed) == (1, 0)
+
+    def full(fd):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(cache_format.os, "fsync", full)
+    for i in range(2, 6):
+        writer.put(job(i, outcomes))
+    # Every write ended (the queue is empty) yet none landed, and the final fsync failed too.
+    assert writer.flush(30) is False
+    assert (writer.written, writer.failed) == (1, 4)
+    assert outcomes == {1: True, 2: False, 3: False, 4: False, 5: False}
+    assert store.stats["write_errors"] >= 1 and not list((tmp_path / "fp").glob("*.tmp"))
+
+
+def test_a_write_for_a_closed_session_is_not_a_failure(tmp_path):
+    store = SsdStore(tmp_path / "fp", cap_bytes=1 << 20)
+    store.scan()
+    writer = CacheWriter(store)
+    writer.start()
+    outcomes: dict[int, bool] = {}
+    j = job(1, outcomes)
+    j.session = "s"
+    store.drop_session("s")
+    writer.put(j)
+    assert writer.flush(30) and (writer.written, writer.failed) == (0, 0)
+    assert outcomes == {1: False}  # not on disk, and not counted against the drain
+
+
+def test_an_unexpected_exception_in_a_write_fails_that_write_only(tmp_path):
+    store = SsdStore(tmp_path / "fp", cap_bytes=1 << 20)
+    store.scan()
+    writer = CacheWriter(store)
+    writer.start()
+    outcomes: dict[int, bool] = {}
+    bad = job(1, outcomes)
+    bad.arrays = {"0.k": np.zeros(4, np.complex64)}  # no safetensors dtype for it
+    writer.put(bad)
+    writer.put(job(2, outcomes))
+    assert writer.flush(30)
+    assert outcomes == {1: False, 2: True} and (writer.written, writer.failed) == (1, 1)

@@ -1,11 +1,18 @@
-"""The SSD store on its own (NumPy only): round trip, and closed sessions stay closed."""
+"""The SSD store on its own (NumPy only, real files): round trip, closed sessions stay closed,
+and faults (junk that cannot be removed, refused unlinks, a full disk, entries of the wrong
+shapes) cost a miss and a counter, never the worker."""
 
 from __future__ import annotations
 
+import errno
+import os
 import time
 
 import numpy as np
+import pytest
 
+from mlxd.worker import cache_format
+from mlxd.worker.cache_layout import safe_name, ssd_folder
 from mlxd.worker.cache_ssd import SsdStore
 
 
@@ -37,3 +44,183 @@ def test_a_write_queued_before_its_session_closed_does_not_land(tmp_path):
     # The id used again after the close is a new session: its writes land.
     assert store.write("", (5, 6), arrays(), {}, "s", queued_at=time.monotonic())
     assert store.best("", [5, 6, 7])[1] == 2
+
+
+# -- faults: the SSD tier never stops a worker and never serves a wrong entry ----------------
+
+LAYOUT = ((1, 4, 1, 4, "float32"),)  # what arrays() is, for a one-layer model
+
+
+def aged(path, data: bytes | None = None, age_s: float = 3600.0):
+    """Backdate a file (made with `data` if given) so the scan sees it as a dead process's."""
+    if data is not None:
+        path.write_bytes(data)
+    t = time.time() - age_s
+    os.utime(path, (t, t))
+    return path
+
+
+def seeded(folder):
+    """A folder holding one good entry (tokens 1, 2) and return the store that wrote it."""
+    store = SsdStore(folder, cap_bytes=1 << 20, layout=LAYOUT)
+    store.scan()
+    assert store.write("", (1, 2), arrays(), {}, None)
+    return store
+
+
+def test_junk_that_cannot_be_removed_is_skipped_and_counted(tmp_path):
+    folder = tmp_path / "fp"
+    seeded(folder)
+    (folder / "x.json").mkdir()  # a folder under an entry's name: neither read nor unlinked
+    (folder / "y.safetensors").mkdir()
+    (folder / "z.tmp").mkdir()
+    aged(folder / "y.safetensors")
+    aged(folder / "z.tmp")
+    (folder / "junk.json").write_bytes(b"[1, 2")
+    store = SsdStore(folder, cap_bytes=1 << 20, layout=LAYOUT)
+    assert store.scan() == 1  # the good entry survives next to the junk
+    assert store.disabled is None and store.errors >= 3
+    assert store.stats["corrupt"] == 1 and not (folder / "junk.json").exists()
+    entry, n = store.best("", [1, 2, 3])
+    assert n == 2 and np.array_equal(store.read(entry)["0.k"], arrays()["0.k"])
+    assert store.write("", (7, 8), arrays(), {}, None)  # and writes still land
+
+
+def test_unlink_refused_everywhere_still_scans(tmp_path, monkeypatch):
+    folder = tmp_path / "fp"
+    seeded(folder)
+    aged(folder / "left.safetensors.123.tmp", b"half")
+    aged(folder / "orphan.safetensors", b"data without its metadata")
+    (folder / "bad.json").write_bytes(b"{}")
+
+    def refuse(*args, **kwargs):
+        raise PermissionError(1, "Operation not permitted")
+
+    monkeypatch.setattr(os, "unlink", refuse)
+    store = SsdStore(folder, cap_bytes=1 << 20, layout=LAYOUT)
+    assert store.scan() == 1
+    assert store.stats["delete_errors"] >= 3 and store.stats["corrupt"] == 1
+    assert store.best("", [1, 2, 3])[1] == 2
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root writes into read-only folders")
+def test_read_only_folder_with_a_tmp_serves_restores_and_skips_writes(tmp_path):
+    folder = tmp_path / "fp"
+    seeded(folder)
+    aged(folder / "half.safetensors.99.tmp", b"half")
+    folder.chmod(0o555)
+    try:
+        store = SsdStore(folder, cap_bytes=1 << 20, layout=LAYOUT)
+        assert store.scan() == 1 and store.read_only
+        assert store.stats["delete_errors"] == 1
+        entry, _ = store.best("", [1, 2, 3])
+        assert store.read(entry) is not None
+        assert not store.write("", (7, 8), arrays(), {}, None)
+        assert store.stats["write_skipped"] == 1
+    finally:
+        folder.chmod(0o755)
+
+
+def test_folder_that_cannot_be_made_turns_the_tier_off(tmp_path):
+    (tmp_path / "root").write_bytes(b"a file where the cache folder should be")
+    store = SsdStore(tmp_path / "root" / "fp", cap_bytes=1 << 20, layout=LAYOUT)
+    assert store.scan() == 0
+    assert store.disabled and store.stats["scan_errors"] == 1
+    assert store.best("", [1, 2, 3]) == (None, 0)
+    assert not store.write("", (1, 2), arrays(), {}, None)
+    assert store.sync() is False
+
+
+def test_enospc_on_write_leaves_nothing_behind_and_pauses_writes(tmp_path, monkeypatch):
+    store = SsdStore(tmp_path / "fp", cap_bytes=1 << 20, layout=LAYOUT)
+    store.scan()
+
+    def full(fd):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(cache_format.os, "fsync", full)
+    assert not store.write("", (1, 2), arrays(), {}, None)
+    assert store.stats["write_errors"] == 1 and store.errors == 1
+    assert list((tmp_path / "fp").iterdir()) == []  # no half-written or temporary file
+    assert store.best("", [1, 2, 3]) == (None, 0)
+    assert not store.write("", (3, 4), arrays(), {}, None)  # paused: no second full write
+    assert store.stats["write_skipped"] == 1 and store.stats["write_errors"] == 1
+    monkeypatch.undo()
+    store._paused_until = 0.0  # the pause is over
+    assert store.write("", (3, 4), arrays(), {}, None)
+
+
+@pytest.mark.parametrize("bad", [
+    {"0.k": np.zeros((1, 1, 2, 8), np.float32), "0.v": np.zeros((1, 1, 2, 8), np.float32)},
+    {"0.k": np.zeros((1, 2, 2, 4), np.float32), "0.v": np.zeros((1, 2, 2, 4), np.float32)},
+    {"0.k": np.zeros((1, 1, 2, 4), np.float16), "0.v": np.zeros((1, 1, 2, 4), np.float16)},
+    {**arrays(), "1.k": np.zeros((1, 1, 2, 4), np.float32),
+     "1.v": np.zeros((1, 1, 2, 4), np.float32)},
+    {"0.k": np.zeros((1, 1, 3, 4), np.float32), "0.v": np.zeros((1, 1, 3, 4), np.float32)},
+], ids=["head-dim", "kv-heads", "dtype", "layers", "token-count"])
+def test_valid_hash_wrong_shapes_is_a_miss_and_is_deleted(tmp_path, bad):
+    folder = tmp_path / "fp"
+    # Written by something with another layout (another model under a colliding fingerprint):
+    # the file is intact, its hash is right, only its shapes are not this model's.
+    SsdStore(folder, cap_bytes=1 << 20).write("", (1, 2), bad, {}, None)
+    store = SsdStore(folder, cap_bytes=1 << 20, layout=LAYOUT)
+    assert store.scan() == 1
+    entry, n = store.best("", [1, 2, 3])
+    assert n == 2
+    assert store.read(entry) is None
+    assert store.stats["rejected"] == 1 and store.stats["restores"] == 0
+    assert store.best("", [1, 2, 3]) == (None, 0)
+    assert list(folder.iterdir()) == []
+    assert store.write("", (1, 2), arrays(), {}, None)  # the right entry can take its place
+    assert store.read(store.best("", [1, 2, 3])[0]) is not None
+
+
+def test_renamed_or_lying_metadata_is_corrupt(tmp_path):
+    folder = tmp_path / "fp"
+    seeded(folder)
+    meta = next(folder.glob("*.json"))
+    data = meta.with_suffix(".safetensors")
+    data.rename(folder / ("0" * 32 + ".safetensors"))
+    meta.rename(folder / ("0" * 32 + ".json"))  # a name that is not its tokens' hash
+    store = SsdStore(folder, cap_bytes=1 << 20, layout=LAYOUT)
+    assert store.scan() == 0 and store.stats["corrupt"] == 1
+    assert list(folder.iterdir()) == []
+
+
+def test_fresh_temporary_files_of_a_live_writer_are_left_alone(tmp_path):
+    folder = tmp_path / "fp"
+    seeded(folder)
+    (folder / "live.safetensors.77.tmp").write_bytes(b"being written")
+    aged(folder / "dead.safetensors.66.tmp", b"left by a crash")
+    SsdStore(folder, cap_bytes=1 << 20, layout=LAYOUT).scan()
+    assert (folder / "live.safetensors.77.tmp").exists()
+    assert not (folder / "dead.safetensors.66.tmp").exists()
+
+
+def test_read_error_skips_the_entry(tmp_path, monkeypatch):
+    store = seeded(tmp_path / "fp")
+    entry, _ = store.best("", [1, 2, 3])
+
+    def eio(self):
+        raise OSError(errno.EIO, "Input/output error")
+
+    monkeypatch.setattr(type(tmp_path), "read_bytes", eio)
+    assert store.read(entry) is None
+    assert store.stats["read_errors"] == 1 and store.best("", [1, 2, 3]) == (None, 0)
+
+
+def test_safe_names_are_plain_bounded_and_distinct():
+    assert safe_name("tiny") == "tiny"
+    names = {safe_name(i) for i in ("Tiny", "tiny", "a/b", "a_b", "a:b", "..", "../x", "x" * 300)}
+    assert len(names) == 8
+    for n in names:
+        assert "/" not in n and n not in (".", "..") and len(n) <= 64 and n.strip(".")
+
+
+def test_old_layout_folder_moves_under_the_model_id(tmp_path):
+    seeded(tmp_path / "fp0")
+    folder = ssd_folder(tmp_path, "org/model", "fp0")
+    assert folder == tmp_path / safe_name("org/model") / "fp0"
+    assert not (tmp_path / "fp0").exists()
+    assert SsdStore(folder, cap_bytes=1 << 20, layout=LAYOUT).scan() == 1
+    assert ssd_folder(tmp_path, "other", "fp0") == tmp_path / "other" / "fp0"  # starts empty

@@ -1,0 +1,274 @@
+"""No request parameter can wedge or crash a worker's engine (issue 11).
+
+Against a real worker: parameters the sampler would fail on are a 400 in the surface's own
+envelope, and the worker answers normally afterwards; text too long for the context is refused
+before it is tokenized. In process: a step that fails rebuilds the batch, fails only the row
+that caused it and carries the others over; a batch that cannot be rebuilt marks the engine dead.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+
+import pytest
+
+from mlxd.shared.params import GenerationParams
+from mlxd.worker.engine import Engine
+from mlxd.worker.loaded import load_model
+from mlxd.worker.rows import Submission
+
+from procs import CONTEXT_LIMIT, MAX_BODY_BYTES
+
+CHAT = "/v1/chat/completions"
+MESSAGES = "/v1/messages"
+MSG = [{"role": "user", "content": "hi"}]
+
+
+@pytest.fixture(scope="module")
+def vocab(tiny_model_dir) -> int:
+    return json.loads((tiny_model_dir / "config.json").read_text())["vocab_size"]
+
+
+def _openai_error(r, param: str | None = None) -> dict:
+    assert r.status_code == 400, r.text
+    err = r.json()["error"]
+    assert err["type"] == "invalid_request_error"
+    if param:
+        assert err["param"] == param
+    return err
+
+
+def _anthropic_error(r) -> dict:
+    assert r.status_code == 400, r.text
+    body = r.json()
+    assert body["type"] == "error" and body["error"]["type"] == "invalid_request_error"
+    return body["error"]
+
+
+def _chat_ok(http) -> None:
+    r = http.post(CHAT, json={"messages": MSG, "max_tokens": 4, "temperature": 1.0, "seed": 1})
+    assert r.status_code == 200, r.text
+    assert r.json()["choices"][0]["finish_reason"] == "length"
+
+
+@pytest.mark.parametrize("top_k", [10**9, 2**63, "vocab"])
+def test_top_k_beyond_the_vocabulary_is_a_400_and_the_worker_still_answers(http, vocab, top_k):
+    top_k = vocab if top_k == "vocab" else top_k
+    err = _openai_error(http.post(CHAT, json={"messages": MSG, "max_tokens": 4,
+                                              "temperature": 1.0, "top_k": top_k}), "top_k")
+    assert str(vocab) in err["message"]
+    _chat_ok(http)
+    r = http.post("/v1/completions", json={"prompt": "hi", "max_tokens": 4, "top_k": top_k})
+    _openai_error(r, "top_k")
+    _chat_ok(http)
+
+
+def test_top_k_inside_the_vocabulary_still_samples(http, vocab):
+    for top_k in (-1, 0, 1, vocab - 1):
+        r = http.post(CHAT, json={"messages": MSG, "max_tokens": 3, "temperature": 1.0,
+                                  "top_k": top_k})
+        assert r.status_code == 200, (top_k, r.text)
+
+
+def test_anthropic_top_k_beyond_the_vocabulary_is_a_400_in_its_envelope(http):
+    r = http.post(MESSAGES, json={"messages": MSG, "max_tokens": 4, "top_k": 2**63})
+    assert "top_k" in _anthropic_error(r)["message"]
+    r = http.post(MESSAGES, json={"messages": MSG, "max_tokens": 4, "top_k": 5})
+    assert r.status_code == 200 and r.json()["type"] == "message", r.text
+
+
+@pytest.mark.parametrize("seed", [-(2**63), -1, 2**64])
+def test_a_seed_out_of_range_is_a_400(http, seed):
+    r = http.post(CHAT, json={"messages": MSG, "max_tokens": 4, "temperature": 1.0,
+                              "seed": seed})
+    _openai_error(r, "seed")
+    _chat_ok(http)
+
+
+def test_the_largest_seed_samples(http):
+    r = http.post(CHAT, json={"messages": MSG, "max_tokens": 4, "temperature": 1.0,
+                              "seed": 2**64 - 1})
+    assert r.status_code == 200, r.text
+
+
+def test_logit_bias_keys_outside_the_vocabulary_are_a_400(http, vocab):
+    for key in (str(vocab), "18446744073709551616", "-3"):
+        r = http.post(CHAT, json={"messages": MSG, "max_tokens": 4,
+                                  "logit_bias": {key: 5.0}})
+        _openai_error(r, "logit_bias")
+    r = http.post(CHAT, json={"messages": MSG, "max_tokens": 4,
+                              "logit_bias": {str(vocab - 1): 5.0}})
+    assert r.status_code == 200, r.text
+
+
+def test_completion_token_ids_outside_the_vocabulary_are_a_400(http, vocab):
+    for ids in ([1, vocab], [-1, 2]):
+        _openai_error(http.post("/v1/completions", json={"prompt": ids, "max_tokens": 2}),
+                      "prompt")
+    r = http.post("/v1/completions", json={"prompt": [1, vocab - 1], "max_tokens": 2})
+    assert r.status_code == 200, r.text
+
+
+def test_token_budgets_beyond_the_context_are_clamped_on_every_surface(http):
+    # Issue 12: a budget larger than the room left is clamped to it (never a 400, never past
+    # the context); the row ends at the room or earlier, at the model's own end of turn.
+    r = http.post(MESSAGES, json={"messages": MSG, "max_tokens": 2**63})
+    assert r.status_code == 200, r.text
+    u = r.json()["usage"]
+    assert u["input_tokens"] + u["cache_read_input_tokens"] + u["output_tokens"] <= CONTEXT_LIMIT
+    assert r.json()["stop_reason"] in ("max_tokens", "end_turn")
+    r = http.post("/v1/responses", json={"input": "hi", "max_output_tokens": 10**12})
+    assert r.status_code == 200, r.text
+    assert r.json()["usage"]["total_tokens"] <= CONTEXT_LIMIT
+    r = http.post(CHAT, json={"messages": MSG, "max_completion_tokens": 2**63})
+    assert r.status_code == 200, r.text
+    assert r.json()["usage"]["total_tokens"] <= CONTEXT_LIMIT
+
+
+def test_a_long_stop_string_is_a_400_on_both_surfaces(http):
+    long = "x" * 10_000
+    _openai_error(http.post(CHAT, json={"messages": MSG, "stop": [long]}), "stop")
+    _anthropic_error(http.post(MESSAGES, json={"messages": MSG, "max_tokens": 4,
+                                               "stop_sequences": [long]}))
+
+
+# Under the body cap, far over what the context can hold: refused before tokenizing, with
+# the context check's code. "at least" shows the byte bound answered, not the tokenizer.
+HUGE = "lorem ipsum " * ((MAX_BODY_BYTES - 4096) // 12)
+
+
+@pytest.mark.parametrize("path,body,param", [
+    (CHAT, {"messages": [{"role": "user", "content": HUGE}]}, "messages"),
+    ("/v1/completions", {"prompt": HUGE}, "prompt"),
+    ("/v1/responses", {"input": HUGE}, "messages"),
+], ids=["chat", "completions", "responses"])
+def test_a_huge_prompt_is_refused_before_tokenizing(http, path, body, param):
+    err = _openai_error(http.post(path, json=body), param)
+    assert err["code"] == "context_length_exceeded"
+    assert "at least" in err["message"] and "context limit" in err["message"]
+    _chat_ok(http)
+
+
+def test_a_huge_prompt_on_messages_gets_the_anthropic_envelope(http):
+    r = http.post(MESSAGES, json={"messages": [{"role": "user", "content": HUGE}],
+                                  "max_tokens": 4})
+    assert "context limit" in _anthropic_error(r)["message"]
+    r = http.post("/v1/messages/count_tokens",
+                  json={"messages": [{"role": "user", "content": HUGE}]})
+    assert "context limit" in _anthropic_error(r)["message"]
+
+
+# -- the engine, in process ---------------------------------------------------------------
+class _Row:
+    """One submission and what its sink received."""
+
+    def __init__(self, rid: str, max_tokens: int = 40, processors=(), **params):
+        self.events: list = []
+        self.done = threading.Event()
+        self.started = threading.Event()
+        defaults = {"temperature": 0.0, "top_p": 1.0, "top_k": 0, "min_p": 0.0}
+        p = GenerationParams(max_tokens=max_tokens, **{**defaults, **params})
+        self.sub = Submission(rid, [5, 6, 7, 8, 9], p, self._sink, processors=list(processors))
+
+    def _sink(self, ev) -> None:
+        self.events.append(ev)
+        if ev.completion_tokens >= 3:
+            self.started.set()
+        if ev.finish_reason is not None:
+            self.done.set()
+
+    @property
+    def text(self) -> str:
+        return "".join(ev.text for ev in self.events)
+
+    @property
+    def last(self):
+        return self.events[-1]
+
+
+def _wrong_shape(tokens, logits):
+    # Returns cleanly, so no per-row guard sees it; the batch step itself then fails.
+    return logits[:, :7]
+
+
+@pytest.fixture(scope="module")
+def loaded(tiny_model_dir):
+    return load_model(tiny_model_dir, "tiny")
+
+
+@pytest.fixture
+def engine(loaded):
+    engine = Engine(loaded, batch=4)
+    engine.start()
+    yield engine
+    engine.stop()
+    assert engine.join(10)
+
+
+def _run(engine: Engine, row: _Row) -> _Row:
+    engine.submit(row.sub)
+    assert row.done.wait(60)
+    return row
+
+
+def test_a_failed_step_fails_its_row_and_carries_the_others_over(engine):
+    reference = _run(engine, _Row("reference"))
+    assert reference.last.error is None and reference.last.completion_tokens == 40
+
+    good = _Row("good")
+    engine.submit(good.sub)
+    assert good.started.wait(60)  # decoding: it has been through sampling already
+    bad = _run(engine, _Row("bad", processors=[_wrong_shape]))
+    assert good.done.wait(60)
+
+    assert bad.last.finish_reason == "error" and bad.last.error.status == 503
+    assert "bad" in bad.last.error.message and "worker log" in bad.last.error.message
+    assert "shape" not in bad.last.error.message.lower()  # no exception text for clients
+    # The good row went on where it was: all its tokens, the same greedy text.
+    assert good.last.error is None and good.last.finish_reason == "length"
+    assert good.last.completion_tokens == 40 and good.text == reference.text
+    assert engine.recoveries == 1 and engine.dead is None
+
+    after = _run(engine, _Row("after"))
+    assert after.last.error is None and after.text == reference.text
+    assert engine.active_rows == 0
+
+
+def test_a_sampler_that_raises_fails_its_row_without_a_rebuild(engine):
+    good = _Row("good")
+    engine.submit(good.sub)
+    assert good.started.wait(60)
+    # What the API's validator refuses (top_k beyond the vocabulary), handed to the engine.
+    bad = _run(engine, _Row("bad", temperature=1.0, top_k=10**9))
+    assert good.done.wait(60)
+    assert bad.last.finish_reason == "error" and "top_k" not in bad.last.error.message
+    assert good.last.error is None and good.last.completion_tokens == 40
+    assert engine.recoveries == 0
+    assert _run(engine, _Row("after", max_tokens=5)).last.error is None
+
+
+def test_a_batch_that_cannot_be_rebuilt_marks_the_engine_dead(loaded):
+    engine = Engine(loaded, batch=4)
+    engine.start()
+    try:
+        assert _run(engine, _Row("warm", max_tokens=3)).last.error is None
+
+        def no_more_batches():
+            raise MemoryError("cannot allocate the batch")
+
+        engine._new_generator = no_more_batches
+        good = _Row("good")
+        engine.submit(good.sub)
+        assert good.started.wait(60)
+        bad = _run(engine, _Row("bad", processors=[_wrong_shape]))
+        assert good.done.wait(60)
+        for row in (good, bad):  # nothing left to run them on
+            assert row.last.finish_reason == "error" and row.last.error.status == 503
+            assert "allocate" not in row.last.error.message
+        assert engine.join(10) and engine.dead is not None and "allocate" in engine.dead
+        late = _Row("late", max_tokens=3)
+        engine.submit(late.sub)
+        assert late.done.is_set() and late.last.error.status == 503
+    finally:
+        engine.stop()

@@ -1,0 +1,201 @@
+"""Fair leases under a budget that holds one model: hand-over, first come first served,
+queue_timeout_s with Retry-After, and min_residency_s. Fake workers (tests/fake_workers.py)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+from fake_workers import Fleet, make_models, settings_for
+
+from mlxd.shared.errors import Unavailable
+from mlxd.supervisor.registry import Registry
+from mlxd.supervisor.states import State
+
+
+def registry(tmp_path, fleet: Fleet, **overrides) -> Registry:
+    make_models(tmp_path, "a", "b")
+    # Each model's footprint is 1000 bytes: the budget holds one of them.
+    settings = settings_for(tmp_path, memory_budget_bytes=1500, **overrides)
+    return Registry(settings, fleet, total_memory_bytes=1 << 34, spawner=fleet.spawner)
+
+
+async def until(pred, timeout_s: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not pred():
+        assert time.monotonic() < deadline, "condition not reached"
+        await asyncio.sleep(0.005)
+
+
+def test_two_busy_models_both_served_and_nobody_waits_past_the_timeout(tmp_path):
+    """The livelock of issue 11: every client gets a lease or a 503 with Retry-After in time."""
+    fleet = Fleet(load_s=0.05)
+    queue_timeout_s = 1.5
+
+    async def go():
+        reg = registry(tmp_path, fleet, queue_timeout_s=queue_timeout_s)
+        served = {"a": 0, "b": 0}
+        refused, waits = [], []
+        stop_at = time.monotonic() + 4.0
+
+        async def client(model: str):
+            while time.monotonic() < stop_at:
+                t0 = time.monotonic()
+                try:
+                    async with reg.lease(model):
+                        waits.append(time.monotonic() - t0)
+                        await asyncio.sleep(0.02)  # the response streams
+                        served[model] += 1
+                except Unavailable as exc:
+                    waits.append(time.monotonic() - t0)
+                    refused.append(exc)
+                    assert exc.retry_after_s and exc.retry_after_s >= 1
+
+        await asyncio.gather(*(client(m) for m in ("a", "b") for _ in range(3)))
+        await reg.shutdown()
+        return served, refused, waits
+
+    served, refused, waits = asyncio.run(go())
+    assert served["a"] > 0 and served["b"] > 0, served
+    # The model's own load is not queue time; allow for one load and scheduling.
+    assert max(waits) < queue_timeout_s + 0.5, max(waits)
+    # Each READY served its waiters: far fewer loads than requests.
+    assert len(fleet.spawned) < served["a"] + served["b"]
+
+
+def test_fresh_model_serves_its_waiters_before_it_can_be_evicted(tmp_path):
+    fleet = Fleet(load_s=0.05)
+
+    async def go():
+        reg = registry(tmp_path, fleet)
+        a = await reg.acquire(reg.resolve("a"))
+        b_waiters = [asyncio.create_task(reg.acquire(reg.resolve("b"))) for _ in range(3)]
+        await until(lambda: "b" in reg.slots and reg.slots["b"].waiting == 3)
+        a_waiter = asyncio.create_task(reg.acquire(reg.resolve("a")))  # arrives after b's
+        await asyncio.sleep(0.05)
+        assert not a_waiter.done(), "a took a new lease although b waited first"
+        reg.release(a)  # a is idle now: evicted for b
+        b_slots = await asyncio.wait_for(asyncio.gather(*b_waiters), 5)
+        assert all(s.state is State.READY and s.id == "b" for s in b_slots)
+        assert reg.slots["b"].leases == 3 and not a_waiter.done()
+        for s in b_slots:
+            reg.release(s)
+        a2 = await asyncio.wait_for(a_waiter, 5)  # then a again, for its waiter
+        assert a2.id == "a" and reg.slots["b"].state is State.STOPPED
+        reg.release(a2)
+        await reg.shutdown()
+
+    asyncio.run(go())
+    assert fleet.loads() == ["a", "b", "a"]
+
+
+def test_requests_older_than_the_waiting_load_are_still_served(tmp_path):
+    """Closing a busy model only turns away requests that arrived after the waiting one."""
+    fleet = Fleet()
+
+    async def go():
+        reg = registry(tmp_path, fleet)
+        a = await reg.acquire(reg.resolve("a"))
+        b_waiter = asyncio.create_task(reg.acquire(reg.resolve("b")))
+        await until(lambda: reg.admission.cutoff(reg.slots["a"]) is not None)
+        cutoff = reg.admission.cutoff(reg.slots["a"])
+        assert reg.admission.admits(reg.slots["a"], cutoff - 1)
+        assert not reg.admission.admits(reg.slots["a"], cutoff)
+        reg.release(a)
+        reg.release(await asyncio.wait_for(b_waiter, 5))
+        assert reg.admission.cutoff(reg.slots["a"]) is None  # the marks go with the load
+        await reg.shutdown()
+
+    asyncio.run(go())
+
+
+def test_queue_timeout_gives_503_with_retry_after_then_serves(tmp_path):
+    fleet = Fleet()
+
+    async def go():
+        reg = registry(tmp_path, fleet, queue_timeout_s=0.4)
+        a = await reg.acquire(reg.resolve("a"))  # a stays busy
+        t0 = time.monotonic()
+        with pytest.raises(Unavailable, match="queue_timeout_s") as info:
+            await reg.acquire(reg.resolve("b"))
+        waited_s = time.monotonic() - t0
+        assert 0.35 <= waited_s < 1.5, waited_s
+        assert info.value.retry_after_s >= 1
+        # Nobody waits for b any more: a takes new requests again, and b's load let go.
+        a2 = await asyncio.wait_for(reg.acquire(reg.resolve("a")), 3)
+        assert reg.slots["a"].leases == 2
+        reg.release(a)
+        reg.release(a2)
+        b = await asyncio.wait_for(reg.acquire(reg.resolve("b")), 3)
+        assert b.state is State.READY
+        reg.release(b)
+        await reg.shutdown()
+
+    asyncio.run(go())
+
+
+def test_full_queue_is_refused_at_once_with_retry_after(tmp_path):
+    fleet = Fleet()
+
+    async def go():
+        reg = registry(tmp_path, fleet, queue_size=1, queue_timeout_s=5)
+        a = await reg.acquire(reg.resolve("a"))
+        first = asyncio.create_task(reg.acquire(reg.resolve("b")))
+        await until(lambda: reg.queued == 1 or reg.admission.cutoff(reg.slots["a"]))
+        await asyncio.sleep(0.05)
+        t0 = time.monotonic()
+        with pytest.raises(Unavailable, match="queue is full") as info:
+            await reg.acquire(reg.resolve("a"))  # held behind b, and the queue is full
+        assert time.monotonic() - t0 < 0.2 and info.value.retry_after_s >= 1
+        reg.release(a)
+        reg.release(await asyncio.wait_for(first, 5))
+        await reg.shutdown()
+
+    asyncio.run(go())
+
+
+def test_min_residency_keeps_a_fresh_model_loaded(tmp_path):
+    fleet = Fleet(load_s=0.01)
+
+    async def go():
+        reg = registry(tmp_path, fleet, min_residency_s=0.6)
+        reg.release(await reg.acquire(reg.resolve("a")))
+        ready_at = time.monotonic()
+        b = await asyncio.wait_for(reg.acquire(reg.resolve("b")), 5)  # a idle, but young
+        assert time.monotonic() - ready_at >= 0.5
+        reg.release(b)
+        await reg.shutdown()
+
+    asyncio.run(go())
+    assert fleet.loads() == ["a", "b"]
+
+
+def test_retry_after_header_in_both_envelopes():
+    from aiohttp import web
+    from aiohttp.test_utils import TestClient, TestServer
+
+    from mlxd.shared.middleware import error_middleware
+
+    async def busy(request):
+        raise Unavailable("Every loaded model is busy", retry_after_s=2.2)
+
+    async def fatal(request):
+        raise Unavailable("Model 'm' is FATAL")
+
+    async def go():
+        app = web.Application(middlewares=[error_middleware])
+        app.router.add_post("/v1/chat/completions", busy)
+        app.router.add_post("/v1/messages", busy)
+        app.router.add_post("/v1/completions", fatal)
+        async with TestClient(TestServer(app)) as client:
+            r = await client.post("/v1/chat/completions")
+            assert r.status == 503 and r.headers["Retry-After"] == "3"
+            assert (await r.json())["error"]["message"] == "Every loaded model is busy"
+            r = await client.post("/v1/messages")
+            assert r.status == 503 and r.headers["Retry-After"] == "3"
+            assert (await r.json())["error"]["type"] == "overloaded_error"
+            r = await client.post("/v1/completions")  # retrying will not help: no header
+            assert r.status == 503 and "Retry-After" not in r.headers
+
+    asyncio.run(go())
