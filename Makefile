@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test lint install bench clean
+.PHONY: run test test-agents lint install bench clean
 
 $(STAMP): pyproject.toml
 	test -d $(VENV) || $(PY) -m venv $(VENV)
@@ -27,6 +27,10 @@ lint: $(STAMP)
 test: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/pytest -q
+
+# The real Claude Code and Codex CLIs (from npm) against a daemon: 20-30 minutes on 2 cores.
+test-agents: $(STAMP)
+	MLXD_TEST_AGENTS=1 $(BIN)/pytest -q -rs tests/e2e/test_coding_agents.py
 
 bench: $(STAMP)
 	$(BIN)/python -m bench run --quick
