@@ -104,9 +104,9 @@ async def make_room(reg: Registry, slot: ModelSlot) -> None:
             if victims == []:
                 return
             if victims:
-                await asyncio.gather(*(reg.unload(v, reason=f"evicted for {slot.id}",
-                                                  only_if_idle=True) for v in victims))
-                reg.counters.evictions += len(victims)
+                done = await asyncio.gather(*(reg.unload(v, reason=f"evicted for {slot.id}",
+                                                         only_if_idle=True) for v in victims))
+                reg.counters.evictions += sum(done)  # not those a request took meanwhile
                 continue
             reg.admission.close(slot, _closing_marks(reg, slot, res))
             if slot in reg.incoming:

@@ -1,7 +1,8 @@
 """What may reach the supervisor's routes at all: the raw path, the Host, the Origin, the body type.
 
-- Path: dot segments (`.`, `..`, also `%2e`-encoded) and encoded separators (`%2f`, `%5c`, a
-  backslash) are refused with 400, on the raw request target, before any route sees it.
+- Path: dot segments (`.`, `..`, also percent-encoded, alone or with an encoded `/`) and
+  backslashes (also `%5c`) are refused with 400, on the raw request target, before any route
+  sees it. An encoded `/` alone passes: model ids are `org/name`.
 - Host (DNS rebinding): loopback names, `*.localhost`, IP literals, the bind host and the
   `allowed_hosts` setting ("*": any). A missing Host (HTTP/1.0 tools) is let through.
 - Origin (cross-site pages): none, or the daemon's own origin, or one listed in `cors_origins`
@@ -14,7 +15,7 @@
 from __future__ import annotations
 
 import ipaddress
-from urllib.parse import urlsplit
+from urllib.parse import unquote, urlsplit
 
 from aiohttp import web
 
@@ -37,12 +38,14 @@ def path_refusal(raw_path: str) -> str | None:
     """Why this raw request target must not be routed (None: it may)."""
     path = raw_path.split("?", 1)[0].split("#", 1)[0]
     lowered = path.lower()
-    if "\\" in path or "%2f" in lowered or "%5c" in lowered:
-        return "Invalid path: encoded '/' or '\\' is not allowed"
-    # Decode only the dot: any other escape stays as it is, so no segment can grow a '/'.
-    segments = lowered.replace("%2e", ".").split("/")
-    if any(s in (".", "..") for s in segments):
-        return "Invalid path: '.' and '..' segments are not allowed"
+    if "\\" in path or "%5c" in lowered:
+        return "Invalid path: '\\' is not allowed"
+    # An encoded '/' may stay (the SDKs send `org%2Fname` model ids, and a worker only ever
+    # gets its route's own path), but no decoding of the path may produce a dot segment.
+    # unquote twice: a doubly encoded dot (%252e) must not slip through a later decode.
+    for candidate in (lowered, unquote(lowered), unquote(unquote(lowered))):
+        if any(s in (".", "..") for s in candidate.split("/")):
+            return "Invalid path: '.' and '..' segments are not allowed"
     return None
 
 
@@ -96,9 +99,23 @@ def listed_origin(origin: str, areas: set[str], settings: Settings) -> bool:
     return origin in listed or ("*" in listed and "api" in areas)
 
 
-def origin_allowed(origin: str, areas: set[str], settings: Settings, own_port: int) -> bool:
-    """Whether a request carrying `Origin: origin` may reach a route in `areas`."""
+def origin_allowed(origin: str, areas: set[str], settings: Settings, own_port: int,
+                   host: str | None = None) -> bool:
+    """Whether a request carrying `Origin: origin` may reach a route in `areas`.
+
+    An origin naming the request's own Host is the page the daemon served, reached through a
+    port forward or a reverse proxy (the Host itself passed the allow-list first)."""
+    if host and _authority(origin) == host.strip().lower():
+        return True
     return same_origin(origin, settings, own_port) or listed_origin(origin, areas, settings)
+
+
+def _authority(origin: str) -> str | None:
+    try:
+        parts = urlsplit(origin)
+    except ValueError:
+        return None
+    return parts.netloc.lower() if parts.scheme in ("http", "https") else None
 
 
 def content_type_refusal(method: str, headers) -> str | None:
@@ -137,7 +154,8 @@ def check_request(request: web.Request) -> None:
                         "allowed_hosts (MLXD_ALLOWED_HOSTS) to allow it")
     areas = request_areas(request)
     origin = request.headers.get("Origin")
-    if origin is not None and not origin_allowed(origin, areas, settings, own_port(request)):
+    if origin is not None and not origin_allowed(origin, areas, settings, own_port(request),
+                                                 host):
         raise Forbidden("Cross-origin requests to this route are not allowed"
                         + ("" if "admin" in areas else "; list the origin in cors_origins"))
     if "admin" in areas and request.headers.get("Sec-Fetch-Site") == "cross-site":

@@ -203,9 +203,8 @@ def body_timeout_middleware(timeout_s: float) -> Callable:
     async def read_body_in_time(request: web.Request, handler: Handler) -> web.StreamResponse:
         if request.can_read_body:
             try:
-                async with asyncio.timeout(timeout_s):
-                    await request.read()
-            except TimeoutError:
+                await asyncio.wait_for(request.read(), timeout_s)  # not asyncio.timeout: 3.10
+            except asyncio.TimeoutError:
                 return await _answer_and_close(request, RequestTimeout(
                     f"The request body did not arrive within {timeout_s:g} s"))
         return await handler(request)

@@ -229,11 +229,13 @@ class Engine:
         """
         fail, resume = blame(list(self._rows.values()), self._broken)
         self._broken.clear()
-        old, self._gen = self._gen, self._new_generator()
+        # Close first: a generator restores the wired-memory limit it found at creation, so the
+        # new one must be made after the old one put the system's back.
         try:
-            old.close()
+            self._gen.close()
         except Exception:
             log.exception("closing the failed batch failed")
+        self._gen = self._new_generator()
         self.recoveries += 1
         log.warning("rebuilt the batch after a failed step: failing %s; resuming %s",
                     [r.sub.rid for r in fail] or "none", [r.sub.rid for r in resume] or "none")

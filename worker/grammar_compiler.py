@@ -94,7 +94,7 @@ class GrammarCompiler:
         if flight is None:
             flight = _Flight(asyncio.create_task(self._compile(key, kind, value, param)))
             self._flights[fkey] = flight
-            flight.task.add_done_callback(lambda _t, k=fkey: self._flights.pop(k, None))
+            flight.task.add_done_callback(lambda _t, k=fkey, f=flight: self._forget(k, f))
         flight.waiters += 1
         try:
             return await asyncio.shield(flight.task)
@@ -102,12 +102,19 @@ class GrammarCompiler:
             flight.waiters -= 1
             if flight.waiters == 0 and not flight.task.done():
                 flight.task.cancel()  # everyone left: the child is killed
+                # A request for the same constraint arriving while it dies starts afresh
+                # rather than joining a compile that can only end cancelled.
+                self._forget(fkey, flight)
+
+    def _forget(self, fkey: bytes, flight) -> None:
+        if self._flights.get(fkey) is flight:
+            del self._flights[fkey]
 
     async def _compile(self, key: bytes, kind: str, value: Any, param: str):
         s = self.settings
         try:
             await asyncio.wait_for(self._slots.acquire(), s.queue_timeout_s)
-        except TimeoutError:
+        except asyncio.TimeoutError:  # not the builtin before Python 3.11
             raise Unavailable(f"all {s.compile_concurrency} grammar compile slots of this model "
                               f"stayed busy for "
                               f"{s.queue_timeout_s:g} s; retry shortly "

@@ -55,6 +55,8 @@ def test_models_list_and_status_fields(make_daemon, tiny_model_dir):
     assert a["keep_alive_s"] == 60 and 0 < a["expires_in_s"] <= 60
     assert a["idle_s"] < 30 and a["generation"] == 0 and a["drained"] is False
     assert d.http.get("/admin/models/org/m").json()["state"] == "stopped"
+    # The SDK sends the slash encoded (/v1/models/org%2Fm): that is a model id, not a trick.
+    assert d.openai().models.retrieve("org/m").id == "org/m"
     # Ids with a slash work on every route; unknown ids and path tricks are 404s.
     r = d.http.post("/admin/models/org/m/load")
     assert r.status_code == 200 and r.json()["result"] == "loaded"

@@ -33,7 +33,8 @@ def settings(**kw) -> Settings:
 
 @pytest.mark.parametrize("raw", [
     "/v1/%2e%2e/admin/drain", "/v1/%2E%2E/admin/drain", "/v1/../admin/drain", "/v1/./x",
-    "/v1/.%2e/x", "/v1/chat/completions/..", "/v1/a%2fb", "/v1/a%2Fb", "/v1/a%5cb",
+    "/v1/.%2e/x", "/v1/chat/completions/..", "/v1/..%2fadmin/drain", "/v1/%252e%252e/x",
+    "/v1/a%5cb",
     "/v1/a\\b", "/admin/models/%2e", "/..", "/v1/%2e%2e?x=1",
 ])
 def test_dot_segments_and_encoded_separators_are_refused(raw):
@@ -43,6 +44,7 @@ def test_dot_segments_and_encoded_separators_are_refused(raw):
 @pytest.mark.parametrize("raw", [
     "/v1/chat/completions", "/v1/chat/completions?stream=1&a=%2F..", "/admin/models/org/name",
     "/v1/models/a..b", "/v1/models/.hidden", "/health", "/v1/models/a%20b", "/",
+    "/v1/models/mlx-community%2FQwen3-0.6B-4bit", "/admin/models/org%2fname",  # SDK ids
 ])
 def test_ordinary_paths_pass(raw):
     assert path_refusal(raw) is None
@@ -219,3 +221,12 @@ def test_cors_preflight_follows_the_guard():
     assert listed[0] == 204 and listed[1]["access-control-allow-origin"] == "http://app.example"
     assert foreign[0] == 403 and "access-control-allow-origin" not in foreign[1]
     assert admin[0] == 403 and "access-control-allow-origin" not in admin[1]
+
+
+def test_origin_of_the_requests_own_host_is_same_origin():
+    # A page the daemon served through `ssh -L 9000:localhost:8080` or an https reverse proxy.
+    s = settings()
+    assert origin_allowed("http://localhost:9000", {"admin"}, s, PORT, host="localhost:9000")
+    assert origin_allowed("https://mlxd.lan", {"api"}, s, PORT, host="mlxd.lan")
+    assert not origin_allowed("http://evil.example:9000", {"api"}, s, PORT,
+                              host="localhost:9000")
