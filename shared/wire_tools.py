@@ -128,57 +128,49 @@ def _entry(tool: Any, param: str) -> tuple[str, dict]:
 def responses_tool_set(tools: list | None, param: str = "tools") -> ToolSet:
     """Responses API `tools`: {"type": "function", "name", "parameters"}, namespaces of
     those, `custom` tools and hosted tools (left out)."""
-    b = _Builder()
-
-    def child(tool: Any, at: str) -> dict | None:
-        kind, t = _entry(tool, at)
-        if kind != "function":
-            b.out.dropped.append(kind)
-            return None
-        return _function(t.get("name"), t.get("description"), t.get("parameters"), at)
-
-    for i, tool in enumerate(tools or []):
-        at = f"{param}.{i}"
-        kind, t = _entry(tool, at)
-        if kind == "function":
-            b.add(child(t, at))
-        elif kind == "namespace":
-            b.namespace(t, at, child)
-        elif kind == "custom":
-            spec = _custom_function(t, at)
-            b.add(spec, ToolOrigin(spec["function"]["name"], custom=True))
-        else:
-            b.out.dropped.append(kind)
-    return b.out
+    return _tool_set(tools, param, lambda t, at, top: (t, at), lambda t, at: (t, at))
 
 
 def chat_tool_set(tools: list | None, param: str = "tools") -> ToolSet:
     """Chat-completions `tools`: {"type": "function", "function": {...}}, `custom` tools
     ({"type": "custom", "custom": {...}}), namespaces and hosted tools (left out)."""
+
+    def function_of(t: dict, at: str, top: bool) -> tuple[Any, str]:
+        # At the top level the function sits under "function"; inside a namespace either
+        # shape is taken.
+        return (t.get("function") if top else t.get("function", t)), f"{at}.function"
+
+    return _tool_set(tools, param, function_of,
+                     lambda t, at: (t.get("custom") or t, f"{at}.custom"))
+
+
+def _tool_set(tools: list | None, param: str, function_of, custom_of) -> ToolSet:
+    """One walk over a tool list for both surfaces; they differ only in where a function's
+    and a custom tool's fields sit (`function_of`, `custom_of`)."""
     b = _Builder()
+
+    def function(t: dict, at: str, top: bool) -> dict:
+        fn, where = function_of(t, at, top)
+        if not isinstance(fn, dict):
+            raise BadRequest(f"Invalid '{where}': must be an object", param=at)
+        return _function(fn.get("name"), fn.get("description"), fn.get("parameters"), where)
 
     def child(tool: Any, at: str) -> dict | None:
         kind, t = _entry(tool, at)
         if kind != "function":
             b.out.dropped.append(kind)
             return None
-        fn = t.get("function", t)  # a namespace may hold either function shape
-        if not isinstance(fn, dict):
-            raise BadRequest(f"Invalid '{at}.function': must be an object", param=at)
-        return _function(fn.get("name"), fn.get("description"), fn.get("parameters"),
-                         f"{at}.function")
+        return function(t, at, top=False)
 
     for i, tool in enumerate(tools or []):
         at = f"{param}.{i}"
         kind, t = _entry(tool, at)
         if kind == "function":
-            if not isinstance(t.get("function"), dict):
-                raise BadRequest(f"Invalid '{at}.function': must be an object", param=at)
-            b.add(child(t, at))
+            b.add(function(t, at, top=True))
         elif kind == "namespace":
             b.namespace(t, at, child)
         elif kind == "custom":
-            spec = _custom_function(t.get("custom") or t, f"{at}.custom")
+            spec = _custom_function(*custom_of(t, at))
             b.add(spec, ToolOrigin(spec["function"]["name"], custom=True))
         else:
             b.out.dropped.append(kind)
