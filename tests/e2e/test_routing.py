@@ -75,8 +75,10 @@ def test_request_id_passes_through(make_daemon):
                     json={"model": "a", "messages": MSG, "max_tokens": 2})
     assert r.headers["x-request-id"] == "req-abc-123"
     assert "request_id=req-abc-123" in d.logs()
-    log = (d.home / "logs" / "a.log").read_text()
-    assert "req-abc-123" in log
+    # The worker's access line is written after the last byte is sent and reaches
+    # a.log through the supervisor's log pipe: it lands shortly after the response.
+    log = d.home / "logs" / "a.log"
+    d.wait_for(lambda: "req-abc-123" in log.read_text(), 10, "the worker's access line")
 
 
 def test_preloaded_model_starts_with_the_daemon(make_daemon):
