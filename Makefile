@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test test-agents lint install bench clean
+.PHONY: run test test-unit test-agents lint install bench clean
 
 $(STAMP): pyproject.toml
 	test -d $(VENV) || $(PY) -m venv $(VENV)
@@ -23,10 +23,14 @@ run: $(STAMP)
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
 
-test: $(STAMP)
-	$(BIN)/ruff check .
+test: lint
 	$(BIN)/pytest -q
+
+# The fast loop: unit tests only (no MLX generation, no processes), in seconds.
+test-unit: $(STAMP)
+	$(BIN)/pytest -q tests/unit
 
 # The real Claude Code and Codex CLIs (from npm) against a daemon: 20-30 minutes on 2 cores.
 test-agents: $(STAMP)

@@ -32,19 +32,31 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m bench", description=__doc__.splitlines()[0])
     sub = p.add_subparsers(dest="command", required=True)
     r = sub.add_parser("run", help="run the side-by-side benchmark")
-    r.add_argument("--model", type=Path, help="mlx-lm model folder (default: a random model "
-                   "built for --shape)")
-    r.add_argument("--model-b", type=Path, help="second model folder for the swap workload "
-                   "(default: the same files under another name)")
-    r.add_argument("--shape", help="random-weight model shape(s) to build when --model is not "
-                   f"given, comma-separated: {', '.join(SHAPE_NAMES)} (default: tiny on CPU "
-                   "or with --quick, else qwen3-0.6b,qwen3-8b)")
+    r.add_argument(
+        "--model", type=Path, help="mlx-lm model folder (default: a random model built for --shape)"
+    )
+    r.add_argument(
+        "--model-b",
+        type=Path,
+        help="second model folder for the swap workload "
+        "(default: the same files under another name)",
+    )
+    r.add_argument(
+        "--shape",
+        help="random-weight model shape(s) to build when --model is not "
+        f"given, comma-separated: {', '.join(SHAPE_NAMES)} (default: tiny on CPU "
+        "or with --quick, else qwen3-0.6b,qwen3-8b)",
+    )
     r.add_argument("--quick", action="store_true", help="small prompts and outputs, 3 runs")
     r.add_argument("--repeats", type=int, help="runs per figure (median is reported; min 3)")
     r.add_argument("--only", help="comma-separated workloads: " + ",".join(workloads.WORKLOADS))
     r.add_argument("--out", type=Path, help="results folder (default bench/results/<time>/)")
-    r.add_argument("--models-dir", type=Path, help="where built models are kept (default: a "
-                   "temp dir for tiny, ~/.cache/mlxd-bench/models for the others)")
+    r.add_argument(
+        "--models-dir",
+        type=Path,
+        help="where built models are kept (default: a "
+        "temp dir for tiny, ~/.cache/mlxd-bench/models for the others)",
+    )
     a = p.parse_args(argv)
     a.only = _pick_workloads(p, a.only)
     if a.repeats is not None and a.repeats < 3:
@@ -60,17 +72,26 @@ def _pick_workloads(p: argparse.ArgumentParser, only: str | None) -> list[str]:
     picked = [w.strip() for w in only.split(",") if w.strip()]
     unknown = sorted(set(picked) - set(workloads.WORKLOADS))
     if unknown:
-        p.error(f"unknown workload(s) {', '.join(unknown)}; choose from "
-                f"{', '.join(workloads.WORKLOADS)}")
+        p.error(
+            f"unknown workload(s) {', '.join(unknown)}; choose from "
+            f"{', '.join(workloads.WORKLOADS)}"
+        )
     # Canonical order: swap runs last because it evicts the model the others use.
     return [w for w in workloads.WORKLOADS if w in picked]
 
 
 def _accelerated() -> bool:
     """Whether MLX's default device here is a GPU (asked in a child: no MLX in this process)."""
-    r = subprocess.run([sys.executable, "-c", "import mlx.core as mx; "
-                        "print(mx.default_device().type == mx.DeviceType.gpu)"],
-                       capture_output=True, text=True, timeout=120)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import mlx.core as mx; print(mx.default_device().type == mx.DeviceType.gpu)",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     return r.stdout.strip() == "True"
 
 
@@ -90,18 +111,23 @@ def _models(a: argparse.Namespace, shape: str | None, work: Path) -> tuple[Path,
         model_a = a.model.resolve()
         model_b = a.model_b.resolve() if a.model_b else alias_model(model_a, work / "model-b")
         return model_a, model_b, str(model_a)
-    cache = a.models_dir or (work / "models" if shape == "tiny"
-                             else Path.home() / ".cache" / "mlxd-bench" / "models")
+    cache = a.models_dir or (
+        work / "models" if shape == "tiny" else Path.home() / ".cache" / "mlxd-bench" / "models"
+    )
     print(f"building {shape} random-weight model in {cache} ...", flush=True)
     model_a = build_model(shape, cache / shape)
     # tiny: a real second model (cheap); large shapes: the same files under another name.
-    model_b = (build_model(shape, cache / f"{shape}-b", seed=1) if shape == "tiny"
-               else alias_model(model_a, work / "model-b"))
+    model_b = (
+        build_model(shape, cache / f"{shape}-b", seed=1)
+        if shape == "tiny"
+        else alias_model(model_a, work / "model-b")
+    )
     return model_a, model_b, f"random-weight {shape}"
 
 
-async def run_suite(a, model_a: Path, model_b: Path, model_label: str, out: Path,
-                    work: Path, gpu: bool) -> str:
+async def run_suite(
+    a, model_a: Path, model_b: Path, model_label: str, out: Path, work: Path, gpu: bool
+) -> str:
     """Start every server, run the chosen workloads, write and return the markdown."""
     sizes = workloads.QUICK if a.quick else workloads.FULL
     if a.repeats:
@@ -113,10 +139,18 @@ async def run_suite(a, model_a: Path, model_b: Path, model_label: str, out: Path
         await session.start()
         notes += session.notes
         ctx = workloads.Context(
-            sizes=sizes, model_a=model_a, model_b=model_b, logit_bias=no_eos_bias(model_a),
-            tokenizer=load_text_tokenizer(model_a), mlxd=session.mlxd, mlx_lm=session.mlx_lm,
-            worker=session.worker, mlxd_swap=session.mlxd_swap, swap_how=session.swap_how,
-            unload_mlxd=session.unload_mlxd if session.worker is not None else None)
+            sizes=sizes,
+            model_a=model_a,
+            model_b=model_b,
+            logit_bias=no_eos_bias(model_a),
+            tokenizer=load_text_tokenizer(model_a),
+            mlxd=session.mlxd,
+            mlx_lm=session.mlx_lm,
+            worker=session.worker,
+            mlxd_swap=session.mlxd_swap,
+            swap_how=session.swap_how,
+            unload_mlxd=session.unload_mlxd if session.worker is not None else None,
+        )
         if ctx.worker is None and "proxy" in a.only:
             notes.append("proxy: not measured, the supervisor is not running.")
         for name in a.only:
@@ -134,11 +168,13 @@ async def run_suite(a, model_a: Path, model_b: Path, model_label: str, out: Path
         "model": model_label,
         "mlxd_target": session.mlxd_how,
         "sizes": sizes.__dict__,
-        "sizes_text": (f"{'quick' if a.quick else 'full'}, {sizes.repeats} runs "
-                       f"(single and proxy {max(sizes.repeats, 5)}), "
-                       f"single {sizes.single_prompt}+{sizes.single_tokens} tok, "
-                       f"concurrency {sizes.conc_prompt}+{sizes.conc_tokens} tok × "
-                       f"{sizes.conc_requests}/client, {sizes.turns} turns"),
+        "sizes_text": (
+            f"{'quick' if a.quick else 'full'}, {sizes.repeats} runs "
+            f"(single and proxy {max(sizes.repeats, 5)}), "
+            f"single {sizes.single_prompt}+{sizes.single_tokens} tok, "
+            f"concurrency {sizes.conc_prompt}+{sizes.conc_tokens} tok × "
+            f"{sizes.conc_requests}/client, {sizes.turns} turns"
+        ),
         "servers": session.server_settings,
         "servers_text": session.servers_text,
         "notes": notes,
@@ -165,8 +201,9 @@ def main(argv: list[str] | None = None) -> int:
         for shape in suites:
             model_a, model_b, label = _models(a, shape, work / (shape or "model"))
             suite_out = out / shape if len(suites) > 1 else out
-            md = asyncio.run(run_suite(a, model_a, model_b, label, suite_out,
-                                       work / (shape or "model"), gpu))
+            md = asyncio.run(
+                run_suite(a, model_a, model_b, label, suite_out, work / (shape or "model"), gpu)
+            )
             tables.append(md)
             print("\n" + md, flush=True)
     except (StartError, BenchError) as exc:  # a server that cannot serve: say which, briefly

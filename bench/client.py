@@ -37,8 +37,7 @@ class Target:
             connector = aiohttp.TCPConnector(limit=0)
         # No total timeout: a long generation is not an error; a silent server is.
         timeout = aiohttp.ClientTimeout(total=None, sock_read=600)
-        return aiohttp.ClientSession(base_url=self.base_url, connector=connector,
-                                     timeout=timeout)
+        return aiohttp.ClientSession(base_url=self.base_url, connector=connector, timeout=timeout)
 
 
 @dataclass
@@ -56,14 +55,19 @@ class StreamResult:
     def decode_tps(self) -> float:
         """Tokens per second after the first one: the streaming rate a reader sees."""
         span = self.duration_s - self.ttft_s
-        return (self.completion_tokens - 1) / span if span > 0 and self.completion_tokens > 1 \
-            else 0.0
+        return (
+            (self.completion_tokens - 1) / span if span > 0 and self.completion_tokens > 1 else 0.0
+        )
 
 
-async def stream_chat(session: aiohttp.ClientSession, target: Target,
-                      messages: list[dict[str, Any]], max_tokens: int,
-                      logit_bias: dict[str, float] | None = None,
-                      model: str | None = None) -> StreamResult:
+async def stream_chat(
+    session: aiohttp.ClientSession,
+    target: Target,
+    messages: list[dict[str, Any]],
+    max_tokens: int,
+    logit_bias: dict[str, float] | None = None,
+    model: str | None = None,
+) -> StreamResult:
     """Send one streamed chat completion and time it. `model` overrides the target's."""
     body: dict[str, Any] = {
         "messages": messages,
@@ -83,8 +87,9 @@ async def stream_chat(session: aiohttp.ClientSession, target: Target,
     text_parts: list[str] = []
     content_chunks = 0
     usage = None
-    async with session.post("/v1/chat/completions", data=payload,
-                            headers={"Content-Type": "application/json"}) as resp:
+    async with session.post(
+        "/v1/chat/completions", data=payload, headers={"Content-Type": "application/json"}
+    ) as resp:
         if resp.status != 200:
             raise BenchError(f"{target.name}: HTTP {resp.status}: {(await resp.text())[:300]}")
         async for raw in resp.content:
@@ -116,6 +121,11 @@ async def stream_chat(session: aiohttp.ClientSession, target: Target,
         tokens, prompt = int(usage["completion_tokens"]), usage.get("prompt_tokens")
     else:
         tokens, prompt = content_chunks, None
-    return StreamResult(ttft_s=ttft, duration_s=duration, completion_tokens=tokens,
-                        prompt_tokens=prompt, text="".join(text_parts),
-                        counted_from_usage=usage is not None)
+    return StreamResult(
+        ttft_s=ttft,
+        duration_s=duration,
+        completion_tokens=tokens,
+        prompt_tokens=prompt,
+        text="".join(text_parts),
+        counted_from_usage=usage is not None,
+    )

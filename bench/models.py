@@ -28,12 +28,24 @@ _QWEN3_COMMON = {
     "torch_dtype": "bfloat16",
 }
 SHAPES: dict[str, dict] = {
-    "qwen3-0.6b": {**_QWEN3_COMMON, "hidden_size": 1024, "num_hidden_layers": 28,
-                   "intermediate_size": 3072, "num_attention_heads": 16,
-                   "num_key_value_heads": 8, "tie_word_embeddings": True},
-    "qwen3-8b": {**_QWEN3_COMMON, "hidden_size": 4096, "num_hidden_layers": 36,
-                 "intermediate_size": 12288, "num_attention_heads": 32,
-                 "num_key_value_heads": 8, "tie_word_embeddings": False},
+    "qwen3-0.6b": {
+        **_QWEN3_COMMON,
+        "hidden_size": 1024,
+        "num_hidden_layers": 28,
+        "intermediate_size": 3072,
+        "num_attention_heads": 16,
+        "num_key_value_heads": 8,
+        "tie_word_embeddings": True,
+    },
+    "qwen3-8b": {
+        **_QWEN3_COMMON,
+        "hidden_size": 4096,
+        "num_hidden_layers": 36,
+        "intermediate_size": 12288,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 8,
+        "tie_word_embeddings": False,
+    },
 }
 SHAPE_NAMES = ("tiny", *SHAPES)
 _SHARD_BYTES = 2 * 1024**3
@@ -65,8 +77,9 @@ def build_model(shape: str, dest: Path, seed: int = 0) -> Path:
         _pad_vocab(dest / "tokenizer.json", tokenizer_json, config["vocab_size"])
         eos_id, eot_id = (_token_id(tokenizer_json, t) for t in ("<|im_end|>", "<|endoftext|>"))
         config.update(bos_token_id=eot_id, eos_token_id=eos_id)
-        (dest / "generation_config.json").write_text(json.dumps(
-            {"bos_token_id": eot_id, "eos_token_id": [eos_id, eot_id]}, indent=2) + "\n")
+        (dest / "generation_config.json").write_text(
+            json.dumps({"bos_token_id": eot_id, "eos_token_id": [eos_id, eot_id]}, indent=2) + "\n"
+        )
         (dest / "model.safetensors").unlink()
         (dest / "config.json").write_text(json.dumps(config, indent=2) + "\n")
         _write_random_weights(dest, config, seed)

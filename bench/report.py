@@ -9,8 +9,11 @@ from pathlib import Path
 
 from .workloads import Figure
 
-BASE_LABELS = {"mlx_lm": "mlx_lm.server", "worker": "worker socket",
-               "bare_load": "fresh mlx_lm.load"}
+BASE_LABELS = {
+    "mlx_lm": "mlx_lm.server",
+    "worker": "worker socket",
+    "bare_load": "fresh mlx_lm.load",
+}
 
 
 def summarize(fig: Figure) -> dict:
@@ -23,14 +26,28 @@ def summarize(fig: Figure) -> dict:
         met = ratio >= fig.goal if fig.higher_is_better else ratio <= fig.goal
     # Half the min-max range over the median, worst of the two targets: how far apart runs
     # were, to read a ratio against (a 5% gap means little when runs differ by 30%).
-    spread = max((((max(v) - min(v)) / 2 / medians[t]) for t, v in fig.samples.items()
-                  if t in (fig.subject, fig.base) and v and medians[t]), default=None)
+    spread = max(
+        (
+            ((max(v) - min(v)) / 2 / medians[t])
+            for t, v in fig.samples.items()
+            if t in (fig.subject, fig.base) and v and medians[t]
+        ),
+        default=None,
+    )
     return {
         "spread": spread,
-        "workload": fig.workload, "metric": fig.metric, "unit": fig.unit,
-        "higher_is_better": fig.higher_is_better, "subject": fig.subject, "base": fig.base,
-        "samples": fig.samples, "median": medians, "ratio": ratio, "goal": fig.goal,
-        "goal_met": met, "note": fig.note.strip(),
+        "workload": fig.workload,
+        "metric": fig.metric,
+        "unit": fig.unit,
+        "higher_is_better": fig.higher_is_better,
+        "subject": fig.subject,
+        "base": fig.base,
+        "samples": fig.samples,
+        "median": medians,
+        "ratio": ratio,
+        "goal": fig.goal,
+        "goal_met": met,
+        "note": fig.note.strip(),
     }
 
 
@@ -71,9 +88,13 @@ def markdown(rows: list[dict], meta: dict) -> str:
         out.append(
             f"| {r['workload']} | {r['metric']} | {_value(med.get(r['subject']), r['unit'])} | "
             f"{BASE_LABELS.get(r['base'], r['base'])} | {_value(med.get(r['base']), r['unit'])} "
-            f"| {ratio} | {_goal(r)} | {spread} |")
-    notes = [f"- {r['workload']} / {r['metric']} vs {BASE_LABELS.get(r['base'], r['base'])}: "
-             f"{r['note']}" for r in rows if r["note"]]
+            f"| {ratio} | {_goal(r)} | {spread} |"
+        )
+    notes = [
+        f"- {r['workload']} / {r['metric']} vs {BASE_LABELS.get(r['base'], r['base'])}: {r['note']}"
+        for r in rows
+        if r["note"]
+    ]
     notes += [f"- {n}" for n in meta.get("notes", [])]
     if notes:
         out += ["", "Notes:", *notes]
@@ -86,6 +107,7 @@ def write(out_dir: Path, figures: list[Figure], meta: dict) -> tuple[str, list[d
     md = markdown(rows, meta)
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "results.json").write_text(
-        json.dumps({"meta": meta, "figures": rows}, indent=2, ensure_ascii=False) + "\n")
+        json.dumps({"meta": meta, "figures": rows}, indent=2, ensure_ascii=False) + "\n"
+    )
     (out_dir / "results.md").write_text(md)
     return md, rows

@@ -84,8 +84,15 @@ def _spawn(name: str, cmd: list[str], log_dir: Path, env: dict[str, str] | None 
     log = open(log_path, "ab")
     # Model folders are local by contract: never let a server reach for the hub.
     full_env = {**os.environ, "PYTHONUNBUFFERED": "1", "HF_HUB_OFFLINE": "1", **(env or {})}
-    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                            cwd=ROOT, env=full_env, preexec_fn=_die_with_parent)
+    proc = subprocess.Popen(
+        cmd,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        stdin=subprocess.DEVNULL,
+        cwd=ROOT,
+        env=full_env,
+        preexec_fn=_die_with_parent,
+    )
     log.close()  # the child holds its own descriptor
     return proc, log_path, time.monotonic()
 
@@ -97,8 +104,9 @@ async def wait_healthy(server: ServerProcess, timeout_s: float = 120.0) -> float
     async with server.target.session() as session:
         while time.monotonic() < deadline:
             if server.proc.poll() is not None:
-                raise StartError(f"{server.name} exited with {server.proc.returncode}:\n"
-                                 f"{server.log_tail()}")
+                raise StartError(
+                    f"{server.name} exited with {server.proc.returncode}:\n{server.log_tail()}"
+                )
             if sock is None or os.path.exists(sock):
                 try:
                     async with session.get("/health") as resp:
@@ -117,8 +125,18 @@ async def start_mlx_lm(model_dir: Path, log_dir: Path) -> ServerProcess:
     Requests leave out `model`, so it serves the `--model` folder ("default_model").
     """
     port = free_port()
-    cmd = [sys.executable, "-m", "mlx_lm", "server", "--model", str(model_dir),
-           "--host", LOOPBACK, "--port", str(port)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "mlx_lm",
+        "server",
+        "--model",
+        str(model_dir),
+        "--host",
+        LOOPBACK,
+        "--port",
+        str(port),
+    ]
     proc, log_path, t0 = _spawn("mlx_lm", cmd, log_dir)
     target = Target("mlx_lm", "mlx_lm.server", f"http://{LOOPBACK}:{port}")
     server = ServerProcess("mlx_lm", proc, log_path, target, t0)
@@ -126,20 +144,36 @@ async def start_mlx_lm(model_dir: Path, log_dir: Path) -> ServerProcess:
     return server
 
 
-async def start_worker(model_dir: Path, model_id: str, sock: Path, log_dir: Path,
-                       name: str = "worker", wait: bool = True) -> ServerProcess:
+async def start_worker(
+    model_dir: Path,
+    model_id: str,
+    sock: Path,
+    log_dir: Path,
+    name: str = "worker",
+    wait: bool = True,
+) -> ServerProcess:
     """One mlxd engine worker on a UNIX socket, as the supervisor would start it.
 
     Its HOME is a fresh folder next to the socket: defaults under `~` (the SSD prompt cache)
     must not persist between runs, or a later run would be served from an earlier one's cache.
     """
-    cmd = [sys.executable, "-m", "mlxd.worker", "--model-path", str(model_dir),
-           "--model-id", model_id, "--socket", str(sock)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "mlxd.worker",
+        "--model-path",
+        str(model_dir),
+        "--model-id",
+        model_id,
+        "--socket",
+        str(sock),
+    ]
     home = sock.parent / f"{name}-home"
     home.mkdir(parents=True, exist_ok=True)
     proc, log_path, t0 = _spawn(name, cmd, log_dir, {"HOME": str(home)})
-    target = Target(name, "mlxd worker (UNIX socket)", "http://worker", unix_socket=str(sock),
-                    model=model_id)
+    target = Target(
+        name, "mlxd worker (UNIX socket)", "http://worker", unix_socket=str(sock), model=model_id
+    )
     server = ServerProcess(name, proc, log_path, target, t0)
     if wait:
         await wait_healthy(server)
@@ -161,8 +195,7 @@ def supervisor_available() -> tuple[bool, str]:
     if cmd is None:
         return False, "no `mlxd` command installed"
     try:
-        r = subprocess.run([*cmd, "start", "--help"], capture_output=True, timeout=30,
-                           cwd=ROOT)
+        r = subprocess.run([*cmd, "start", "--help"], capture_output=True, timeout=30, cwd=ROOT)
     except (OSError, subprocess.TimeoutExpired) as exc:
         return False, f"`mlxd start --help` failed: {exc}"
     if r.returncode != 0:
@@ -171,9 +204,13 @@ def supervisor_available() -> tuple[bool, str]:
     return True, ""
 
 
-async def start_supervisor(home: Path, model_id: str, log_dir: Path,
-                           env: dict[str, str] | None = None,
-                           timeout_s: float = 60.0) -> ServerProcess:
+async def start_supervisor(
+    home: Path,
+    model_id: str,
+    log_dir: Path,
+    env: dict[str, str] | None = None,
+    timeout_s: float = 60.0,
+) -> ServerProcess:
     """`mlxd start` over TCP with `home/models/*` as its models. Raises StartError."""
     cmd = mlxd_command()
     if cmd is None:
@@ -182,8 +219,7 @@ async def start_supervisor(home: Path, model_id: str, log_dir: Path,
     cmd = [*cmd, "start", "--host", LOOPBACK, "--port", str(port), "--home", str(home)]
     # HOME too, so nothing the daemon defaults to under `~` outlives the run.
     proc, log_path, t0 = _spawn("supervisor", cmd, log_dir, {**(env or {}), "HOME": str(home)})
-    target = Target("mlxd", "mlxd (supervisor, TCP)", f"http://{LOOPBACK}:{port}",
-                    model=model_id)
+    target = Target("mlxd", "mlxd (supervisor, TCP)", f"http://{LOOPBACK}:{port}", model=model_id)
     server = ServerProcess("supervisor", proc, log_path, target, t0)
     await wait_healthy(server, timeout_s)
     return server
@@ -215,9 +251,15 @@ async def bare_load(model_dir: Path, prompt: str) -> dict[str, float]:
     """
     t0 = time.monotonic()
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-c", _BARE_LOAD, str(model_dir), prompt,
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
-        env={**os.environ, "HF_HUB_OFFLINE": "1"})
+        sys.executable,
+        "-c",
+        _BARE_LOAD,
+        str(model_dir),
+        prompt,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+        env={**os.environ, "HF_HUB_OFFLINE": "1"},
+    )
     line = await proc.stdout.readline()
     total = time.monotonic() - t0
     _, err = await proc.communicate()

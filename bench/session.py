@@ -39,8 +39,7 @@ SUPERVISOR_ENV = {"MLXD_MAX_LOADED_MODELS": "1", "MLXD_DISCOVER_HF_CACHE": "fals
 class Session:
     """Starts and stops the servers for one model; exposes the targets to the workloads."""
 
-    def __init__(self, model_a: Path, model_b: Path, work: Path, log_dir: Path,
-                 swap_runs: int):
+    def __init__(self, model_a: Path, model_b: Path, work: Path, log_dir: Path, swap_runs: int):
         self.model_a, self.model_b = model_a, model_b
         self.work, self.log_dir, self.swap_runs = work, log_dir, swap_runs
         self.servers: list[ServerProcess] = []
@@ -56,33 +55,40 @@ class Session:
     async def start(self) -> None:
         self.work.mkdir(parents=True, exist_ok=True)
         mlx_lm = await self._keep(start_mlx_lm(self.model_a, self.log_dir))
-        worker = await self._keep(start_worker(self.model_a, MODEL_A, self.work / "w.sock",
-                                               self.log_dir))
+        worker = await self._keep(
+            start_worker(self.model_a, MODEL_A, self.work / "w.sock", self.log_dir)
+        )
         self.mlx_lm, self.worker = mlx_lm.target, worker.target
         await self._warm(self.mlx_lm)
         await self._warm(self.worker)
         reason = await self._start_supervisor()
         if reason is None:
             self.mlxd_how = "supervisor over TCP (`mlxd start`)"
-            self.swap_how = ("mlxd: a request for a model not loaded yet; "
-                             "MLXD_MAX_LOADED_MODELS=1, so A is evicted first; includes the "
-                             "worker's start.")
+            self.swap_how = (
+                "mlxd: a request for a model not loaded yet; "
+                "MLXD_MAX_LOADED_MODELS=1, so A is evicted first; includes the "
+                "worker's start."
+            )
         else:
-            self.mlxd = dataclasses.replace(self.worker, name="mlxd",
-                                            label="mlxd worker (UNIX socket)")
+            self.mlxd = dataclasses.replace(
+                self.worker, name="mlxd", label="mlxd worker (UNIX socket)"
+            )
             self.worker = None
             self.mlxd_how = f"worker UNIX socket directly: supervisor unavailable ({reason})"
             self.notes.append(f"mlxd = the worker socket; the supervisor did not start: {reason}")
-            self.swap_how = ("mlxd: spawn a fresh worker for B, wait for /health, first token "
-                             "(no supervisor; A stays loaded).")
+            self.swap_how = (
+                "mlxd: spawn a fresh worker for B, wait for /health, first token "
+                "(no supervisor; A stays loaded)."
+            )
         self.server_settings = {
             "mlx_lm.server": "its defaults; requests leave out `model`",
             "mlxd worker": "its defaults (`python -m mlxd.worker`)",
             "supervisor_env": SUPERVISOR_ENV if reason is None else None,
         }
         env = " ".join(f"{k}={v}" for k, v in SUPERVISOR_ENV.items())
-        self.servers_text = ("mlx_lm.server and the mlxd worker on their defaults" +
-                             (f"; supervisor with {env}" if reason is None else ""))
+        self.servers_text = "mlx_lm.server and the mlxd worker on their defaults" + (
+            f"; supervisor with {env}" if reason is None else ""
+        )
 
     async def _keep(self, starting) -> ServerProcess:
         server = await starting
@@ -130,8 +136,9 @@ class Session:
                 res = await stream_chat(s, self.mlxd, messages, 1, model=MODEL_B.format(run))
             return res.ttft_s
         t0 = time.monotonic()
-        server = await start_worker(self.model_b, "bench-b", self.work / f"b{run}.sock",
-                                    self.log_dir, name=f"worker-b{run}")
+        server = await start_worker(
+            self.model_b, "bench-b", self.work / f"b{run}.sock", self.log_dir, name=f"worker-b{run}"
+        )
         try:
             async with server.target.session() as s:
                 sent = time.monotonic()
@@ -159,8 +166,10 @@ def environment(gpu: bool) -> dict:
         mem = f", {psutil.virtual_memory().total / 2**30:.0f} GiB RAM"
     except ImportError:
         pass
-    machine = (f"{platform.system()} {platform.machine()}, {os.cpu_count()} CPU cores{mem}, "
-               f"MLX device: {'gpu' if gpu else 'cpu'}")
+    machine = (
+        f"{platform.system()} {platform.machine()}, {os.cpu_count()} CPU cores{mem}, "
+        f"MLX device: {'gpu' if gpu else 'cpu'}"
+    )
     versions = []
     for pkg in ("mlx", "mlx-lm", "mlxd"):
         try:
@@ -168,14 +177,23 @@ def environment(gpu: bool) -> dict:
         except md.PackageNotFoundError:
             pass
     try:
-        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT,
-                                capture_output=True, text=True, timeout=10).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"],
-                               cwd=ROOT, capture_output=True, text=True, timeout=10).stdout
+        commit = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=10,
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=10,
+        ).stdout
         if commit:
             versions.append(f"commit {commit}{' + local changes' if dirty.strip() else ''}")
     except OSError:
         pass
     versions.append(f"Python {platform.python_version()}")
     return {"machine": machine, "versions": ", ".join(versions)}
-

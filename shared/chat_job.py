@@ -13,10 +13,10 @@ from typing import Any, Literal
 
 import orjson
 
-from .errors import BadRequest
-from .guided import GuidedSpec
-from .params import GenerationParams
-from .wire_tools import ToolOrigin
+from mlxd.shared.errors import BadRequest
+from mlxd.shared.params import GenerationParams
+from mlxd.shared.structured_output import GuidedSpec
+from mlxd.shared.wire.tools import ToolOrigin
 
 ToolMode = Literal["auto", "none", "required", "function"]
 Surface = Literal["openai", "anthropic"]
@@ -55,8 +55,9 @@ def function_tool(name: str, description: str | None, parameters: dict | None) -
     return {"type": "function", "function": fn}
 
 
-def tool_mode(choice: str | dict | None, tools: list[dict] | None,
-              param: str = "tool_choice") -> tuple[ToolMode, str | None]:
+def tool_mode(
+    choice: str | dict | None, tools: list[dict] | None, param: str = "tool_choice"
+) -> tuple[ToolMode, str | None]:
     """OpenAI `tool_choice` as (mode, forced tool name)."""
     if choice is None:
         return "auto", None
@@ -64,8 +65,11 @@ def tool_mode(choice: str | dict | None, tools: list[dict] | None,
         if choice not in ("auto", "none", "required"):
             raise BadRequest(f"Invalid '{param}': {choice!r}", param=param)
         return choice, None  # type: ignore[return-value]
-    name = ((choice.get("function") or {}).get("name") or (choice.get("custom") or {}).get("name")
-            or choice.get("name"))
+    name = (
+        (choice.get("function") or {}).get("name")
+        or (choice.get("custom") or {}).get("name")
+        or choice.get("name")
+    )
     if not isinstance(name, str):
         raise BadRequest(f"Invalid '{param}': name the function to call", param=param)
     if name not in {t["function"]["name"] for t in tools or []}:
@@ -85,8 +89,9 @@ def text_of(content: Any, param: str, sep: str = "") -> str:
         if kind in ("text", "input_text", "output_text"):
             parts.append(str(part.get("text", "")))
         else:
-            raise BadRequest(f"Invalid '{param}': only text content is supported (got {kind!r})",
-                             param=param)
+            raise BadRequest(
+                f"Invalid '{param}': only text content is supported (got {kind!r})", param=param
+            )
     return sep.join(parts)
 
 
@@ -104,8 +109,11 @@ def arguments_object(arguments: Any) -> Any:
 
 def tool_call_message(call_id: str, name: str, arguments: Any) -> dict:
     """An assistant tool call in the shape templates iterate over."""
-    return {"id": call_id, "type": "function",
-            "function": {"name": name, "arguments": arguments_object(arguments)}}
+    return {
+        "id": call_id,
+        "type": "function",
+        "function": {"name": name, "arguments": arguments_object(arguments)},
+    }
 
 
 def late_system_indexes(messages: list[dict]) -> list[int]:
@@ -152,8 +160,7 @@ def fold_system_messages(messages: list[dict]) -> list[dict]:
         users = [i for i, o in enumerate(out) if o["role"] == "user"]
         if users:
             last = out[users[-1]]
-            out[users[-1]] = {**last, "content": "\n\n".join([last.get("content") or "",
-                                                               *pending])}
+            out[users[-1]] = {**last, "content": "\n\n".join([last.get("content") or "", *pending])}
         else:
             out.append({"role": "user", "content": "\n\n".join(pending)})
     return out

@@ -20,10 +20,16 @@ from pydantic_settings import (
 
 MiB = 1024 * 1024
 # Settings the supervisor hands to every worker as `--grammar-…` flags of the same name.
-GRAMMAR_SETTINGS = ("grammar_max_repeat", "grammar_max_bytes", "grammar_max_positions",
-                    "grammar_compile_timeout_s", "grammar_compile_memory_bytes",
-                    "grammar_compile_concurrency", "grammar_queue_timeout_s",
-                    "grammar_cache_bytes")
+GRAMMAR_SETTINGS = (
+    "grammar_max_repeat",
+    "grammar_max_bytes",
+    "grammar_max_positions",
+    "grammar_compile_timeout_s",
+    "grammar_compile_memory_bytes",
+    "grammar_compile_concurrency",
+    "grammar_queue_timeout_s",
+    "grammar_cache_bytes",
+)
 # Settings the supervisor hands to every worker as flags of the same name, for streaming.
 STREAM_SETTINGS = ("stream_heartbeat_s", "debug_prefill_delay_s")
 
@@ -47,8 +53,7 @@ class ModelSettings(BaseModel):
 class Settings(BaseSettings):
     """Every daemon setting; see docs/configuration.md."""
 
-    model_config = SettingsConfigDict(env_prefix="MLXD_", extra="ignore",
-                                      env_nested_delimiter="__")
+    model_config = SettingsConfigDict(env_prefix="MLXD_", extra="ignore", env_nested_delimiter="__")
 
     host: str = "127.0.0.1"
     port: int = Field(8080, ge=0, le=65535)

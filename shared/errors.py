@@ -18,8 +18,14 @@ class MlxdError(Exception):
     type = "server_error"
     anthropic_type = "api_error"
 
-    def __init__(self, message: str, *, param: str | None = None, code: str | None = None,
-                 retry_after_s: float | None = None):
+    def __init__(
+        self,
+        message: str,
+        *,
+        param: str | None = None,
+        code: str | None = None,
+        retry_after_s: float | None = None,
+    ):
         super().__init__(message)
         self.message = message
         self.param = param
@@ -48,7 +54,9 @@ class NotFound(MlxdError):
 
 class ModelNotFound(NotFound):
     def __init__(self, model: str):
-        super().__init__(f"The model '{model}' does not exist", param="model", code="model_not_found")
+        super().__init__(
+            f"The model '{model}' does not exist", param="model", code="model_not_found"
+        )
 
 
 class MethodNotAllowed(MlxdError):

@@ -11,7 +11,10 @@ NO_RESTART = frozenset({EXIT_USAGE, EXIT_MODEL_LOAD_ERROR})
 
 # What each code means, in words a client may see (the worker's own log lines stay on /admin).
 MEANING = {
-    EXIT_OK: "it exited", EXIT_CRASH: "it crashed", EXIT_USAGE: "it was started wrongly",
+    EXIT_OK: "it exited",
+    EXIT_CRASH: "it crashed",
+    EXIT_USAGE: "it was started wrongly",
     EXIT_MODEL_LOAD_ERROR: "the model could not be loaded",
-    EXIT_SOCKET_ERROR: "its socket could not be bound", EXIT_PARENT_GONE: "its parent went away",
+    EXIT_SOCKET_ERROR: "its socket could not be bound",
+    EXIT_PARENT_GONE: "its parent went away",
 }

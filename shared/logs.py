@@ -18,7 +18,8 @@ FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 CONTEXT_FIELDS = ("request_id", "model")
 
 _context: contextvars.ContextVar[dict[str, str] | None] = contextvars.ContextVar(
-    "mlxd_log_context", default=None)
+    "mlxd_log_context", default=None
+)
 
 
 def bind_log_context(**fields: str | None) -> contextvars.Token:
@@ -46,8 +47,11 @@ class TextFormatter(logging.Formatter):
 
     def format(self, record: logging.LogRecord) -> str:
         line = super().format(record)
-        extra = [f"{k}={v}" for k in CONTEXT_FIELDS
-                 if (v := getattr(record, k, None)) and f"{k}={v}" not in line]
+        extra = [
+            f"{k}={v}"
+            for k in CONTEXT_FIELDS
+            if (v := getattr(record, k, None)) and f"{k}={v}" not in line
+        ]
         return f"{line} {' '.join(extra)}" if extra else line
 
 
@@ -57,7 +61,8 @@ class JsonFormatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
         out = {
             "ts": datetime.fromtimestamp(record.created, timezone.utc).isoformat(
-                timespec="milliseconds"),
+                timespec="milliseconds"
+            ),
             "level": record.levelname,
             "logger": record.name,
             "msg": record.getMessage(),

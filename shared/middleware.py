@@ -8,7 +8,7 @@ import uuid
 
 from aiohttp import web
 
-from .errors import (
+from mlxd.shared.errors import (
     BadRequest,
     MethodNotAllowed,
     MlxdError,
@@ -37,8 +37,10 @@ def _from_http(exc: web.HTTPException | web.RequestPayloadError) -> MlxdError:
     if isinstance(exc, web.RequestPayloadError):
         # The body could not be read: an undecodable Content-Encoding, a broken chunked
         # encoding, a short body. aiohttp's text may name library internals: say it plainly.
-        return BadRequest("The request body could not be read: check its Content-Encoding "
-                          "(gzip and deflate are accepted) and its length")
+        return BadRequest(
+            "The request body could not be read: check its Content-Encoding "
+            "(gzip and deflate are accepted) and its length"
+        )
     if isinstance(exc, web.HTTPRequestEntityTooLarge):
         return PayloadTooLarge("Request body is too large")
     if isinstance(exc, web.HTTPNotFound):
@@ -51,8 +53,9 @@ def _from_http(exc: web.HTTPException | web.RequestPayloadError) -> MlxdError:
 
 
 def error_response(err: MlxdError, request: web.Request) -> web.Response:
-    resp = web.Response(status=err.status, body=error_bytes(err, request.path),
-                        content_type="application/json")
+    resp = web.Response(
+        status=err.status, body=error_bytes(err, request.path), content_type="application/json"
+    )
     if request.can_read_body:
         # Refused before its body was read: the connection cannot carry another request
         # (the rest of the body is still on it), so tell the client to open a new one.
@@ -70,8 +73,14 @@ async def error_middleware(request: web.Request, handler):
     try:
         return await handler(request)
     except MlxdError as err:
-        log.info("request failed: %s %s -> %d %s", request.method, request.path, err.status,
-                 err.message, extra={"request_id": request.get("request_id")})
+        log.info(
+            "request failed: %s %s -> %d %s",
+            request.method,
+            request.path,
+            err.status,
+            err.message,
+            extra={"request_id": request.get("request_id")},
+        )
         return error_response(err, request)
     except web.HTTPException as exc:
         if exc.status < 400:

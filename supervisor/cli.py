@@ -14,20 +14,25 @@ from mlxd.shared.logs import setup_logging
 
 
 def _start(args: argparse.Namespace) -> int:
-    flags = {"host": args.host, "port": args.port, "home": args.home,
-             "log_level": args.log_level, "insecure": args.insecure or None}
+    flags = {
+        "host": args.host,
+        "port": args.port,
+        "home": args.home,
+        "log_level": args.log_level,
+        "insecure": args.insecure or None,
+    }
     try:
         settings = load_settings(flags, args.config)
     except Exception as exc:  # a bad config file or environment value: say which, then stop
         print(f"mlxd: invalid settings: {exc}", file=sys.stderr)
         return 2
-    from .auth import bind_refusal
+    from mlxd.supervisor.http.auth import bind_refusal
 
     if (refusal := bind_refusal(settings)) is not None:
         print(f"mlxd: {refusal}", file=sys.stderr)
         return 2
-    from .daemon import prepare_home, serve
-    from .pidlock import HomeLocked
+    from mlxd.supervisor.daemon import prepare_home, serve
+    from mlxd.supervisor.pidlock import HomeLocked
 
     try:  # before logging opens its file, so the log is created private and by one daemon
         lock = prepare_home(settings)
@@ -41,14 +46,15 @@ def _start(args: argparse.Namespace) -> int:
 
     try:
         import uvloop
+
         return uvloop.run(serve(settings, lock))
     except ImportError:  # pragma: no cover
         return asyncio.run(serve(settings, lock))
 
 
 def _service(args: argparse.Namespace) -> int:
-    from . import service
-    from .service_files import ServiceSpec
+    from mlxd.supervisor.ctl import service
+    from mlxd.supervisor.ctl.service_files import ServiceSpec
 
     try:
         kind = service.platform_kind(args.platform or sys.platform)
@@ -56,10 +62,16 @@ def _service(args: argparse.Namespace) -> int:
         print(f"mlxd service: {exc}", file=sys.stderr)
         return 2
     home = Path(args.home or os.environ.get("MLXD_HOME") or "~/.mlxd").expanduser().resolve()
-    path_env = os.pathsep.join(dict.fromkeys(
-        [str(Path(sys.executable).parent), *os.environ.get("PATH", "/usr/bin:/bin").split(":")]))
-    spec = ServiceSpec(program=service.program(sys.executable, shutil.which("mlxd")),
-                       home=str(home), path_env=path_env)
+    path_env = os.pathsep.join(
+        dict.fromkeys(
+            [str(Path(sys.executable).parent), *os.environ.get("PATH", "/usr/bin:/bin").split(":")]
+        )
+    )
+    spec = ServiceSpec(
+        program=service.program(sys.executable, shutil.which("mlxd")),
+        home=str(home),
+        path_env=path_env,
+    )
     p = service.plan(args.action, kind, spec, Path.home(), os.getuid())
     if args.action == "install" and not args.dry_run:
         (home / "logs").mkdir(parents=True, exist_ok=True)  # the service's log and write paths
@@ -75,8 +87,9 @@ def main(argv: list[str] | None = None) -> int:
     start.add_argument("--home", help="state folder (default ~/.mlxd, or $MLXD_HOME)")
     start.add_argument("--config", type=Path, help="TOML file (default $MLXD_HOME/config.toml)")
     start.add_argument("--log-level", help="DEBUG, INFO, WARNING or ERROR")
-    start.add_argument("--insecure", action="store_true",
-                       help="allow a non-loopback --host without an API key")
+    start.add_argument(
+        "--insecure", action="store_true", help="allow a non-loopback --host without an API key"
+    )
     start.set_defaults(func=_start)
     svc = sub.add_parser("service", help="run mlxd at login (launchd on macOS, systemd on Linux)")
     svc.add_argument("action", choices=["install", "uninstall", "status"])

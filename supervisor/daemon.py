@@ -11,27 +11,26 @@ from aiohttp import web
 
 from mlxd.shared.config import Settings
 from mlxd.shared.middleware import error_middleware, request_id_middleware
-
-from . import routes
-from .admin import add_admin_routes
-from .auth import auth_middleware, insecure_warning
-from .builtin import setup_builtin
-from .cors import add_cors, cors_middleware
-from .guard import guard_middleware
-from .homedir import make_private_dir, prepare_home_dirs, set_private_umask
-from .limits import (
+from mlxd.supervisor.admin.metrics import add_metrics, observe_middleware
+from mlxd.supervisor.admin.routes import add_admin_routes
+from mlxd.supervisor.catalog.builtin import setup_builtin
+from mlxd.supervisor.homedir import make_private_dir, prepare_home_dirs, set_private_umask
+from mlxd.supervisor.http import routes
+from mlxd.supervisor.http.auth import auth_middleware, insecure_warning
+from mlxd.supervisor.http.cors import add_cors, cors_middleware
+from mlxd.supervisor.http.guard import guard_middleware
+from mlxd.supervisor.http.limits import (
     ConnectionLimiter,
     GuardedTCPSite,
     add_body_timeout,
     connection_cap,
     raise_nofile_limit,
 )
-from .metrics import add_metrics, observe_middleware
-from .monitor import run_monitor
-from .pidlock import PidLock
-from .registry import Registry
-from .responses import add_response_routes
-from .upstream import UpstreamPool
+from mlxd.supervisor.http.responses import add_response_routes
+from mlxd.supervisor.http.upstream import UpstreamPool
+from mlxd.supervisor.lifecycle.monitor import run_monitor
+from mlxd.supervisor.lifecycle.registry import Registry
+from mlxd.supervisor.pidlock import PidLock
 
 log = logging.getLogger("mlxd.daemon")
 
@@ -40,10 +39,17 @@ def build_app(settings: Settings, registry: Registry) -> web.Application:
     # Outermost first: ids and metrics see every answer; every refusal below gets the error
     # envelope; the guard (path, Host, Origin, Content-Type) refuses before CORS answers a
     # preflight; CORS preflights skip auth.
-    app = web.Application(middlewares=[request_id_middleware, observe_middleware,
-                                       error_middleware, guard_middleware, cors_middleware,
-                                       auth_middleware],
-                          client_max_size=settings.max_body_bytes)
+    app = web.Application(
+        middlewares=[
+            request_id_middleware,
+            observe_middleware,
+            error_middleware,
+            guard_middleware,
+            cors_middleware,
+            auth_middleware,
+        ],
+        client_max_size=settings.max_body_bytes,
+    )
     if (warning := insecure_warning(settings)) is not None:
         log.warning(warning)
     app["settings"] = settings
@@ -82,30 +88,46 @@ async def serve(settings: Settings, lock: PidLock | None = None) -> int:
     lock = lock or prepare_home(settings)
     before, nofile = raise_nofile_limit()
     max_total = connection_cap(settings.max_connections, nofile)
-    log.info("descriptor limit %d (was %d); connections at most %d, %d per client", nofile,
-             before, max_total, settings.max_connections_per_client)
+    log.info(
+        "descriptor limit %d (was %d); connections at most %d, %d per client",
+        nofile,
+        before,
+        max_total,
+        settings.max_connections_per_client,
+    )
     if max_total < settings.max_connections:
-        log.warning("max_connections lowered from %d to %d to stay under the descriptor limit",
-                    settings.max_connections, max_total)
-    registry = Registry(settings, UpstreamPool(),
-                        total_memory_bytes=psutil.virtual_memory().total)
+        log.warning(
+            "max_connections lowered from %d to %d to stay under the descriptor limit",
+            settings.max_connections,
+            max_total,
+        )
+    registry = Registry(settings, UpstreamPool(), total_memory_bytes=psutil.virtual_memory().total)
     app = build_app(settings, registry)
     add_body_timeout(app, settings.body_timeout_s)
     # aiohttp's keep-alive timer starts when a connection opens and again after each response,
     # and closes the connection if no complete request head arrived by then: the header timeout.
-    runner = web.AppRunner(app, handler_cancellation=True, access_log=None,
-                           shutdown_timeout=settings.shutdown_grace_s,
-                           keepalive_timeout=settings.header_timeout_s,
-                           # A request refused before its body was read closes its connection
-                           # (shared/middleware.py): no point reading the rest of a body
-                           # nobody will use, nor decoding a broken one into the log.
-                           lingering_time=0)
+    runner = web.AppRunner(
+        app,
+        handler_cancellation=True,
+        access_log=None,
+        shutdown_timeout=settings.shutdown_grace_s,
+        keepalive_timeout=settings.header_timeout_s,
+        # A request refused before its body was read closes its connection
+        # (shared/middleware.py): no point reading the rest of a body
+        # nobody will use, nor decoding a broken one into the log.
+        lingering_time=0,
+    )
     await runner.setup()
     limiter = ConnectionLimiter(max_total, settings.max_connections_per_client)
     site = GuardedTCPSite(runner, settings.host, settings.port, limiter)
     await site.start()
-    log.info("mlxd listening on http://%s:%d home=%s budget=%d bytes", settings.host,
-             settings.port, settings.home_dir, registry.budget_bytes)
+    log.info(
+        "mlxd listening on http://%s:%d home=%s budget=%d bytes",
+        settings.host,
+        settings.port,
+        settings.home_dir,
+        registry.budget_bytes,
+    )
 
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -115,9 +137,12 @@ async def serve(settings: Settings, lock: PidLock | None = None) -> int:
     setup_builtin(registry)
     preload(settings, registry)
     if registry.default_model():
-        log.info("try: curl http://%s:%d/v1/chat/completions -H 'content-type: application/json'"
-                 " -d '{\"messages\": [{\"role\": \"user\", \"content\": \"Hello!\"}]}'",
-                 settings.host, settings.port)
+        log.info(
+            "try: curl http://%s:%d/v1/chat/completions -H 'content-type: application/json'"
+            ' -d \'{"messages": [{"role": "user", "content": "Hello!"}]}\'',
+            settings.host,
+            settings.port,
+        )
 
     await stop.wait()
     log.info("shutting down: stop accepting, finish in-flight requests, drain workers")

@@ -67,8 +67,7 @@ def tighten_tree(root: Path, max_entries: int = MAX_TIGHTEN_ENTRIES) -> int:
         for entry in entries:
             seen += 1
             if seen > max_entries:
-                log.warning("stopped tightening modes under %s after %d entries", root,
-                            max_entries)
+                log.warning("stopped tightening modes under %s after %d entries", root, max_entries)
                 return changed
             try:
                 st = entry.stat(follow_symlinks=False)

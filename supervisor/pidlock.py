@@ -22,8 +22,10 @@ class HomeLocked(Exception):
         self.home = home
         self.pid = pid
         who = f"pid {pid}" if pid else "another process"
-        super().__init__(f"another mlxd ({who}) is already running with home {home}; "
-                         "stop it first or start with a different --home")
+        super().__init__(
+            f"another mlxd ({who}) is already running with home {home}; "
+            "stop it first or start with a different --home"
+        )
 
 
 class PidLock:

@@ -23,8 +23,11 @@ class AgentsUnavailable(RuntimeError):
 def _installed(root: Path) -> dict[str, Path] | None:
     bins = {"claude": root / "node_modules/.bin/claude", "codex": root / "node_modules/.bin/codex"}
     stamp = root / "versions.txt"
-    if all(p.exists() for p in bins.values()) and stamp.is_file() \
-            and stamp.read_text() == f"{CLAUDE_CODE}\n{CODEX}\n":
+    if (
+        all(p.exists() for p in bins.values())
+        and stamp.is_file()
+        and stamp.read_text() == f"{CLAUDE_CODE}\n{CODEX}\n"
+    ):
         return bins
     return None
 
@@ -39,15 +42,29 @@ def install_agents(root: Path = CACHE, timeout_s: float = 600.0) -> dict[str, Pa
         raise AgentsUnavailable("npm is not installed")
     root.mkdir(parents=True, exist_ok=True)
     try:
-        probe = subprocess.run([npm, "view", CODEX, "version"], capture_output=True, text=True,
-                               timeout=60)
+        probe = subprocess.run(
+            [npm, "view", CODEX, "version"], capture_output=True, text=True, timeout=60
+        )
     except subprocess.TimeoutExpired:
         raise AgentsUnavailable("the npm registry did not answer within 60 s") from None
     if probe.returncode != 0:
         raise AgentsUnavailable(f"the npm registry is unreachable: {probe.stderr.strip()[-300:]}")
-    done = subprocess.run([npm, "install", "--prefix", str(root), "--no-audit", "--no-fund",
-                           "--loglevel=error", CLAUDE_CODE, CODEX],
-                          capture_output=True, text=True, timeout=timeout_s)
+    done = subprocess.run(
+        [
+            npm,
+            "install",
+            "--prefix",
+            str(root),
+            "--no-audit",
+            "--no-fund",
+            "--loglevel=error",
+            CLAUDE_CODE,
+            CODEX,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
+    )
     if done.returncode != 0:
         raise RuntimeError(f"npm install failed:\n{done.stderr[-2000:]}")
     (root / "versions.txt").write_text(f"{CLAUDE_CODE}\n{CODEX}\n")

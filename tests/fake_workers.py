@@ -13,7 +13,7 @@ import json
 from pathlib import Path
 
 from mlxd.shared.config import load_settings
-from mlxd.shared.wire_admin import WorkerHealth
+from mlxd.shared.wire.admin import WorkerHealth
 
 _pids = itertools.count(40_000)
 
@@ -28,8 +28,14 @@ def make_models(home: Path, *names: str, weights_bytes: int = 1000) -> None:
 
 
 def settings_for(home: Path, **overrides):
-    base = {"home": str(home), "discover_hf_cache": False, "kv_allowance_bytes": 0,
-            "keep_alive_s": -1, "backoff_initial_s": 0.05, "stop_timeout_s": 1.0}
+    base = {
+        "home": str(home),
+        "discover_hf_cache": False,
+        "kv_allowance_bytes": 0,
+        "keep_alive_s": -1,
+        "backoff_initial_s": 0.05,
+        "stop_timeout_s": 1.0,
+    }
     return load_settings({**base, **overrides})
 
 
@@ -40,8 +46,7 @@ class FakeWorker:
         self.fleet = fleet
         self.model_id = model_id
         self.socket = Path(argv[argv.index("--socket") + 1])
-        self.generation = int(argv[argv.index("--generation") + 1]) \
-            if "--generation" in argv else 0
+        self.generation = int(argv[argv.index("--generation") + 1]) if "--generation" in argv else 0
         self.pid: int | None = None
         self.returncode: int | None = None
         self.status = "ok"  # what /health says once loaded: ok, draining, failed
@@ -108,17 +113,20 @@ class Fleet:
         if w is None or w.returncode is not None:
             raise ConnectionRefusedError(socket)
         if not w.loaded():
-            return 503, WorkerHealth(status="loading", pid=w.pid, generation=w.generation,
-                                     model=w.model_id)
+            return 503, WorkerHealth(
+                status="loading", pid=w.pid, generation=w.generation, model=w.model_id
+            )
         return (200 if w.status == "ok" else 503), WorkerHealth(
-            status=w.status, pid=w.pid, generation=w.generation, model=w.model_id)
+            status=w.status, pid=w.pid, generation=w.generation, model=w.model_id
+        )
 
     async def get_json(self, socket: Path, path: str, timeout_s: float) -> tuple[int, dict]:
         status, health = await self.health(socket, timeout_s)
         return status, health.model_dump()
 
-    async def post_json(self, socket: Path, path: str, timeout_s: float,
-                        body: dict | None = None) -> tuple[int, dict]:
+    async def post_json(
+        self, socket: Path, path: str, timeout_s: float, body: dict | None = None
+    ) -> tuple[int, dict]:
         await asyncio.sleep(0)
         return 200, {"status": "drained"}
 

@@ -17,44 +17,142 @@ from dataclasses import dataclass, field
 import orjson
 
 NASTY = [
-    None, True, False, 0, -1, 1, 2**31, 2**53 + 1, 2**63 - 1, 2**63, -(2**63), 10**9, 10**30,
-    -(10**30), 1e308, -1e308, 1e-308, 0.5, -0.5, 3.7, "", " ", "a", "\x00", "\u202e", "💥" * 50,
-    "<|im_start|>system", "{{ raise_exception('x') }}", "../../etc/passwd", "%2e%2e/admin",
-    "x" * 5000, [], [None], [[[]]], {}, {"": None}, {"type": "text"}, [{"role": "x"}],
-    {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "string",
-                                                                     "minLength": 10**9}}},
-    {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "string",
-                                                                     "pattern": ".{1,65535}"}}},
+    None,
+    True,
+    False,
+    0,
+    -1,
+    1,
+    2**31,
+    2**53 + 1,
+    2**63 - 1,
+    2**63,
+    -(2**63),
+    10**9,
+    10**30,
+    -(10**30),
+    1e308,
+    -1e308,
+    1e-308,
+    0.5,
+    -0.5,
+    3.7,
+    "",
+    " ",
+    "a",
+    "\x00",
+    "\u202e",
+    "💥" * 50,
+    "<|im_start|>system",
+    "{{ raise_exception('x') }}",
+    "../../etc/passwd",
+    "%2e%2e/admin",
+    "x" * 5000,
+    [],
+    [None],
+    [[[]]],
+    {},
+    {"": None},
+    {"type": "text"},
+    [{"role": "x"}],
+    {
+        "type": "json_schema",
+        "json_schema": {"name": "x", "schema": {"type": "string", "minLength": 10**9}},
+    },
+    {
+        "type": "json_schema",
+        "json_schema": {"name": "x", "schema": {"type": "string", "pattern": ".{1,65535}"}},
+    },
 ]
 
 MSG = [{"role": "user", "content": "Say hi."}]
 SEEDS: dict[str, dict] = {
-    "/v1/chat/completions": {"model": "a", "messages": MSG, "max_tokens": 3, "temperature": 0.7,
-                             "top_p": 0.9, "top_k": 5, "seed": 1, "stream": False,
-                             "logit_bias": {"5": 1.0}, "stop": ["zz"], "logprobs": True,
-                             "top_logprobs": 2, "n": 1, "presence_penalty": 0.1,
-                             "tools": [{"type": "function", "function": {
-                                 "name": "f", "parameters": {"type": "object"}}}]},
-    "/v1/completions": {"model": "a", "prompt": "Once", "max_tokens": 3, "temperature": 0.5,
-                        "seed": 2, "echo": False, "stop": "\n", "logprobs": 1},
-    "/v1/responses": {"model": "a", "input": "Say hi.", "max_output_tokens": 3,
-                      "instructions": "Be brief.", "store": False, "temperature": 0.3,
-                      "text": {"format": {"type": "text"}}},
-    "/v1/messages": {"model": "a", "max_tokens": 3, "messages": MSG, "system": "Be brief.",
-                     "temperature": 0.5, "top_k": 4, "stop_sequences": ["zz"],
-                     "thinking": {"type": "disabled"}},
+    "/v1/chat/completions": {
+        "model": "a",
+        "messages": MSG,
+        "max_tokens": 3,
+        "temperature": 0.7,
+        "top_p": 0.9,
+        "top_k": 5,
+        "seed": 1,
+        "stream": False,
+        "logit_bias": {"5": 1.0},
+        "stop": ["zz"],
+        "logprobs": True,
+        "top_logprobs": 2,
+        "n": 1,
+        "presence_penalty": 0.1,
+        "tools": [
+            {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
+        ],
+    },
+    "/v1/completions": {
+        "model": "a",
+        "prompt": "Once",
+        "max_tokens": 3,
+        "temperature": 0.5,
+        "seed": 2,
+        "echo": False,
+        "stop": "\n",
+        "logprobs": 1,
+    },
+    "/v1/responses": {
+        "model": "a",
+        "input": "Say hi.",
+        "max_output_tokens": 3,
+        "instructions": "Be brief.",
+        "store": False,
+        "temperature": 0.3,
+        "text": {"format": {"type": "text"}},
+    },
+    "/v1/messages": {
+        "model": "a",
+        "max_tokens": 3,
+        "messages": MSG,
+        "system": "Be brief.",
+        "temperature": 0.5,
+        "top_k": 4,
+        "stop_sequences": ["zz"],
+        "thinking": {"type": "disabled"},
+    },
     "/v1/messages/count_tokens": {"model": "a", "messages": MSG, "system": "x"},
     "/admin/cache/session/close": {"session_id": "fuzz"},
 }
-GET_PATHS = ["/health", "/v1/models", "/v1/models/a", "/v1/models/%00", "/admin/models",
-             "/admin/stats", "/metrics", "/v1/responses/resp_x", "/v1/responses/x/input_items",
-             "/admin/models/nope", "/admin/models/a/logs?lines=-5", "/admin/models/a/logs?lines=x"]
-ODD_PATHS = ["/v1/%2e%2e/admin/drain", "/v1/./chat/completions", "/v1/chat%2fcompletions",
-             "/v1/..%2fadmin/drain", "/v1/chat/completions/../../admin/drain", "/v1/",
-             "/v1/nope", "/v1/embeddings", "/admin/models/zz-none/unload", "/%2e%2e/etc",
-             "/v1/chat/completions%00", "/v1//messages"]
-CONTENT_TYPES = ["application/json"] * 6 + ["text/plain", "", "application/x-www-form-urlencoded",
-                                            "multipart/form-data; boundary=x", "application/json; charset=latin-1"]
+GET_PATHS = [
+    "/health",
+    "/v1/models",
+    "/v1/models/a",
+    "/v1/models/%00",
+    "/admin/models",
+    "/admin/stats",
+    "/metrics",
+    "/v1/responses/resp_x",
+    "/v1/responses/x/input_items",
+    "/admin/models/nope",
+    "/admin/models/a/logs?lines=-5",
+    "/admin/models/a/logs?lines=x",
+]
+ODD_PATHS = [
+    "/v1/%2e%2e/admin/drain",
+    "/v1/./chat/completions",
+    "/v1/chat%2fcompletions",
+    "/v1/..%2fadmin/drain",
+    "/v1/chat/completions/../../admin/drain",
+    "/v1/",
+    "/v1/nope",
+    "/v1/embeddings",
+    "/admin/models/zz-none/unload",
+    "/%2e%2e/etc",
+    "/v1/chat/completions%00",
+    "/v1//messages",
+]
+CONTENT_TYPES = ["application/json"] * 6 + [
+    "text/plain",
+    "",
+    "application/x-www-form-urlencoded",
+    "multipart/form-data; boundary=x",
+    "application/json; charset=latin-1",
+]
 
 
 @dataclass
@@ -77,8 +175,10 @@ def _nasty(rng: random.Random, depth: int = 0):
     if pick < 0.85:
         return [_nasty(rng, depth + 1) for _ in range(rng.randint(0, 4))]
     if pick < 0.95:
-        return {rng.choice(["type", "role", "content", "text", "name", "x"]): _nasty(rng, depth + 1)
-                for _ in range(rng.randint(0, 3))}
+        return {
+            rng.choice(["type", "role", "content", "text", "name", "x"]): _nasty(rng, depth + 1)
+            for _ in range(rng.randint(0, 3))
+        }
     deep: list = []
     for _ in range(rng.randint(50, 200)):  # nesting that a recursive walker must survive
         deep = [deep]
@@ -106,9 +206,24 @@ def _mutate(rng: random.Random, body: dict) -> dict:
     if roll < 0.2 and isinstance(parent, dict):
         del parent[last]
     elif roll < 0.3 and isinstance(parent, dict):
-        parent[rng.choice(["zz_unknown", "n", "stream", "suffix", "echo", "best_of",
-                           "response_format", "logprobs", "max_completion_tokens",
-                           "reasoning_effort", "tool_choice", "prompt_cache_key"])] = _nasty(rng)
+        parent[
+            rng.choice(
+                [
+                    "zz_unknown",
+                    "n",
+                    "stream",
+                    "suffix",
+                    "echo",
+                    "best_of",
+                    "response_format",
+                    "logprobs",
+                    "max_completion_tokens",
+                    "reasoning_effort",
+                    "tool_choice",
+                    "prompt_cache_key",
+                ]
+            )
+        ] = _nasty(rng)
     elif roll < 0.35 and isinstance(parent, list) and len(parent) < 40:
         parent.extend(copy.deepcopy(parent) * rng.randint(1, 3))
     else:
@@ -125,8 +240,18 @@ def _raw_junk(rng: random.Random) -> tuple[bytes, dict[str, str]]:
     if kind == 2:
         return bytes(rng.randrange(256) for _ in range(rng.randint(1, 200))), {}
     if kind == 3:
-        return rng.choice([b"[]", b"null", b"\"x\"", b"1e999999", b"{\"model\": NaN}",
-                           b"{\"a\":1,\"a\":2}", b"\xff\xfe{}", b"{\"model\":\"\xc3\"}"]), {}
+        return rng.choice(
+            [
+                b"[]",
+                b"null",
+                b'"x"',
+                b"1e999999",
+                b'{"model": NaN}',
+                b'{"a":1,"a":2}',
+                b"\xff\xfe{}",
+                b'{"model":"\xc3"}',
+            ]
+        ), {}
     if kind == 4:
         return b"\x1f\x8b\x08\x00garbage", {"content-encoding": "gzip"}
     if kind == 5:

@@ -26,27 +26,45 @@ def free_port() -> int:
 
 
 def uds_client(socket: Path, timeout_s: float = 60.0) -> httpx.Client:
-    return httpx.Client(transport=httpx.HTTPTransport(uds=str(socket)), base_url="http://worker",
-                        timeout=timeout_s)
+    return httpx.Client(
+        transport=httpx.HTTPTransport(uds=str(socket)), base_url="http://worker", timeout=timeout_s
+    )
 
 
 def uds_openai(socket: Path) -> openai.OpenAI:
     """The official SDK talking to a worker's UNIX socket."""
     http = httpx.Client(transport=httpx.HTTPTransport(uds=str(socket)), timeout=60.0)
-    return openai.OpenAI(base_url="http://worker/v1", api_key="unused", http_client=http,
-                         max_retries=0)
+    return openai.OpenAI(
+        base_url="http://worker/v1", api_key="unused", http_client=http, max_retries=0
+    )
 
 
-def start_worker(model_dir: Path, socket: Path, model_id: str = "tiny", *args: str,
-                 log: Path | None = None) -> subprocess.Popen:
-    cmd = [sys.executable, "-m", "mlxd.worker", "--model-path", str(model_dir),
-           "--model-id", model_id, "--socket", str(socket), *args]
+def start_worker(
+    model_dir: Path, socket: Path, model_id: str = "tiny", *args: str, log: Path | None = None
+) -> subprocess.Popen:
+    cmd = [
+        sys.executable,
+        "-m",
+        "mlxd.worker",
+        "--model-path",
+        str(model_dir),
+        "--model-id",
+        model_id,
+        "--socket",
+        str(socket),
+        *args,
+    ]
     if "--ssd-cache-dir" not in args and "--no-ssd-cache" not in args:
         # Never the user's home, and one folder per socket so test modules stay independent.
         cmd += ["--ssd-cache-dir", str(socket.parent / f"cache-{socket.stem}")]
     out = open(log, "wb") if log else subprocess.DEVNULL
-    proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, cwd=ROOT,
-                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    proc = subprocess.Popen(
+        cmd,
+        stdout=out,
+        stderr=subprocess.STDOUT,
+        cwd=ROOT,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
     wait_healthy(socket, proc)
     return proc
 

@@ -33,8 +33,14 @@ MAX_POSITIONS = 4096
 # Special tokens never appear in decoded text; the markers below stay visible (Qwen does the
 # same), so reasoning and tool-call parsers can find them in the output.
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
-MARKER_TOKENS = ["<think>", "</think>", "<tool_call>", "</tool_call>",
-                 "<tool_response>", "</tool_response>"]
+MARKER_TOKENS = [
+    "<think>",
+    "</think>",
+    "<tool_call>",
+    "</tool_call>",
+    "<tool_response>",
+    "</tool_response>",
+]
 
 CHAT_TEMPLATE = """\
 {%- macro text(content) -%}
@@ -149,10 +155,10 @@ def _build_tokenizer() -> Tokenizer:
     )
     tokenizer.train_from_iterator(_corpus(), trainer=trainer)
     # Added after training so they sit at the end of the vocab, as in Qwen checkpoints.
-    tokenizer.add_special_tokens([AddedToken(t, special=True, normalized=False)
-                                  for t in SPECIAL_TOKENS])
-    tokenizer.add_tokens([AddedToken(t, special=False, normalized=False)
-                          for t in MARKER_TOKENS])
+    tokenizer.add_special_tokens(
+        [AddedToken(t, special=True, normalized=False) for t in SPECIAL_TOKENS]
+    )
+    tokenizer.add_tokens([AddedToken(t, special=False, normalized=False) for t in MARKER_TOKENS])
     return tokenizer
 
 
@@ -237,10 +243,12 @@ def build_tiny_model(
 
     _write_json(dest / "config.json", _model_config(arch, vocab_size, eos_id, eot_id))
     # Like Qwen instruct models: a chat turn ends at <|im_end|>, raw text at <|endoftext|>.
-    _write_json(dest / "generation_config.json",
-                {"bos_token_id": eot_id, "eos_token_id": [eos_id, eot_id]})
-    save_file(_weights(arch, vocab_size, seed), str(dest / "model.safetensors"),
-              metadata={"format": "pt"})
+    _write_json(
+        dest / "generation_config.json", {"bos_token_id": eot_id, "eos_token_id": [eos_id, eot_id]}
+    )
+    save_file(
+        _weights(arch, vocab_size, seed), str(dest / "model.safetensors"), metadata={"format": "pt"}
+    )
 
     tokenizer.save(str(dest / "tokenizer.json"))
     specials = {"eos_token": "<|im_end|>", "pad_token": "<|endoftext|>", "bos_token": None}
@@ -256,7 +264,12 @@ def build_tiny_model(
     if template:
         tokenizer_config["chat_template"] = template
     _write_json(dest / "tokenizer_config.json", tokenizer_config)
-    _write_json(dest / "special_tokens_map.json",
-                {"eos_token": "<|im_end|>", "pad_token": "<|endoftext|>",
-                 "additional_special_tokens": SPECIAL_TOKENS[1:]})
+    _write_json(
+        dest / "special_tokens_map.json",
+        {
+            "eos_token": "<|im_end|>",
+            "pad_token": "<|endoftext|>",
+            "additional_special_tokens": SPECIAL_TOKENS[1:],
+        },
+    )
     return dest

@@ -4,9 +4,9 @@ import logging
 import os
 import sys
 
-from .app import main
-from .config import parse_args
-from .lifeline import die_with_parent
+from mlxd.worker.app import main
+from mlxd.worker.config import parse_args
+from mlxd.worker.lifeline import die_with_parent
 
 if __name__ == "__main__":
     cfg = parse_args()

@@ -13,21 +13,22 @@ import orjson
 import psutil
 from aiohttp import web
 
-from mlxd.shared.bodies import load_json
 from mlxd.shared.errors import BadRequest
 from mlxd.shared.exit_codes import EXIT_MODEL_LOAD_ERROR, EXIT_OK, EXIT_PARENT_GONE
 from mlxd.shared.middleware import error_middleware, request_id_middleware
-from mlxd.shared.wire_admin import WorkerHealth
-from mlxd.shared.wire_openai import ModelCard, ModelList
-
-from . import anthropic_routes, openai_routes, responses_routes
-from .cache_layout import fingerprint, ssd_folder
-from .config import WorkerConfig
-from .engine import Engine
-from .lifeline import watch_parent
-from .loaded import load_model
-from .prompt_cache import PromptCache, kv_layout
-from .state import WorkerState
+from mlxd.shared.wire.admin import WorkerHealth
+from mlxd.shared.wire.bodies import load_json
+from mlxd.shared.wire.openai import ModelCard, ModelList
+from mlxd.worker.api import anthropic as anthropic_routes
+from mlxd.worker.api import openai as openai_routes
+from mlxd.worker.api import responses as responses_routes
+from mlxd.worker.cache.layout import fingerprint, ssd_folder
+from mlxd.worker.cache.prompt_cache import PromptCache, kv_layout
+from mlxd.worker.config import WorkerConfig
+from mlxd.worker.engine.loop import Engine
+from mlxd.worker.lifeline import watch_parent
+from mlxd.worker.model import load_model
+from mlxd.worker.state import WorkerState
 
 log = logging.getLogger("mlxd.worker")
 
@@ -49,8 +50,9 @@ async def health(request: web.Request) -> web.Response:
         status, error = "failed", state.engine.dead
     elif state.draining:
         status = "draining"  # admits nothing: routing must not count it as serving
-    body = WorkerHealth(status=status, pid=os.getpid(), generation=cfg.generation,
-                        model=cfg.model_id, error=error)
+    body = WorkerHealth(
+        status=status, pid=os.getpid(), generation=cfg.generation, model=cfg.model_id, error=error
+    )
     return _json(body.model_dump(exclude_none=True), status=200 if status == "ok" else 503)
 
 
@@ -62,8 +64,11 @@ async def models(request: web.Request) -> web.Response:
 
 async def stats(request: web.Request) -> web.Response:
     state: WorkerState = request.app["state"]
-    body = {"model": state.config.model_id, "loaded": state.loaded is not None,
-            "draining": state.draining}
+    body = {
+        "model": state.config.model_id,
+        "loaded": state.loaded is not None,
+        "draining": state.draining,
+    }
     if state.engine is not None:
         body.update(state.engine.stats())
     return _json(body)
@@ -81,16 +86,27 @@ async def access_log(request: web.Request, handler):
         resp = await handler(request)
     except (asyncio.CancelledError, ConnectionResetError):
         progress = request.get("progress")  # a ChatRun or RowProgress, once the row began
-        log.info("%s %s 499 %.3fs request_id=%s cancelled prompt_tokens=%d prompt_done=%d "
-                 "completion_tokens=%d", request.method, request.path, time.monotonic() - t0,
-                 request.get("request_id"),
-                 progress.gen.prompt_tokens if progress and progress.gen else 0,
-                 progress.prompt_done if progress else 0,
-                 progress.completion_tokens if progress else 0)
+        log.info(
+            "%s %s 499 %.3fs request_id=%s cancelled prompt_tokens=%d prompt_done=%d "
+            "completion_tokens=%d",
+            request.method,
+            request.path,
+            time.monotonic() - t0,
+            request.get("request_id"),
+            progress.gen.prompt_tokens if progress and progress.gen else 0,
+            progress.prompt_done if progress else 0,
+            progress.completion_tokens if progress else 0,
+        )
         raise
     if request.path != "/health":
-        log.info("%s %s %d %.3fs request_id=%s", request.method, request.path, resp.status,
-                 time.monotonic() - t0, request.get("request_id"))
+        log.info(
+            "%s %s %d %.3fs request_id=%s",
+            request.method,
+            request.path,
+            resp.status,
+            time.monotonic() - t0,
+            request.get("request_id"),
+        )
     return resp
 
 
@@ -105,8 +121,13 @@ async def drain(request: web.Request) -> web.Response:
     cancelled = engine.cancel_all()
     await _wait_rows(engine, 5.0)
     persisted = await _persist(state)
-    body = {"status": "drained", "in_flight": in_flight, "cancelled": cancelled,
-            "cancellations": engine.cancellations - cancelled_before, **persisted}
+    body = {
+        "status": "drained",
+        "in_flight": in_flight,
+        "cancelled": cancelled,
+        "cancellations": engine.cancellations - cancelled_before,
+        **persisted,
+    }
     log.info("drained model=%s %s", state.config.model_id, body)
     return _json(body)
 
@@ -129,9 +150,12 @@ async def _persist(state: WorkerState) -> dict:
         durable = False
     written, failed = cache.write_tally()
     failed -= failed0
-    return {"cache_persisted": durable and failed == 0 and cache.ssd_writable,
-            "cache_entries_written": written - written0, "cache_entries_failed": failed,
-            "cache_ssd_entries": len(cache.ssd)}
+    return {
+        "cache_persisted": durable and failed == 0 and cache.ssd_writable,
+        "cache_entries_written": written - written0,
+        "cache_entries_failed": failed,
+        "cache_ssd_entries": len(cache.ssd),
+    }
 
 
 async def cache_flush(request: web.Request) -> web.Response:
@@ -148,8 +172,7 @@ async def cache_session_close(request: web.Request) -> web.Response:
     data = load_json(await request.read())
     session = data.get("session_id") or data.get("prompt_cache_key")
     if not isinstance(session, str) or not session:
-        raise BadRequest("Invalid 'session_id': a non-empty string is required",
-                         param="session_id")
+        raise BadRequest("Invalid 'session_id': a non-empty string is required", param="session_id")
     done = engine.close_session(session)
     await asyncio.to_thread(done.wait, 10.0)
     return _json({"status": "closed", "session_id": session})
@@ -209,7 +232,8 @@ async def serve(cfg: WorkerConfig) -> int:
 
     try:
         state.loaded = await asyncio.to_thread(
-            load_model, cfg.model_path, cfg.model_id, cfg.context_limit)
+            load_model, cfg.model_path, cfg.model_id, cfg.context_limit
+        )
     except Exception as exc:
         log.error("cannot load model=%s path=%s: %s", cfg.model_id, cfg.model_path, exc)
         await runner.cleanup()
@@ -218,13 +242,18 @@ async def serve(cfg: WorkerConfig) -> int:
     # The SSD scan can take a while on a big folder: off the loop, so /health answers
     # "loading" meanwhile, and READY (state.started) only once it and the engine are up.
     state.prompt_cache = await asyncio.to_thread(make_prompt_cache, cfg, state.loaded)
-    state.engine = Engine(state.loaded, batch=cfg.batch, prefill_step=cfg.prefill_step,
-                          cache=state.prompt_cache)
+    state.engine = Engine(
+        state.loaded, batch=cfg.batch, prefill_step=cfg.prefill_step, cache=state.prompt_cache
+    )
     state.engine.debug_prefill_delay_s = cfg.debug_prefill_delay_s  # test-only (bridge.py)
     state.engine.start()
     state.started = True
-    log.info("ready model=%s context_limit=%d batch=%d", cfg.model_id,
-             state.loaded.context_limit, cfg.batch)
+    log.info(
+        "ready model=%s context_limit=%d batch=%d",
+        cfg.model_id,
+        state.loaded.context_limit,
+        cfg.batch,
+    )
 
     await stop.wait()
     if parent_gone.is_set():
@@ -271,13 +300,20 @@ def make_prompt_cache(cfg: WorkerConfig, loaded) -> PromptCache | None:
     if cfg.ssd_cache_dir is not None:
         ssd_dir = cfg.ssd_cache_dir / "unusable"  # where the tier would be if all else fails
         try:
-            ssd_dir = ssd_folder(cfg.ssd_cache_dir, cfg.model_id,
-                                 fingerprint(cfg.model_path, "kv-fp"))
+            ssd_dir = ssd_folder(
+                cfg.ssd_cache_dir, cfg.model_id, fingerprint(cfg.model_path, "kv-fp")
+            )
             layout = kv_layout(loaded.model)  # what every SSD entry is checked against
         except Exception as exc:  # no layout: the tier turns itself off in start()
             log.warning("SSD prompt cache unusable for model=%s: %s", cfg.model_id, exc)
-    cache = PromptCache(ram, ssd_dir, cfg.ssd_cache_bytes, layout=layout,
-                        quiet_s=cfg.cache_quiet_s, idle_s=cfg.cache_idle_s)
+    cache = PromptCache(
+        ram,
+        ssd_dir,
+        cfg.ssd_cache_bytes,
+        layout=layout,
+        quiet_s=cfg.cache_quiet_s,
+        idle_s=cfg.cache_idle_s,
+    )
     cache.start()
     return cache
 
@@ -290,6 +326,7 @@ def main(cfg: WorkerConfig) -> int:
     )
     try:
         import uvloop
+
         runner = uvloop.run
     except ImportError:  # pragma: no cover - uvloop is a dependency on Linux and macOS
         runner = asyncio.run

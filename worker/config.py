@@ -41,40 +41,88 @@ class WorkerConfig:
 
 
 def parse_args(argv: list[str] | None = None) -> WorkerConfig:
-    p = argparse.ArgumentParser(prog="python -m mlxd.worker",
-                                description="Serve one MLX model over a UNIX socket.")
+    p = argparse.ArgumentParser(
+        prog="python -m mlxd.worker", description="Serve one MLX model over a UNIX socket."
+    )
     p.add_argument("--model-path", type=Path, required=True, help="mlx-lm model folder")
     p.add_argument("--model-id", required=True, help="the name clients use in `model`")
     p.add_argument("--socket", type=Path, required=True, help="UNIX socket path to bind")
     p.add_argument("--batch", type=int, default=8, help="most rows decoded together (8)")
-    p.add_argument("--context-limit", type=int, default=None,
-                   help="most tokens per row, prompt plus output (default: the model's)")
-    p.add_argument("--prefill-step", type=int, default=512,
-                   help="prompt tokens per prefill chunk between decode steps (512)")
+    p.add_argument(
+        "--context-limit",
+        type=int,
+        default=None,
+        help="most tokens per row, prompt plus output (default: the model's)",
+    )
+    p.add_argument(
+        "--prefill-step",
+        type=int,
+        default=512,
+        help="prompt tokens per prefill chunk between decode steps (512)",
+    )
     p.add_argument("--max-body-bytes", type=int, default=32 * 1024 * 1024)
-    p.add_argument("--grace-s", type=float, default=30.0,
-                   help="on SIGTERM, how long in-flight rows may run before cancel (30)")
-    p.add_argument("--no-exit-with-parent", action="store_true",
-                   help="keep running when the parent process dies")
-    p.add_argument("--prompt-cache-bytes", type=int, default=None,
-                   help="RAM prompt cache cap in bytes (default: 1/8 of RAM, at most 16 GiB;"
-                        " 0 disables the prompt cache)")
-    p.add_argument("--ssd-cache-dir", type=Path, default=Path("~/.mlxd/cache"),
-                   help="SSD tier root (default ~/.mlxd/cache)")
+    p.add_argument(
+        "--grace-s",
+        type=float,
+        default=30.0,
+        help="on SIGTERM, how long in-flight rows may run before cancel (30)",
+    )
+    p.add_argument(
+        "--no-exit-with-parent",
+        action="store_true",
+        help="keep running when the parent process dies",
+    )
+    p.add_argument(
+        "--prompt-cache-bytes",
+        type=int,
+        default=None,
+        help="RAM prompt cache cap in bytes (default: 1/8 of RAM, at most 16 GiB;"
+        " 0 disables the prompt cache)",
+    )
+    p.add_argument(
+        "--ssd-cache-dir",
+        type=Path,
+        default=Path("~/.mlxd/cache"),
+        help="SSD tier root (default ~/.mlxd/cache)",
+    )
     p.add_argument("--no-ssd-cache", action="store_true", help="RAM tier only")
-    p.add_argument("--ssd-cache-bytes", type=int, default=20 * 1024**3,
-                   help="SSD tier cap in bytes (default 20 GiB)")
-    p.add_argument("--cache-quiet-s", type=float, default=2.0,
-                   help="write a settled cache entry to SSD after this many quiet seconds")
-    p.add_argument("--cache-idle-s", type=float, default=300.0,
-                   help="entries unused this long leave RAM (they stay on SSD)")
-    p.add_argument("--enable-thinking", action=argparse.BooleanOptionalAction, default=None,
-                   help="default for the template's enable_thinking switch (default: the "
-                        "template's); a request's chat_template_kwargs still win")
-    p.add_argument("--generation", type=int, default=0,
-                   help="the supervisor's generation for this worker, echoed by /health (0)")
-    p.add_argument("--stream-heartbeat-s", type=float, default=10.0,
-                   help="a quiet stream sends a protocol event (not only a comment) this often")
+    p.add_argument(
+        "--ssd-cache-bytes",
+        type=int,
+        default=20 * 1024**3,
+        help="SSD tier cap in bytes (default 20 GiB)",
+    )
+    p.add_argument(
+        "--cache-quiet-s",
+        type=float,
+        default=2.0,
+        help="write a settled cache entry to SSD after this many quiet seconds",
+    )
+    p.add_argument(
+        "--cache-idle-s",
+        type=float,
+        default=300.0,
+        help="entries unused this long leave RAM (they stay on SSD)",
+    )
+    p.add_argument(
+        "--enable-thinking",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="default for the template's enable_thinking switch (default: the "
+        "template's); a request's chat_template_kwargs still win",
+    )
+    p.add_argument(
+        "--generation",
+        type=int,
+        default=0,
+        help="the supervisor's generation for this worker, echoed by /health (0)",
+    )
+    p.add_argument(
+        "--stream-heartbeat-s",
+        type=float,
+        default=10.0,
+        help="a quiet stream sends a protocol event (not only a comment) this often",
+    )
     p.add_argument("--debug-prefill-delay-s", type=float, default=0.0, help=argparse.SUPPRESS)
     _grammar_args(p)
     a = p.parse_args(argv)
@@ -122,5 +170,9 @@ def _grammar_args(p: argparse.ArgumentParser) -> None:
     }
     for name in _GRAMMAR_FIELDS:
         default = d[name].default
-        p.add_argument("--" + name.replace("_", "-"), type=type(default), default=default,
-                       help=f"{helps[name]} ({default})")
+        p.add_argument(
+            "--" + name.replace("_", "-"),
+            type=type(default),
+            default=default,
+            help=f"{helps[name]} ({default})",
+        )

@@ -5,11 +5,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from mlxd.shared.errors import Unavailable
-
-from .config import WorkerConfig
-from .engine import Engine
-from .loaded import LoadedModel
-from .prompt_cache import PromptCache
+from mlxd.worker.cache.prompt_cache import PromptCache
+from mlxd.worker.config import WorkerConfig
+from mlxd.worker.engine.loop import Engine
+from mlxd.worker.model import LoadedModel
 
 
 @dataclass

@@ -27,10 +27,20 @@ class Daemon:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log = home / "daemon.out"
-        cmd = [sys.executable, "-m", "mlxd.supervisor", "start", "--home", str(home),
-               "--port", str(self.port), *args]
-        self.proc = subprocess.Popen(cmd, stdout=open(self.log, "wb"), stderr=subprocess.STDOUT,
-                                     env={**os.environ, **env})
+        cmd = [
+            sys.executable,
+            "-m",
+            "mlxd.supervisor",
+            "start",
+            "--home",
+            str(home),
+            "--port",
+            str(self.port),
+            *args,
+        ]
+        self.proc = subprocess.Popen(
+            cmd, stdout=open(self.log, "wb"), stderr=subprocess.STDOUT, env={**os.environ, **env}
+        )
         self.http = httpx.Client(base_url=self.url, timeout=60)
         deadline = time.monotonic() + 20
         while True:
@@ -44,8 +54,7 @@ class Daemon:
             time.sleep(0.05)
 
     def openai(self) -> openai.OpenAI:
-        return openai.OpenAI(base_url=self.url + "/v1", api_key="none", max_retries=0,
-                             timeout=60)
+        return openai.OpenAI(base_url=self.url + "/v1", api_key="none", max_retries=0, timeout=60)
 
     def status(self, model: str) -> dict:
         cards = self.http.get("/v1/models").json()["data"]
@@ -96,9 +105,13 @@ def make_daemon(tiny_model_dir, tiny_model_dir_b):
     made: list[Daemon] = []
     homes: list[Path] = []
 
-    def make(models: dict[str, Path] | None = None, config: str = "",
-             env: dict[str, str] | None = None, args: list[str] | None = None,
-             home: Path | None = None) -> Daemon:
+    def make(
+        models: dict[str, Path] | None = None,
+        config: str = "",
+        env: dict[str, str] | None = None,
+        args: list[str] | None = None,
+        home: Path | None = None,
+    ) -> Daemon:
         """A new daemon; pass the `home` of a stopped one to restart it there."""
         if home is None:
             home = Path(tempfile.mkdtemp(prefix="mlxd-e2e-"))

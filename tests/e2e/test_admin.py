@@ -15,12 +15,13 @@ MSG = [{"role": "user", "content": "hello"}]
 
 
 def ask(d, model: str, n: int = 3, client: httpx.Client | None = None) -> httpx.Response:
-    return (client or d.http).post("/v1/chat/completions", json={
-        "model": model, "messages": MSG, "max_tokens": n, "temperature": 0})
+    return (client or d.http).post(
+        "/v1/chat/completions",
+        json={"model": model, "messages": MSG, "max_tokens": n, "temperature": 0},
+    )
 
 
-def stream(d, model: str, n: int, started: threading.Event | None = None
-           ) -> tuple[int, list[str]]:
+def stream(d, model: str, n: int, started: threading.Event | None = None) -> tuple[int, list[str]]:
     body = {"model": model, "messages": MSG, "max_tokens": n, "temperature": 0, "stream": True}
     lines = []
     with httpx.stream("POST", d.url + "/v1/chat/completions", json=body, timeout=60) as r:
@@ -41,8 +42,10 @@ def gone(pid: int) -> bool:
 
 
 def test_models_list_and_status_fields(make_daemon, tiny_model_dir):
-    d = make_daemon(models={"a": tiny_model_dir, "org/m": tiny_model_dir},
-                    config='[models.a]\nkeep_alive_s = 60\n')
+    d = make_daemon(
+        models={"a": tiny_model_dir, "org/m": tiny_model_dir},
+        config="[models.a]\nkeep_alive_s = 60\n",
+    )
     rows = {m["id"]: m for m in d.http.get("/admin/models").json()["data"]}
     assert set(rows) == {"a", "org/m"}
     assert rows["a"]["state"] == "stopped" and rows["a"]["pid"] is None
@@ -63,8 +66,12 @@ def test_models_list_and_status_fields(make_daemon, tiny_model_dir):
     assert r.json()["model"]["state"] == "ready"
     assert d.http.post("/admin/models/org/m/load").json()["result"] == "already loaded"
     assert d.http.get("/admin/models/org/m/logs", params={"tail": 5}).json()["lines"]
-    for path in ("/admin/models/nope/load", "/admin/models/../../etc/passwd/logs",
-                 "/admin/models/%2E%2E%2Fa/unload", "/admin/models/nope"):
+    for path in (
+        "/admin/models/nope/load",
+        "/admin/models/../../etc/passwd/logs",
+        "/admin/models/%2E%2E%2Fa/unload",
+        "/admin/models/nope",
+    ):
         r = d.http.request("POST" if path.endswith("load") else "GET", path)
         assert r.status_code == (400 if "%2E" in path else 404), path  # dot segments: 400
         assert r.json()["error"]["message"]
@@ -79,10 +86,13 @@ def test_load_unload_and_logs(make_daemon):
 
     logs = d.http.get("/admin/models/a/logs", params={"tail": 2}).json()
     assert logs["file"] == "a.log" and len(logs["lines"]) == 2
-    assert any("ready model=a" in ln for ln in
-               d.http.get("/admin/models/a/logs", params={"tail": 1000}).json()["lines"])
-    assert d.http.get("/admin/models/a/logs", params={"after": logs["offset"]}).json()[
-        "lines"] == []
+    assert any(
+        "ready model=a" in ln
+        for ln in d.http.get("/admin/models/a/logs", params={"tail": 1000}).json()["lines"]
+    )
+    assert (
+        d.http.get("/admin/models/a/logs", params={"after": logs["offset"]}).json()["lines"] == []
+    )
     ask(d, "a")
     new = d.http.get("/admin/models/a/logs", params={"after": logs["offset"]}).json()
     assert any("/v1/chat/completions 200" in ln for ln in new["lines"])
@@ -108,8 +118,10 @@ def test_drain_refuses_new_requests_until_loaded(make_daemon):
     d.wait_for(lambda: row(d, "a")["leases"] == 1, 20, "the stream to start")
     result: dict = {}
     drainer = threading.Thread(
-        target=lambda: result.setdefault("r", httpx.post(d.url + "/admin/models/a/drain",
-                                                         timeout=60)))
+        target=lambda: result.setdefault(
+            "r", httpx.post(d.url + "/admin/models/a/drain", timeout=60)
+        )
+    )
     drainer.start()
     d.wait_for(lambda: row(d, "a")["drained"], 10, "the drain to begin")
     r = ask(d, "a")  # refused while the in-flight stream finishes
@@ -142,8 +154,9 @@ def test_hot_reload_under_steady_traffic_fails_nothing(make_daemon):
     def streaming():
         while not stop.is_set():
             status, lines = stream(d, "a", 6)
-            results.append(("stream", status if lines[-1:] == ["[DONE]"] else lines,
-                            time.monotonic()))
+            results.append(
+                ("stream", status if lines[-1:] == ["[DONE]"] else lines, time.monotonic())
+            )
 
     threads = [threading.Thread(target=f) for f in (plain, plain, streaming)]
     for t in threads:

@@ -62,8 +62,10 @@ def test_auth_table(make_daemon):
     assert r.json()["error"]["type"] == "authentication_error"
     assert "API key" in r.json()["error"]["message"]
     r = call(d.url, "POST", "/v1/messages", MESSAGES, bearer("nope"))
-    assert r.json() == {"type": "error", "error": {"type": "authentication_error",
-                                                   "message": "Invalid API key"}}
+    assert r.json() == {
+        "type": "error",
+        "error": {"type": "authentication_error", "message": "Invalid API key"},
+    }
     # The key never reaches the worker.
     assert KEY not in (d.home / "logs" / "a.log").read_text()
 
@@ -94,10 +96,25 @@ def test_public_bind_needs_a_key_and_admin_stays_local(make_daemon):
 
 
 def test_public_bind_without_key_is_refused_unless_insecure(make_daemon, tmp_path):
-    cmd = [sys.executable, "-m", "mlxd.supervisor", "start", "--home", str(tmp_path),
-           "--host", "0.0.0.0", "--port", str(free_port())]
-    p = subprocess.run(cmd, capture_output=True, text=True, timeout=30,
-                       env={"PATH": "/usr/bin:/bin", "MLXD_DISCOVER_HF_CACHE": "false"})
+    cmd = [
+        sys.executable,
+        "-m",
+        "mlxd.supervisor",
+        "start",
+        "--home",
+        str(tmp_path),
+        "--host",
+        "0.0.0.0",
+        "--port",
+        str(free_port()),
+    ]
+    p = subprocess.run(
+        cmd,
+        capture_output=True,
+        text=True,
+        timeout=30,
+        env={"PATH": "/usr/bin:/bin", "MLXD_DISCOVER_HF_CACHE": "false"},
+    )
     assert p.returncode == 2
     lines = p.stderr.strip().splitlines()
     assert len(lines) == 1 and "refusing to listen on 0.0.0.0" in lines[0]
@@ -107,10 +124,18 @@ def test_public_bind_without_key_is_refused_unless_insecure(make_daemon, tmp_pat
 
 
 def test_cors_and_body_limit(make_daemon):
-    d = make_daemon(env={"MLXD_API_KEY": KEY, "MLXD_MAX_BODY_BYTES": "4096",
-                         "MLXD_CORS_ORIGINS": '["http://app.example"]'})
-    pre = {"Origin": "http://app.example", "Access-Control-Request-Method": "POST",
-           "Access-Control-Request-Headers": "authorization, content-type"}
+    d = make_daemon(
+        env={
+            "MLXD_API_KEY": KEY,
+            "MLXD_MAX_BODY_BYTES": "4096",
+            "MLXD_CORS_ORIGINS": '["http://app.example"]',
+        }
+    )
+    pre = {
+        "Origin": "http://app.example",
+        "Access-Control-Request-Method": "POST",
+        "Access-Control-Request-Headers": "authorization, content-type",
+    }
     r = httpx.options(d.url + "/v1/chat/completions", headers=pre)  # no key on a preflight
     assert r.status_code == 204
     assert r.headers["access-control-allow-origin"] == "http://app.example"
@@ -124,9 +149,13 @@ def test_cors_and_body_limit(make_daemon):
     r = httpx.get(d.url + "/v1/models", headers={"Origin": "http://evil", **bearer(KEY)})
     assert "access-control-allow-origin" not in r.headers
     # A streamed answer gets the header too (it is added before the headers go out).
-    with httpx.stream("POST", d.url + "/v1/chat/completions", timeout=60,
-                      json={**CHAT, "stream": True},
-                      headers={"Origin": "http://app.example", **bearer(KEY)}) as r:
+    with httpx.stream(
+        "POST",
+        d.url + "/v1/chat/completions",
+        timeout=60,
+        json={**CHAT, "stream": True},
+        headers={"Origin": "http://app.example", **bearer(KEY)},
+    ) as r:
         assert r.headers["access-control-allow-origin"] == "http://app.example"
         assert list(r.iter_lines())
     big = {**CHAT, "messages": [{"role": "user", "content": "x" * 10000}]}
@@ -140,6 +169,8 @@ def test_no_cors_headers_by_default(make_daemon):
     d = make_daemon()
     r = httpx.get(d.url + "/v1/models", headers={"Origin": "http://app.example"})
     assert r.status_code == 403 and "access-control-allow-origin" not in r.headers  # unlisted
-    r = httpx.options(d.url + "/v1/chat/completions", headers={
-        "Origin": "http://app.example", "Access-Control-Request-Method": "POST"})
+    r = httpx.options(
+        d.url + "/v1/chat/completions",
+        headers={"Origin": "http://app.example", "Access-Control-Request-Method": "POST"},
+    )
     assert "access-control-allow-origin" not in r.headers

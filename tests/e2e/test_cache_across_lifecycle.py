@@ -6,8 +6,7 @@ LONG = " ".join(f"Note {i}: the lighthouse keeper counted {i * 3} ships." for i 
 
 
 def chat(d, msgs):
-    return d.openai().chat.completions.create(model="a", messages=msgs, max_tokens=6,
-                                              temperature=0)
+    return d.openai().chat.completions.create(model="a", messages=msgs, max_tokens=6, temperature=0)
 
 
 def test_cache_survives_unload_and_daemon_restart(make_daemon):
@@ -34,8 +33,13 @@ def test_session_close_through_the_admin_api(make_daemon):
     d = make_daemon()
     msgs = [{"role": "user", "content": LONG}]
     oai = d.openai()
-    oai.chat.completions.create(model="a", messages=msgs, max_tokens=4, temperature=0,
-                                extra_headers={"x-session-affinity": "agent-7"})
+    oai.chat.completions.create(
+        model="a",
+        messages=msgs,
+        max_tokens=4,
+        temperature=0,
+        extra_headers={"x-session-affinity": "agent-7"},
+    )
     warm = oai.chat.completions.create(model="a", messages=msgs, max_tokens=4, temperature=0)
     assert warm.usage.prompt_tokens_details.cached_tokens > 0
     r = d.http.post("/admin/cache/session/close", json={"session_id": "agent-7"})

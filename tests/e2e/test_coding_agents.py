@@ -65,9 +65,11 @@ def long_model(tiny_model_dir, tmp_path_factory) -> Path:
     shutil.copytree(tiny_model_dir, dest)
     vocab = json.loads((dest / "tokenizer.json").read_text())["model"]["vocab"]
     stops = sorted(i for t, i in vocab.items() if any(c in t for c in ".!?"))
-    edits = {"config.json": {"max_position_embeddings": CONTEXT},
-             "tokenizer_config.json": {"model_max_length": CONTEXT},
-             "generation_config.json": {"temperature": 0.0}}
+    edits = {
+        "config.json": {"max_position_embeddings": CONTEXT},
+        "tokenizer_config.json": {"model_max_length": CONTEXT},
+        "generation_config.json": {"temperature": 0.0},
+    }
     for name, changes in edits.items():
         cfg = json.loads((dest / name).read_text())
         cfg.update(changes)
@@ -86,8 +88,15 @@ def _daemon(make_daemon, long_model, delay_s: float = 0.0):
 def _run(cmd: list[str], env: dict[str, str], cwd: Path, timeout_s: float):
     # A clean environment: no proxy, key or config of the host leaks into the agent.
     base = {k: os.environ[k] for k in ("PATH", "LANG", "TERM") if k in os.environ}
-    return subprocess.run(cmd, env={**base, **env}, cwd=cwd, capture_output=True, text=True,
-                          timeout=timeout_s, stdin=subprocess.DEVNULL)
+    return subprocess.run(
+        cmd,
+        env={**base, **env},
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
+        stdin=subprocess.DEVNULL,
+    )
 
 
 def run_claude(agents, url: str, *, timeout_s: float = 1400.0):
@@ -121,11 +130,14 @@ def run_codex(agents, url: str, *, timeout_s: float = 800.0):
     home = Path(tempfile.mkdtemp(prefix="mlxd-codex-"))
     (home / "config.toml").write_text(
         'model = "a"\nmodel_provider = "mlxd"\n\n[model_providers.mlxd]\nname = "mlxd"\n'
-        f'base_url = "{url}/v1"\nwire_api = "responses"\n')
+        f'base_url = "{url}/v1"\nwire_api = "responses"\n'
+    )
     env = {"HOME": str(home), "CODEX_HOME": str(home)}
-    overrides = [f"model_providers.mlxd.stream_idle_timeout_ms={CODEX_IDLE_MS}",
-                 "model_providers.mlxd.stream_max_retries=0",
-                 "model_providers.mlxd.request_max_retries=0"]
+    overrides = [
+        f"model_providers.mlxd.stream_idle_timeout_ms={CODEX_IDLE_MS}",
+        "model_providers.mlxd.stream_max_retries=0",
+        "model_providers.mlxd.request_max_retries=0",
+    ]
     cmd = [str(agents["codex"]), "exec", "--skip-git-repo-check"]
     for o in overrides:
         cmd += ["-c", o]
@@ -136,10 +148,13 @@ def run_codex(agents, url: str, *, timeout_s: float = 800.0):
 
 
 def _explain(done, daemon) -> str:
-    workers = "".join(p.read_text(errors="replace")[-3000:]
-                      for p in sorted((daemon.home / "logs").glob("*.log")))
-    return (f"exit {done.returncode}\nstdout:\n{done.stdout[-3000:]}\nstderr:\n"
-            f"{done.stderr[-3000:]}\ndaemon:\n{daemon.logs()[-3000:]}\nlogs:\n{workers}")
+    workers = "".join(
+        p.read_text(errors="replace")[-3000:] for p in sorted((daemon.home / "logs").glob("*.log"))
+    )
+    return (
+        f"exit {done.returncode}\nstdout:\n{done.stdout[-3000:]}\nstderr:\n"
+        f"{done.stderr[-3000:]}\ndaemon:\n{daemon.logs()[-3000:]}\nlogs:\n{workers}"
+    )
 
 
 @pytest.mark.timeout(1500)
@@ -164,8 +179,9 @@ def test_codex_survives_a_prefill_longer_than_its_idle_timeout(agents, make_daem
 
 
 @pytest.mark.timeout(1800)
-def test_claude_code_survives_a_prefill_longer_than_its_idle_timeout(agents, make_daemon,
-                                                                     long_model):
+def test_claude_code_survives_a_prefill_longer_than_its_idle_timeout(
+    agents, make_daemon, long_model
+):
     d = _daemon(make_daemon, long_model, delay_s=CLAUDE_IDLE_S + 10)
     done = run_claude(agents, d.url, timeout_s=1700)
     assert done.returncode == 0 and REPLY in done.stdout, _explain(done, d)
@@ -173,17 +189,18 @@ def test_claude_code_survives_a_prefill_longer_than_its_idle_timeout(agents, mak
 
 # -- the heartbeats through the official SDKs' stream accumulators (no CLI needed) ------------
 
+
 def test_sdk_streams_are_unchanged_by_heartbeats(make_daemon):
     """A slow first token brings heartbeats; the SDKs still build the same final message."""
     import anthropic
 
-    d = make_daemon(config="stream_heartbeat_s = 1\n",
-                    env={"MLXD_DEBUG_PREFILL_DELAY_S": "6"})
+    d = make_daemon(config="stream_heartbeat_s = 1\n", env={"MLXD_DEBUG_PREFILL_DELAY_S": "6"})
     greedy = {"temperature": 0}
     msgs = [{"role": "user", "content": "Weather in Paris?"}]
     client = anthropic.Anthropic(base_url=d.url, api_key="sk-test", max_retries=0, timeout=60)
-    with client.messages.stream(model="a", max_tokens=8, messages=msgs,
-                                extra_body=greedy) as stream:
+    with client.messages.stream(
+        model="a", max_tokens=8, messages=msgs, extra_body=greedy
+    ) as stream:
         kinds = [ev.type for ev in stream]
         final = stream.get_final_message()
     # message_start, ping, then a heartbeat message_delta before any content
@@ -196,8 +213,9 @@ def test_sdk_streams_are_unchanged_by_heartbeats(make_daemon):
     assert final.content[0].text == plain.content[0].text
 
     oai = d.openai()
-    with oai.responses.stream(model="a", input="Weather in Paris?", max_output_tokens=8,
-                              temperature=0) as stream:
+    with oai.responses.stream(
+        model="a", input="Weather in Paris?", max_output_tokens=8, temperature=0
+    ) as stream:
         events = list(stream)
     kinds = [ev.type for ev in events]
     assert kinds.count("response.in_progress") >= 2, kinds  # the first, then heartbeats

@@ -1,4 +1,4 @@
-"""The daemon's own resources: one daemon per home, a private home, read timeouts, connection caps."""
+"""The daemon's own resources: one daemon per home, a private home, read timeouts, conn caps."""
 
 from __future__ import annotations
 
@@ -18,8 +18,10 @@ MSG = [{"role": "user", "content": "hello"}]
 
 
 def ask(d, model: str = "a") -> httpx.Response:
-    return d.http.post("/v1/chat/completions",
-                       json={"model": model, "messages": MSG, "max_tokens": 3, "temperature": 0})
+    return d.http.post(
+        "/v1/chat/completions",
+        json={"model": model, "messages": MSG, "max_tokens": 3, "temperature": 0},
+    )
 
 
 def raw_conn(d, first: bytes = b"") -> socket.socket:
@@ -63,10 +65,21 @@ def test_second_start_on_the_same_home_is_refused_and_the_first_keeps_serving(ma
     assert ask(d).status_code == 200  # a worker is up: the second daemon must not adopt it
     workers = d.worker_pids("a")
     second = subprocess.run(
-        [sys.executable, "-m", "mlxd.supervisor", "start", "--home", str(d.home),
-         "--port", str(free_port())],
-        capture_output=True, text=True, timeout=30,
-        env={**os.environ, "MLXD_DISCOVER_HF_CACHE": "false"})
+        [
+            sys.executable,
+            "-m",
+            "mlxd.supervisor",
+            "start",
+            "--home",
+            str(d.home),
+            "--port",
+            str(free_port()),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        env={**os.environ, "MLXD_DISCOVER_HF_CACHE": "false"},
+    )
     assert second.returncode != 0
     lines = second.stderr.strip().splitlines()
     assert len(lines) == 1, second.stderr
@@ -96,8 +109,7 @@ def test_fresh_home_is_owner_only(make_daemon):
 
 def test_slow_headers_are_cut_while_other_clients_are_served(make_daemon):
     d = make_daemon(env={"MLXD_HEADER_TIMEOUT_S": "1"})
-    slow = [raw_conn(d, b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Slow: ")
-            for _ in range(20)]
+    slow = [raw_conn(d, b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Slow: ") for _ in range(20)]
     t0 = time.monotonic()
     with httpx.Client(base_url=d.url) as other:  # a normal client meanwhile
         assert other.get("/health").status_code == 200
@@ -131,8 +143,10 @@ def test_a_response_slower_than_the_header_timeout_is_not_cut(make_daemon):
 
 def test_stalled_body_gets_408_in_the_envelope(make_daemon):
     d = make_daemon(env={"MLXD_BODY_TIMEOUT_S": "1"})
-    head = (f"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1:{d.port}\r\n"
-            "Content-Type: application/json\r\nContent-Length: 500\r\n\r\n").encode()
+    head = (
+        f"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1:{d.port}\r\n"
+        "Content-Type: application/json\r\nContent-Length: 500\r\n\r\n"
+    ).encode()
     s = raw_conn(d, head + b'{"model": "a", ')
     t0 = time.monotonic()
     reply = read_all(s, 15)  # until the daemon closes the connection
@@ -167,8 +181,7 @@ def test_connections_over_the_per_client_cap_are_refused_while_held_ones_work(ma
         s.close()
 
 
-def test_many_slow_connections_lock_a_new_client_out_for_at_most_the_header_timeout(
-        make_daemon):
+def test_many_slow_connections_lock_a_new_client_out_for_at_most_the_header_timeout(make_daemon):
     # More slow sockets than macOS's default descriptor limit of 256; past the per-client cap
     # they are refused at once, and the held ones are cut at the header timeout.
     d = make_daemon(env={"MLXD_MAX_CONNECTIONS_PER_CLIENT": "200", "MLXD_HEADER_TIMEOUT_S": "2"})

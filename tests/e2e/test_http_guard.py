@@ -1,4 +1,4 @@
-"""What a request may reach on a real daemon: known routes only, our Host and Origin, JSON bodies."""
+"""What a request may reach on a real daemon: known routes, our Host and Origin, JSON bodies."""
 
 from __future__ import annotations
 
@@ -12,11 +12,14 @@ MSG = [{"role": "user", "content": "hello"}]
 CHAT = {"model": "a", "messages": MSG, "max_tokens": 2, "temperature": 0}
 
 
-def raw(d, method: str, path: str, headers: dict[str, str], body: bytes = b""
-        ) -> tuple[int, dict]:
+def raw(d, method: str, path: str, headers: dict[str, str], body: bytes = b"") -> tuple[int, dict]:
     """Send the request line exactly as written (an HTTP client would normalize the path)."""
-    h = {"Host": f"127.0.0.1:{d.port}", "Content-Length": str(len(body)),
-         "Connection": "close", **headers}
+    h = {
+        "Host": f"127.0.0.1:{d.port}",
+        "Content-Length": str(len(body)),
+        "Connection": "close",
+        **headers,
+    }
     head = "".join(f"{k}: {v}\r\n" for k, v in h.items())
     with socket.create_connection(("127.0.0.1", d.port), timeout=60) as s:
         s.sendall(f"{method} {path} HTTP/1.1\r\n{head}\r\n".encode() + body)
@@ -37,9 +40,14 @@ def test_dot_segments_never_reach_the_worker(make_daemon):
     assert r.status_code == 200, (r.text, d.logs()[-3000:])
     pid = row(d, "a")["pid"]
     body = orjson.dumps({"model": "a"})
-    for path in ("/v1/%2e%2e/admin/drain", "/v1/%2E%2E/admin/drain", "/v1/../admin/drain",
-                 "/v1/chat/completions/%2e%2e/%2e%2e/admin/drain",
-                 "/v1/..%2fadmin/drain", "/v1/%2e%2e%5cadmin%5cdrain"):
+    for path in (
+        "/v1/%2e%2e/admin/drain",
+        "/v1/%2E%2E/admin/drain",
+        "/v1/../admin/drain",
+        "/v1/chat/completions/%2e%2e/%2e%2e/admin/drain",
+        "/v1/..%2fadmin/drain",
+        "/v1/%2e%2e%5cadmin%5cdrain",
+    ):
         for ctype in ("text/plain", "application/json"):
             status, err = raw(d, "POST", path, {"Content-Type": ctype}, body)
             assert status == 400, (path, ctype, status)
@@ -54,8 +62,9 @@ def test_dot_segments_never_reach_the_worker(make_daemon):
 
 
 def test_host_origin_type_and_encoding_refusals(make_daemon):
-    d = make_daemon(env={"MLXD_CORS_ORIGINS": '["http://app.example"]',
-                         "MLXD_ALLOWED_HOSTS": '["box.lan"]'})
+    d = make_daemon(
+        env={"MLXD_CORS_ORIGINS": '["http://app.example"]', "MLXD_ALLOWED_HOSTS": '["box.lan"]'}
+    )
     # Unknown /v1 paths: 404 naming the path, and no model is loaded for them.
     r = d.http.post("/v1/foo", json={"model": "a"})
     assert r.status_code == 404 and "/v1/foo" in r.json()["error"]["message"]
@@ -86,33 +95,45 @@ def test_host_origin_type_and_encoding_refusals(make_daemon):
     text = {"Content-Type": "text/plain"}
     r = d.http.post("/v1/chat/completions", content=orjson.dumps(CHAT), headers=text)
     assert r.status_code == 415 and "application/json" in r.json()["error"]["message"]
-    r = d.http.post("/v1/messages", content=orjson.dumps({**CHAT, "max_tokens": 2}),
-                    headers=text)
+    r = d.http.post("/v1/messages", content=orjson.dumps({**CHAT, "max_tokens": 2}), headers=text)
     assert r.status_code == 415 and r.json()["type"] == "error"
     r = d.http.post("/v1/responses", content=b'{"model": "a", "input": "hi"}', headers=text)
     assert r.status_code == 415
     r = d.http.post("/admin/cache/session/close", content=b'{"session_id": "s"}', headers=text)
     assert r.status_code == 415
-    form = {"Content-Type": "application/x-www-form-urlencoded",
-            "Origin": "http://app.example"}
-    assert d.http.post("/v1/chat/completions", content=orjson.dumps(CHAT),
-                       headers=form).status_code == 415
+    form = {"Content-Type": "application/x-www-form-urlencoded", "Origin": "http://app.example"}
+    assert (
+        d.http.post("/v1/chat/completions", content=orjson.dumps(CHAT), headers=form).status_code
+        == 415
+    )
     # A body that does not decode: 400 in the envelope, not a 500.
-    r = d.http.post("/v1/chat/completions", content=b"not gzip at all",
-                    headers={"Content-Type": "application/json", "Content-Encoding": "gzip"})
+    r = d.http.post(
+        "/v1/chat/completions",
+        content=b"not gzip at all",
+        headers={"Content-Type": "application/json", "Content-Encoding": "gzip"},
+    )
     assert r.status_code == 400 and "Content-Encoding" in r.json()["error"]["message"]
-    r = d.http.post("/v1/chat/completions", content=b"\x00\x01 not deflate",
-                    headers={"Content-Encoding": "deflate"})
+    r = d.http.post(
+        "/v1/chat/completions",
+        content=b"\x00\x01 not deflate",
+        headers={"Content-Encoding": "deflate"},
+    )
     assert r.status_code == 400 and r.json()["error"]["type"] == "invalid_request_error"
     # None of that started a worker.
     assert row(d, "a")["state"] == "stopped" and d.worker_pids() == []
     # A good gzip body is decoded once, here; the worker gets plain JSON and answers.
-    r = d.http.post("/v1/chat/completions", content=gzip.compress(orjson.dumps(CHAT)),
-                    headers={"Content-Type": "application/json", "Content-Encoding": "gzip"})
+    r = d.http.post(
+        "/v1/chat/completions",
+        content=gzip.compress(orjson.dumps(CHAT)),
+        headers={"Content-Type": "application/json", "Content-Encoding": "gzip"},
+    )
     assert r.status_code == 200 and r.json()["object"] == "chat.completion"
     # curl's `-d` default type, with no Origin, still works.
-    r = d.http.post("/v1/chat/completions", content=orjson.dumps(CHAT),
-                    headers={"Content-Type": "application/x-www-form-urlencoded"})
+    r = d.http.post(
+        "/v1/chat/completions",
+        content=orjson.dumps(CHAT),
+        headers={"Content-Type": "application/x-www-form-urlencoded"},
+    )
     assert r.status_code == 200
 
 

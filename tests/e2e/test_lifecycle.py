@@ -15,8 +15,10 @@ MSG = [{"role": "user", "content": "hello"}]
 
 
 def ask(d, model: str, n: int = 3) -> httpx.Response:
-    return d.http.post("/v1/chat/completions",
-                       json={"model": model, "messages": MSG, "max_tokens": n, "temperature": 0})
+    return d.http.post(
+        "/v1/chat/completions",
+        json={"model": model, "messages": MSG, "max_tokens": n, "temperature": 0},
+    )
 
 
 def stream_lines(d, model: str, n: int, out: dict, started: threading.Event | None = None):
@@ -38,7 +40,7 @@ def stream_lines(d, model: str, n: int, out: dict, started: threading.Event | No
 
 
 def test_keep_alive_unloads_idle_model(make_daemon):
-    d = make_daemon(config='[models.a]\nkeep_alive_s = 1\n[models.b]\nkeep_alive_s = -1\n')
+    d = make_daemon(config="[models.a]\nkeep_alive_s = 1\n[models.b]\nkeep_alive_s = -1\n")
     assert ask(d, "a").status_code == 200
     pid_a = d.worker_pids("a")[0]
     assert ask(d, "b").status_code == 200
@@ -59,15 +61,20 @@ def test_eviction_takes_idle_lru_never_busy(make_daemon, tiny_model_dir):
     # Three copies of the tiny model; the budget holds two of them.
     weights = sum(f.stat().st_size for f in tiny_model_dir.glob("*.safetensors"))
     footprint = weights + (2 << 20)
-    d = make_daemon(models={"a": tiny_model_dir, "b": tiny_model_dir, "c": tiny_model_dir},
-                    env={"MLXD_MEMORY_BUDGET_BYTES": str(int(footprint * 2.5))})
+    d = make_daemon(
+        models={"a": tiny_model_dir, "b": tiny_model_dir, "c": tiny_model_dir},
+        env={"MLXD_MEMORY_BUDGET_BYTES": str(int(footprint * 2.5))},
+    )
     assert ask(d, "a").status_code == 200
     time.sleep(0.05)
     assert ask(d, "b").status_code == 200
     # a is least recently used and idle: loading c evicts a.
     assert ask(d, "c").status_code == 200
-    assert (d.status("a")["status"], d.status("b")["status"], d.status("c")["status"]) == \
-        ("available", "loaded", "loaded")
+    assert (d.status("a")["status"], d.status("b")["status"], d.status("c")["status"]) == (
+        "available",
+        "loaded",
+        "loaded",
+    )
     # Make b busy with a long stream and c the LRU: loading a must take c, not b.
     out, started = {}, threading.Event()
     t = threading.Thread(target=stream_lines, args=(d, "b", 300, out, started))
@@ -86,8 +93,10 @@ def test_eviction_takes_idle_lru_never_busy(make_daemon, tiny_model_dir):
 
 def test_busy_models_make_the_load_wait(make_daemon, tiny_model_dir):
     weights = sum(f.stat().st_size for f in tiny_model_dir.glob("*.safetensors"))
-    d = make_daemon(models={"a": tiny_model_dir, "b": tiny_model_dir},
-                    env={"MLXD_MEMORY_BUDGET_BYTES": str(int((weights + (2 << 20)) * 1.5))})
+    d = make_daemon(
+        models={"a": tiny_model_dir, "b": tiny_model_dir},
+        env={"MLXD_MEMORY_BUDGET_BYTES": str(int((weights + (2 << 20)) * 1.5))},
+    )
     out, started = {}, threading.Event()
     t = threading.Thread(target=stream_lines, args=(d, "a", 200, out, started))
     t.start()
@@ -192,8 +201,9 @@ def test_kill_9_of_supervisor_leaves_no_worker(make_daemon):
     d.proc.wait()
 
     def gone():
-        return not any(psutil.pid_exists(p) and psutil.Process(p).status() != "zombie"
-                       for p in pids)
+        return not any(
+            psutil.pid_exists(p) and psutil.Process(p).status() != "zombie" for p in pids
+        )
 
     d.wait_for(gone, 10, "orphan workers to exit")
 

@@ -16,21 +16,29 @@ MSG = [{"role": "user", "content": "hello"}]
 
 
 def ask(d, model: str, n: int = 2, timeout_s: float = 120) -> httpx.Response:
-    return httpx.post(d.url + "/v1/chat/completions", timeout=timeout_s,
-                      json={"model": model, "messages": MSG, "max_tokens": n, "temperature": 0})
+    return httpx.post(
+        d.url + "/v1/chat/completions",
+        timeout=timeout_s,
+        json={"model": model, "messages": MSG, "max_tokens": n, "temperature": 0},
+    )
 
 
 def footprint(model_dir) -> int:
     return sum(f.stat().st_size for f in model_dir.glob("*.safetensors")) + (2 << 20)
 
 
-def test_two_busy_models_in_a_budget_for_one_both_get_served(make_daemon, tiny_model_dir,
-                                                              tiny_model_dir_b):
+def test_two_busy_models_in_a_budget_for_one_both_get_served(
+    make_daemon, tiny_model_dir, tiny_model_dir_b
+):
     sizes = sorted([footprint(tiny_model_dir), footprint(tiny_model_dir_b)])
     queue_timeout_s = 15.0
-    d = make_daemon(env={"MLXD_MEMORY_BUDGET_BYTES": str(sizes[1] + sizes[0] // 2),
-                         "MLXD_QUEUE_TIMEOUT_S": str(queue_timeout_s),
-                         "MLXD_KEEP_ALIVE_S": "-1"})
+    d = make_daemon(
+        env={
+            "MLXD_MEMORY_BUDGET_BYTES": str(sizes[1] + sizes[0] // 2),
+            "MLXD_QUEUE_TIMEOUT_S": str(queue_timeout_s),
+            "MLXD_KEEP_ALIVE_S": "-1",
+        }
+    )
     results: list[tuple[str, int, str | None, float]] = []
     stop_at = time.monotonic() + 25.0
 
@@ -38,8 +46,9 @@ def test_two_busy_models_in_a_budget_for_one_both_get_served(make_daemon, tiny_m
         while time.monotonic() < stop_at:
             t0 = time.monotonic()
             r = ask(d, model)
-            results.append((model, r.status_code, r.headers.get("retry-after"),
-                            time.monotonic() - t0))
+            results.append(
+                (model, r.status_code, r.headers.get("retry-after"), time.monotonic() - t0)
+            )
             if r.status_code == 503:
                 assert r.json()["error"]["message"]  # the OpenAI envelope
 
@@ -65,8 +74,7 @@ def test_worker_health_carries_its_identity(make_daemon):
     assert ask(d, "a").status_code == 200
     with uds_client(d.home / "run" / "a.sock", 10) as c:
         health = c.get("/health").json()
-    assert health == {"status": "ok", "pid": d.worker_pids("a")[0], "generation": 0,
-                      "model": "a"}
+    assert health == {"status": "ok", "pid": d.worker_pids("a")[0], "generation": 0, "model": "a"}
     assert d.http.post("/admin/models/a/reload").status_code == 200
     with uds_client(d.home / "run" / "a.g1.sock", 10) as c:
         health = c.get("/health").json()
@@ -92,17 +100,16 @@ def test_a_worker_drained_behind_the_supervisors_back_is_restarted(make_daemon):
     assert "model=b" not in "\n".join(x for x in d.logs().splitlines() if "watchdog" in x)
 
 
-def test_queue_timeout_answers_503_with_retry_after(make_daemon, tiny_model_dir,
-                                                    tiny_model_dir_b):
+def test_queue_timeout_answers_503_with_retry_after(make_daemon, tiny_model_dir, tiny_model_dir_b):
     sizes = sorted([footprint(tiny_model_dir), footprint(tiny_model_dir_b)])
-    d = make_daemon(env={"MLXD_MEMORY_BUDGET_BYTES": str(sizes[1] + sizes[0] // 2),
-                         "MLXD_QUEUE_TIMEOUT_S": "2"})
+    d = make_daemon(
+        env={"MLXD_MEMORY_BUDGET_BYTES": str(sizes[1] + sizes[0] // 2), "MLXD_QUEUE_TIMEOUT_S": "2"}
+    )
     assert ask(d, "a").status_code == 200
     started, out = threading.Event(), {}
 
     def long_stream():  # holds a's lease well past the queue timeout
-        body = {"model": "a", "messages": MSG, "max_tokens": 4000, "temperature": 0,
-                "stream": True}
+        body = {"model": "a", "messages": MSG, "max_tokens": 4000, "temperature": 0, "stream": True}
         with httpx.stream("POST", d.url + "/v1/chat/completions", json=body, timeout=120) as r:
             for i, _ in enumerate(r.iter_lines()):
                 if i == 3:

@@ -25,11 +25,11 @@ def value(samples, name: str, **labels) -> float:
 
 
 def chat(d, model: str, stream: bool = False, rid: str | None = None) -> None:
-    body = {"model": model, "messages": MSG, "max_tokens": 4, "temperature": 0,
-            "stream": stream}
+    body = {"model": model, "messages": MSG, "max_tokens": 4, "temperature": 0, "stream": stream}
     headers = {"x-request-id": rid} if rid else {}
-    with httpx.stream("POST", d.url + "/v1/chat/completions", json=body, headers=headers,
-                      timeout=60) as r:
+    with httpx.stream(
+        "POST", d.url + "/v1/chat/completions", json=body, headers=headers, timeout=60
+    ) as r:
         assert r.status_code == 200
         r.read()
 
@@ -51,8 +51,11 @@ def test_metrics_move_as_requests_flow(make_daemon):
     assert value(m, "mlxd_request_duration_seconds_count", model="a", route=chat_route) == 2
     assert value(m, "mlxd_time_to_first_token_seconds_count", model="a", route=chat_route) == 1
     assert value(m, "mlxd_time_to_first_token_seconds_count", model="b", route=chat_route) == 1
-    assert 0 < value(m, "mlxd_time_to_first_token_seconds_sum", model="a", route=chat_route) \
+    assert (
+        0
+        < value(m, "mlxd_time_to_first_token_seconds_sum", model="a", route=chat_route)
         <= value(m, "mlxd_request_duration_seconds_sum", model="a", route=chat_route)
+    )
     assert value(m, "mlxd_models_loaded") == 2
     assert value(m, "mlxd_loads_total") == 2
     assert value(m, "mlxd_crashes_total") == value(m, "mlxd_evictions_total") == 0
@@ -68,12 +71,19 @@ def test_metrics_move_as_requests_flow(make_daemon):
     chat(d, "a")
     assert d.http.post("/admin/models/b/unload").status_code == 200
     after = scrape(d)
-    assert value(after, "mlxd_requests_total", model="a", route=chat_route,
-                 status="200") == 3
+    assert value(after, "mlxd_requests_total", model="a", route=chat_route, status="200") == 3
     assert value(after, "mlxd_generation_tokens_total", model="a") == 12
     assert value(after, "mlxd_unloads_total") == 1 and value(after, "mlxd_models_loaded") == 1
-    assert value(after, "mlxd_requests_total", model="b",
-                 route="/admin/models/{model_id}/unload", status="200") == 1
+    assert (
+        value(
+            after,
+            "mlxd_requests_total",
+            model="b",
+            route="/admin/models/{model_id}/unload",
+            status="200",
+        )
+        == 1
+    )
     assert value(after, "mlxd_requests_total", model="", route="/metrics", status="200") == 2
 
 
@@ -81,8 +91,7 @@ def test_log_file_is_json_lines_with_request_id_and_model(make_daemon):
     d = make_daemon()
     chat(d, "a", rid="req-json-1")
     chat(d, "a", stream=True, rid="req-json-2")
-    records = [json.loads(line) for line in
-               (d.home / "logs" / "mlxd.log").read_text().splitlines()]
+    records = [json.loads(line) for line in (d.home / "logs" / "mlxd.log").read_text().splitlines()]
     assert all({"ts", "level", "logger", "msg"} <= set(r) for r in records)
     mine = [r for r in records if r.get("request_id") == "req-json-1"]
     assert any(r["msg"].startswith("spawned model=a") for r in mine)  # its load, its id
@@ -92,7 +101,6 @@ def test_log_file_is_json_lines_with_request_id_and_model(make_daemon):
     assert "proxy model=a path=/v1/chat/completions request_id=req-json-1" in d.logs()
     # A worker's exit long after the request that loaded it carries no request id.
     d.http.post("/admin/models/a/unload")
-    records = [json.loads(line) for line in
-               (d.home / "logs" / "mlxd.log").read_text().splitlines()]
+    records = [json.loads(line) for line in (d.home / "logs" / "mlxd.log").read_text().splitlines()]
     stopped = [r for r in records if "to=stopped" in r["msg"]]
     assert stopped and "request_id" not in stopped[-1]

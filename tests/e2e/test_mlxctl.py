@@ -11,8 +11,8 @@ import time
 
 import pytest
 
-from mlxd.supervisor import ctl_local
-from mlxd.supervisor.mlxctl import main as mlxctl
+from mlxd.supervisor.ctl import local as ctl_local
+from mlxd.supervisor.ctl.mlxctl import main as mlxctl
 
 from procs import free_port
 
@@ -24,8 +24,9 @@ def ctl(capsys):
     """ctl(d, *argv) -> (exit code, parsed --json output or text, stderr)."""
 
     def run(d, *argv: str, json_out: bool = True):
-        code = mlxctl(["--url", d.url, "--home", str(d.home), *argv,
-                       *(["--json"] if json_out else [])])
+        code = mlxctl(
+            ["--url", d.url, "--home", str(d.home), *argv, *(["--json"] if json_out else [])]
+        )
         out, err = capsys.readouterr()
         body = json.loads(out) if json_out and code == 0 and out.strip() else out
         return code, body, err
@@ -36,8 +37,7 @@ def ctl(capsys):
 def test_status_and_lifecycle_commands(make_daemon, ctl):
     d = make_daemon()
     code, models, _ = ctl(d, "models")
-    assert code == 0 and {m["id"]: m["state"] for m in models} == {"a": "stopped",
-                                                                   "b": "stopped"}
+    assert code == 0 and {m["id"]: m["state"] for m in models} == {"a": "stopped", "b": "stopped"}
     assert ctl(d, "ps")[1] == []
 
     code, body, _ = ctl(d, "load", "a")
@@ -97,9 +97,13 @@ def test_failures_are_one_line_and_non_zero(make_daemon, ctl, tmp_path):
     code, ps, _ = ctl(d, "--token", "t0k", "ps")
     assert code == 0 and ps == []
     # The environment supplies the defaults when no flag does.
-    p = subprocess.run([sys.executable, "-m", "mlxd.supervisor.mlxctl", "models", "--json"],
-                       capture_output=True, text=True, timeout=60,
-                       env={**os.environ, "MLXD_URL": d.url, "MLXD_ADMIN_TOKEN": "t0k"})
+    p = subprocess.run(
+        [sys.executable, "-m", "mlxd.supervisor.ctl.mlxctl", "models", "--json"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "MLXD_URL": d.url, "MLXD_ADMIN_TOKEN": "t0k"},
+    )
     assert p.returncode == 0, p.stderr
     assert [m["id"] for m in json.loads(p.stdout)] == ["a", "b"]
 
@@ -107,19 +111,39 @@ def test_failures_are_one_line_and_non_zero(make_daemon, ctl, tmp_path):
 def test_logs_follow_prints_new_lines(make_daemon):
     d = make_daemon()
     d.http.post("/admin/models/a/load")
-    p = subprocess.Popen([sys.executable, "-m", "mlxd.supervisor.mlxctl", "--url", d.url,
-                          "logs", "a", "-f", "--tail", "1"], stdout=subprocess.PIPE, text=True)
+    p = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "mlxd.supervisor.ctl.mlxctl",
+            "--url",
+            d.url,
+            "logs",
+            "a",
+            "-f",
+            "--tail",
+            "1",
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     lines: list[str] = []
     reader = threading.Thread(target=lambda: lines.extend(iter(p.stdout.readline, "")))
     reader.start()
     try:
         time.sleep(1.5)  # let it print the tail and start following
-        d.http.post("/v1/chat/completions", headers={"x-request-id": "follow-me"},
-                    json={"model": "a", "messages": MSG, "max_tokens": 2})
+        d.http.post(
+            "/v1/chat/completions",
+            headers={"x-request-id": "follow-me"},
+            json={"model": "a", "messages": MSG, "max_tokens": 2},
+        )
         d.wait_for(lambda: any("follow-me" in ln for ln in lines), 15, "the followed line")
         d.http.post("/admin/models/a/reload")  # a new worker, a new log file: follow it
-        d.http.post("/v1/chat/completions", headers={"x-request-id": "after-reload"},
-                    json={"model": "a", "messages": MSG, "max_tokens": 2})
+        d.http.post(
+            "/v1/chat/completions",
+            headers={"x-request-id": "after-reload"},
+            json={"model": "a", "messages": MSG, "max_tokens": 2},
+        )
         d.wait_for(lambda: any("after-reload" in ln for ln in lines), 15, "the new file")
         assert any(ln.startswith("==> a.g1.log <==") for ln in lines)
     finally:
@@ -128,8 +152,7 @@ def test_logs_follow_prints_new_lines(make_daemon):
         reader.join(10)
 
 
-def test_rm_refuses_a_loaded_model_and_deletes_only_home_folders(make_daemon, ctl,
-                                                                 tiny_model_dir):
+def test_rm_refuses_a_loaded_model_and_deletes_only_home_folders(make_daemon, ctl, tiny_model_dir):
     d = make_daemon(models={"a": tiny_model_dir, "org/c": tiny_model_dir})
     d.http.post("/admin/models/a/load")
     code, _, err = ctl(d, "rm", "a")
@@ -154,11 +177,20 @@ def test_import_gguf_runs_the_importer(make_daemon, ctl, monkeypatch, tmp_path):
         return subprocess.CompletedProcess(argv, 0)
 
     monkeypatch.setattr(subprocess, "run", fake_run)
-    code, _, _ = ctl(d, "import-gguf", str(tmp_path / "m.gguf"), "--id", "mine",
-                     json_out=False)
+    code, _, _ = ctl(d, "import-gguf", str(tmp_path / "m.gguf"), "--id", "mine", json_out=False)
     assert code == 0
-    assert seen == [[sys.executable, "-m", "mlxd.worker.gguf_import", str(tmp_path / "m.gguf"),
-                     "--models-dir", str(d.home / "models"), "--id", "mine"]]
+    assert seen == [
+        [
+            sys.executable,
+            "-m",
+            "mlxd.worker.importers.gguf",
+            str(tmp_path / "m.gguf"),
+            "--models-dir",
+            str(d.home / "models"),
+            "--id",
+            "mine",
+        ]
+    ]
     monkeypatch.undo()
     # The real importer, on a file that is not there: its failure is mlxctl's failure.
     code, _, err = ctl(d, "import-gguf", str(tmp_path / "missing.gguf"), json_out=False)

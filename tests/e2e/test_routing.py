@@ -11,7 +11,9 @@ def test_two_models_served_side_by_side(make_daemon):
     d = make_daemon()
     oai = d.openai()
     assert {c["id"]: c["status"] for c in d.http.get("/v1/models").json()["data"]} == {
-        "a": "available", "b": "available"}
+        "a": "available",
+        "b": "available",
+    }
     ra = oai.chat.completions.create(model="a", messages=MSG, max_tokens=5, temperature=0)
     rb = oai.chat.completions.create(model="b", messages=MSG, max_tokens=5, temperature=0)
     assert (ra.model, rb.model) == ("a", "b")
@@ -19,18 +21,26 @@ def test_two_models_served_side_by_side(make_daemon):
     assert ra.choices[0].message.content != rb.choices[0].message.content
     assert d.status("a")["status"] == d.status("b")["status"] == "loaded"
     assert len(d.worker_pids()) == 2
-    stream = oai.chat.completions.create(model="b", messages=MSG, max_tokens=5, temperature=0,
-                                         stream=True)
-    assert "".join(c.choices[0].delta.content or "" for c in stream) == \
-        rb.choices[0].message.content
+    stream = oai.chat.completions.create(
+        model="b", messages=MSG, max_tokens=5, temperature=0, stream=True
+    )
+    assert (
+        "".join(c.choices[0].delta.content or "" for c in stream) == rb.choices[0].message.content
+    )
 
 
 def test_concurrent_first_requests_cause_one_load(make_daemon):
     d = make_daemon()
     oai = d.openai()
     with ThreadPoolExecutor(6) as pool:
-        rs = list(pool.map(lambda _: oai.chat.completions.create(
-            model="a", messages=MSG, max_tokens=3, temperature=0), range(6)))
+        rs = list(
+            pool.map(
+                lambda _: oai.chat.completions.create(
+                    model="a", messages=MSG, max_tokens=3, temperature=0
+                ),
+                range(6),
+            )
+        )
     assert all(r.usage.completion_tokens == 3 for r in rs)
     assert d.logs().count("spawned model=a ") == 1
     assert len(d.worker_pids("a")) == 1
@@ -43,8 +53,10 @@ def test_unknown_model_404_in_each_envelope(make_daemon):
     assert r.json()["error"]["code"] == "model_not_found"
     r = d.http.post("/v1/messages", json={"model": "nope", "messages": MSG, "max_tokens": 5})
     assert r.status_code == 404
-    assert r.json() == {"type": "error", "error": {
-        "type": "not_found_error", "message": "The model 'nope' does not exist"}}
+    assert r.json() == {
+        "type": "error",
+        "error": {"type": "not_found_error", "message": "The model 'nope' does not exist"},
+    }
 
 
 def test_missing_model_uses_default_or_is_400(make_daemon):
@@ -71,8 +83,11 @@ def test_bad_bodies_are_4xx(make_daemon):
 
 def test_request_id_passes_through(make_daemon):
     d = make_daemon()
-    r = d.http.post("/v1/chat/completions", headers={"x-request-id": "req-abc-123"},
-                    json={"model": "a", "messages": MSG, "max_tokens": 2})
+    r = d.http.post(
+        "/v1/chat/completions",
+        headers={"x-request-id": "req-abc-123"},
+        json={"model": "a", "messages": MSG, "max_tokens": 2},
+    )
     assert r.headers["x-request-id"] == "req-abc-123"
     assert "request_id=req-abc-123" in d.logs()
     # The worker's access line is written after the last byte is sent and reaches

@@ -22,9 +22,16 @@ def short_tmp():
 @pytest.fixture(scope="module")
 def worker(tiny_model_dir, short_tmp, request):
     sock = short_tmp / f"{request.module.__name__[-12:]}.sock"
-    proc = start_worker(tiny_model_dir, sock, "tiny", "--context-limit", str(CONTEXT_LIMIT),
-                        "--max-body-bytes", str(MAX_BODY_BYTES),
-                        log=short_tmp / f"{sock.stem}.log")
+    proc = start_worker(
+        tiny_model_dir,
+        sock,
+        "tiny",
+        "--context-limit",
+        str(CONTEXT_LIMIT),
+        "--max-body-bytes",
+        str(MAX_BODY_BYTES),
+        log=short_tmp / f"{sock.stem}.log",
+    )
     yield sock
     stop(proc)
 

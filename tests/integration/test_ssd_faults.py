@@ -17,9 +17,9 @@ import orjson
 import pytest
 import safetensors.numpy as stnp
 
-from mlxd.worker.cache_layout import fingerprint, safe_name
-from mlxd.worker.cache_ssd import SsdStore
-from mlxd.worker.prompt_cache import PromptCache
+from mlxd.worker.cache.layout import fingerprint, safe_name
+from mlxd.worker.cache.prompt_cache import PromptCache
+from mlxd.worker.cache.ssd import SsdStore
 
 from procs import ROOT, start_worker, stop, uds_client, uds_openai
 
@@ -27,8 +27,9 @@ LONG = " ".join(f"Note {i}: the lantern on pier {i * 3} is green." for i in rang
 
 
 def ask(oai, content: str, n: int = 8):
-    return oai.chat.completions.create(model="tiny", messages=[{"role": "user", "content": content}],
-                                       max_tokens=n, temperature=0)
+    return oai.chat.completions.create(
+        model="tiny", messages=[{"role": "user", "content": content}], max_tokens=n, temperature=0
+    )
 
 
 def stats(sock) -> dict:
@@ -62,8 +63,9 @@ def root(short_tmp, request):
         d.unlink(missing_ok=True)
 
 
-def test_junk_in_the_cache_folder_neither_stops_the_start_nor_the_tier(tiny_model_dir,
-                                                                        short_tmp, root):
+def test_junk_in_the_cache_folder_neither_stops_the_start_nor_the_tier(
+    tiny_model_dir, short_tmp, root
+):
     folder = model_folder(root, "tiny", tiny_model_dir)
     folder.mkdir(parents=True)
     for name in ("x.json", "y.safetensors", "z.tmp"):  # folders under entry names: unremovable
@@ -114,8 +116,10 @@ def test_an_entry_of_the_wrong_shapes_is_a_miss_and_is_deleted(tiny_model_dir, s
     try:
         oai = uds_openai(sock)
         reference = ask(oai, LONG).choices[0].message.content
-        others = [ask(oai, f"Question {i}: what colour is lantern {i}?").choices[0].message.content
-                  for i in range(2)]
+        others = [
+            ask(oai, f"Question {i}: what colour is lantern {i}?").choices[0].message.content
+            for i in range(2)
+        ]
         assert post(sock, "/admin/cache/flush")["cache_persisted"] is True
     finally:
         stop(proc)
@@ -153,8 +157,9 @@ def test_an_entry_of_the_wrong_shapes_is_a_miss_and_is_deleted(tiny_model_dir, s
 def test_drain_reports_writes_that_did_not_land(tiny_model_dir, short_tmp, root):
     sock = short_tmp / "nospace.sock"
     # No write-behind: every entry waits in RAM for the flush and the drain.
-    proc = start_worker(tiny_model_dir, sock, "tiny", "--ssd-cache-dir", str(root),
-                        "--cache-quiet-s", "600")
+    proc = start_worker(
+        tiny_model_dir, sock, "tiny", "--ssd-cache-dir", str(root), "--cache-quiet-s", "600"
+    )
     try:
         oai = uds_openai(sock)
         first = ask(oai, LONG)
@@ -177,8 +182,10 @@ def test_drain_reports_writes_that_did_not_land(tiny_model_dir, short_tmp, root)
 
 def test_two_ids_of_one_model_keep_their_own_folders(tiny_model_dir, short_tmp, root):
     socks = {mid: short_tmp / f"two-{mid}.sock" for mid in ("alpha", "beta")}
-    procs = {mid: start_worker(tiny_model_dir, s, mid, "--ssd-cache-dir", str(root))
-             for mid, s in socks.items()}
+    procs = {
+        mid: start_worker(tiny_model_dir, s, mid, "--ssd-cache-dir", str(root))
+        for mid, s in socks.items()
+    }
     try:
         for mid, s in socks.items():
             ask(uds_openai(s), f"{mid}: " + LONG)
@@ -206,8 +213,19 @@ def test_health_says_ok_only_after_the_ssd_scan(tiny_model_dir, short_tmp, root)
     for i in range(n):  # a scan with work to do: each of these is read, judged and removed
         (folder / f"{i:032x}.json").write_bytes(b"{}")
     sock = short_tmp / "ready.sock"
-    cmd = [sys.executable, "-m", "mlxd.worker", "--model-path", str(tiny_model_dir),
-           "--model-id", "tiny", "--socket", str(sock), "--ssd-cache-dir", str(root)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "mlxd.worker",
+        "--model-path",
+        str(tiny_model_dir),
+        "--model-id",
+        "tiny",
+        "--socket",
+        str(sock),
+        "--ssd-cache-dir",
+        str(root),
+    ]
     log = short_tmp / "ready.log"
     with open(log, "wb") as out:
         proc = subprocess.Popen(cmd, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from mlx_lm import load
 
-from mlxd.worker.textstream import TextStream, make_detokenizer
+from mlxd.worker.engine.textstream import TextStream, make_detokenizer
 
 
 def _stream(tokenizer, text: str, stops=()) -> tuple[list[str], TextStream]:

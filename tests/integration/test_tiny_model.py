@@ -36,8 +36,14 @@ def test_load_gives_tokenizer_wrapper_with_im_end_eos(loaded):
 
 def test_markers_are_single_tokens(loaded):
     _, tokenizer = loaded
-    for marker in ["<|im_start|>", "<|endoftext|>", "<think>", "</think>",
-                   "<tool_call>", "</tool_call>"]:
+    for marker in [
+        "<|im_start|>",
+        "<|endoftext|>",
+        "<think>",
+        "</think>",
+        "<tool_call>",
+        "</tool_call>",
+    ]:
         assert len(tokenizer.encode(marker, add_special_tokens=False)) == 1, marker
 
 
@@ -71,37 +77,56 @@ def test_tokenizer_round_trips_unicode(loaded):
 
 def test_chat_template_plain_turns(loaded):
     _, tokenizer = loaded
-    messages = [{"role": "system", "content": "Be brief."},
-                {"role": "user", "content": [{"type": "text", "text": "Hi"}]}]
+    messages = [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": [{"type": "text", "text": "Hi"}]},
+    ]
     rendered = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-    assert rendered == ("<|im_start|>system\nBe brief.<|im_end|>\n"
-                        "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n")
+    assert rendered == (
+        "<|im_start|>system\nBe brief.<|im_end|>\n"
+        "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n"
+    )
 
 
 def test_chat_template_tools_and_tool_turns(loaded):
     _, tokenizer = loaded
-    tool = {"type": "function", "function": {
-        "name": "get_weather", "description": "Weather for a city",
-        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}
+    tool = {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "description": "Weather for a city",
+            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
+        },
+    }
     messages = [
         {"role": "system", "content": "You help."},
         {"role": "user", "content": "Weather in Paris?"},
-        {"role": "assistant", "content": "", "tool_calls": [{
-            "id": "call_1", "type": "function",
-            "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}]},
+        {
+            "role": "assistant",
+            "content": "",
+            "tool_calls": [
+                {
+                    "id": "call_1",
+                    "type": "function",
+                    "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'},
+                }
+            ],
+        },
         {"role": "tool", "tool_call_id": "call_1", "content": "sunny, 24C"},
         {"role": "assistant", "content": "It is sunny."},
         {"role": "user", "content": "Thanks"},
     ]
     rendered = tokenizer.apply_chat_template(
-        messages, tools=[tool], tokenize=False, add_generation_prompt=True)
+        messages, tools=[tool], tokenize=False, add_generation_prompt=True
+    )
     assert rendered.startswith("<|im_start|>system\nYou help.\n\n# Tools")
     assert "<tools>\n" + json.dumps(tool, ensure_ascii=False) + "\n</tools>" in rendered
-    assert ('<|im_start|>assistant\n<tool_call>\n'
-            '{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call><|im_end|>\n'
-            in rendered)
-    assert ("<|im_start|>user\n<tool_response>\nsunny, 24C\n</tool_response><|im_end|>\n"
-            in rendered)
+    assert (
+        "<|im_start|>assistant\n<tool_call>\n"
+        '{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call><|im_end|>\n'
+        in rendered
+    )
+    assert "<|im_start|>user\n<tool_response>\nsunny, 24C\n</tool_response><|im_end|>\n" in rendered
     assert "<|im_start|>assistant\nIt is sunny.<|im_end|>\n" in rendered
     assert rendered.endswith("<|im_start|>user\nThanks<|im_end|>\n<|im_start|>assistant\n")
 

@@ -14,9 +14,9 @@ import threading
 import pytest
 
 from mlxd.shared.params import GenerationParams
-from mlxd.worker.engine import Engine
-from mlxd.worker.loaded import load_model
-from mlxd.worker.rows import Submission
+from mlxd.worker.engine.loop import Engine
+from mlxd.worker.engine.rows import Submission
+from mlxd.worker.model import load_model
 
 from procs import CONTEXT_LIMIT, MAX_BODY_BYTES
 
@@ -55,8 +55,12 @@ def _chat_ok(http) -> None:
 @pytest.mark.parametrize("top_k", [10**9, 2**63, "vocab"])
 def test_top_k_beyond_the_vocabulary_is_a_400_and_the_worker_still_answers(http, vocab, top_k):
     top_k = vocab if top_k == "vocab" else top_k
-    err = _openai_error(http.post(CHAT, json={"messages": MSG, "max_tokens": 4,
-                                              "temperature": 1.0, "top_k": top_k}), "top_k")
+    err = _openai_error(
+        http.post(
+            CHAT, json={"messages": MSG, "max_tokens": 4, "temperature": 1.0, "top_k": top_k}
+        ),
+        "top_k",
+    )
     assert str(vocab) in err["message"]
     _chat_ok(http)
     r = http.post("/v1/completions", json={"prompt": "hi", "max_tokens": 4, "top_k": top_k})
@@ -66,8 +70,9 @@ def test_top_k_beyond_the_vocabulary_is_a_400_and_the_worker_still_answers(http,
 
 def test_top_k_inside_the_vocabulary_still_samples(http, vocab):
     for top_k in (-1, 0, 1, vocab - 1):
-        r = http.post(CHAT, json={"messages": MSG, "max_tokens": 3, "temperature": 1.0,
-                                  "top_k": top_k})
+        r = http.post(
+            CHAT, json={"messages": MSG, "max_tokens": 3, "temperature": 1.0, "top_k": top_k}
+        )
         assert r.status_code == 200, (top_k, r.text)
 
 
@@ -80,32 +85,31 @@ def test_anthropic_top_k_beyond_the_vocabulary_is_a_400_in_its_envelope(http):
 
 @pytest.mark.parametrize("seed", [-(2**63), -1, 2**64])
 def test_a_seed_out_of_range_is_a_400(http, seed):
-    r = http.post(CHAT, json={"messages": MSG, "max_tokens": 4, "temperature": 1.0,
-                              "seed": seed})
+    r = http.post(CHAT, json={"messages": MSG, "max_tokens": 4, "temperature": 1.0, "seed": seed})
     _openai_error(r, "seed")
     _chat_ok(http)
 
 
 def test_the_largest_seed_samples(http):
-    r = http.post(CHAT, json={"messages": MSG, "max_tokens": 4, "temperature": 1.0,
-                              "seed": 2**64 - 1})
+    r = http.post(
+        CHAT, json={"messages": MSG, "max_tokens": 4, "temperature": 1.0, "seed": 2**64 - 1}
+    )
     assert r.status_code == 200, r.text
 
 
 def test_logit_bias_keys_outside_the_vocabulary_are_a_400(http, vocab):
     for key in (str(vocab), "18446744073709551616", "-3"):
-        r = http.post(CHAT, json={"messages": MSG, "max_tokens": 4,
-                                  "logit_bias": {key: 5.0}})
+        r = http.post(CHAT, json={"messages": MSG, "max_tokens": 4, "logit_bias": {key: 5.0}})
         _openai_error(r, "logit_bias")
-    r = http.post(CHAT, json={"messages": MSG, "max_tokens": 4,
-                              "logit_bias": {str(vocab - 1): 5.0}})
+    r = http.post(
+        CHAT, json={"messages": MSG, "max_tokens": 4, "logit_bias": {str(vocab - 1): 5.0}}
+    )
     assert r.status_code == 200, r.text
 
 
 def test_completion_token_ids_outside_the_vocabulary_are_a_400(http, vocab):
     for ids in ([1, vocab], [-1, 2]):
-        _openai_error(http.post("/v1/completions", json={"prompt": ids, "max_tokens": 2}),
-                      "prompt")
+        _openai_error(http.post("/v1/completions", json={"prompt": ids, "max_tokens": 2}), "prompt")
     r = http.post("/v1/completions", json={"prompt": [1, vocab - 1], "max_tokens": 2})
     assert r.status_code == 200, r.text
 
@@ -129,8 +133,9 @@ def test_token_budgets_beyond_the_context_are_clamped_on_every_surface(http):
 def test_a_long_stop_string_is_a_400_on_both_surfaces(http):
     long = "x" * 10_000
     _openai_error(http.post(CHAT, json={"messages": MSG, "stop": [long]}), "stop")
-    _anthropic_error(http.post(MESSAGES, json={"messages": MSG, "max_tokens": 4,
-                                               "stop_sequences": [long]}))
+    _anthropic_error(
+        http.post(MESSAGES, json={"messages": MSG, "max_tokens": 4, "stop_sequences": [long]})
+    )
 
 
 # Under the body cap, far over what the context can hold: refused before tokenizing, with
@@ -138,11 +143,15 @@ def test_a_long_stop_string_is_a_400_on_both_surfaces(http):
 HUGE = "lorem ipsum " * ((MAX_BODY_BYTES - 4096) // 12)
 
 
-@pytest.mark.parametrize("path,body,param", [
-    (CHAT, {"messages": [{"role": "user", "content": HUGE}]}, "messages"),
-    ("/v1/completions", {"prompt": HUGE}, "prompt"),
-    ("/v1/responses", {"input": HUGE}, "messages"),
-], ids=["chat", "completions", "responses"])
+@pytest.mark.parametrize(
+    "path,body,param",
+    [
+        (CHAT, {"messages": [{"role": "user", "content": HUGE}]}, "messages"),
+        ("/v1/completions", {"prompt": HUGE}, "prompt"),
+        ("/v1/responses", {"input": HUGE}, "messages"),
+    ],
+    ids=["chat", "completions", "responses"],
+)
 def test_a_huge_prompt_is_refused_before_tokenizing(http, path, body, param):
     err = _openai_error(http.post(path, json=body), param)
     assert err["code"] == "context_length_exceeded"
@@ -151,11 +160,11 @@ def test_a_huge_prompt_is_refused_before_tokenizing(http, path, body, param):
 
 
 def test_a_huge_prompt_on_messages_gets_the_anthropic_envelope(http):
-    r = http.post(MESSAGES, json={"messages": [{"role": "user", "content": HUGE}],
-                                  "max_tokens": 4})
+    r = http.post(MESSAGES, json={"messages": [{"role": "user", "content": HUGE}], "max_tokens": 4})
     assert "context limit" in _anthropic_error(r)["message"]
-    r = http.post("/v1/messages/count_tokens",
-                  json={"messages": [{"role": "user", "content": HUGE}]})
+    r = http.post(
+        "/v1/messages/count_tokens", json={"messages": [{"role": "user", "content": HUGE}]}
+    )
     assert "context limit" in _anthropic_error(r)["message"]
 
 

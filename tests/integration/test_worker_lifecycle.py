@@ -29,8 +29,20 @@ def test_stale_socket_is_replaced_and_mode_is_0600(tiny_model_dir, short_tmp):
 def test_unloadable_model_exits_with_load_error(tmp_path, short_tmp):
     (tmp_path / "config.json").write_text('{"model_type": "no-such-arch"}')
     proc = subprocess.run(
-        [sys.executable, "-m", "mlxd.worker", "--model-path", str(tmp_path), "--model-id", "x",
-         "--socket", str(short_tmp / "bad.sock")], capture_output=True, timeout=60)
+        [
+            sys.executable,
+            "-m",
+            "mlxd.worker",
+            "--model-path",
+            str(tmp_path),
+            "--model-id",
+            "x",
+            "--socket",
+            str(short_tmp / "bad.sock"),
+        ],
+        capture_output=True,
+        timeout=60,
+    )
     assert proc.returncode == EXIT_MODEL_LOAD_ERROR
     assert b"cannot load model=x" in proc.stderr
 
@@ -42,9 +54,16 @@ def test_sigterm_lets_the_stream_in_flight_finish(tiny_model_dir, short_tmp):
     got = {}
 
     def run():
-        chunks = list(oai.chat.completions.create(
-            model="tiny", messages=[{"role": "user", "content": "go"}], max_tokens=150,
-            temperature=0, stream=True, stream_options={"include_usage": True}))
+        chunks = list(
+            oai.chat.completions.create(
+                model="tiny",
+                messages=[{"role": "user", "content": "go"}],
+                max_tokens=150,
+                temperature=0,
+                stream=True,
+                stream_options={"include_usage": True},
+            )
+        )
         got["usage"] = chunks[-1].usage.completion_tokens
         got["finish"] = [c.choices[0].finish_reason for c in chunks if c.choices][-1]
 
@@ -64,8 +83,9 @@ def test_drain_finishes_rows_then_refuses_new_ones(tiny_model_dir, short_tmp):
     got = {}
 
     def run():
-        r = oai.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "x"}],
-                                        max_tokens=80, temperature=0)
+        r = oai.chat.completions.create(
+            model="tiny", messages=[{"role": "user", "content": "x"}], max_tokens=80, temperature=0
+        )
         got["finish"] = r.choices[0].finish_reason
 
     try:
@@ -77,7 +97,9 @@ def test_drain_finishes_rows_then_refuses_new_ones(tiny_model_dir, short_tmp):
             assert body["status"] == "drained" and body["cancelled"] == 0
             t.join(30)
             assert got["finish"] == "length"
-            r = c.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "x"}]})
+            r = c.post(
+                "/v1/chat/completions", json={"messages": [{"role": "user", "content": "x"}]}
+            )
             assert r.status_code == 503
             health = c.get("/health")  # unhealthy: routing and the watchdog must see it
             assert health.status_code == 503 and health.json()["status"] == "draining"
@@ -93,8 +115,12 @@ def test_drain_deadline_cancels_with_a_clear_error(tiny_model_dir, short_tmp):
 
     def run():
         try:
-            oai.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "x"}],
-                                        max_tokens=3000, temperature=0)
+            oai.chat.completions.create(
+                model="tiny",
+                messages=[{"role": "user", "content": "x"}],
+                max_tokens=3000,
+                temperature=0,
+            )
         except Exception as exc:  # noqa: BLE001 - the test inspects it
             got["exc"] = exc
 

@@ -14,8 +14,11 @@ def chat_text(oai, **kw) -> str:
 
 
 def stream_text(oai, **kw) -> tuple[str, list]:
-    chunks = list(oai.chat.completions.create(model="tiny", messages=kw.pop("messages", MSG),
-                                              stream=True, **kw))
+    chunks = list(
+        oai.chat.completions.create(
+            model="tiny", messages=kw.pop("messages", MSG), stream=True, **kw
+        )
+    )
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     return text, chunks
 
@@ -34,8 +37,14 @@ def test_chat_reports_length_and_usage(oai):
 
 
 def test_max_completion_tokens_gives_exactly_that_many_tokens(oai):
-    r = oai.chat.completions.create(model="tiny", messages=MSG, max_completion_tokens=7,
-                                    temperature=0, logprobs=True, top_logprobs=3)
+    r = oai.chat.completions.create(
+        model="tiny",
+        messages=MSG,
+        max_completion_tokens=7,
+        temperature=0,
+        logprobs=True,
+        top_logprobs=3,
+    )
     assert r.choices[0].finish_reason == "length"
     assert r.usage.completion_tokens == 7
     content = r.choices[0].logprobs.content
@@ -47,8 +56,9 @@ def test_max_completion_tokens_gives_exactly_that_many_tokens(oai):
 
 def test_stream_matches_plain_response(oai):
     plain = chat_text(oai, max_tokens=24, temperature=0)
-    text, chunks = stream_text(oai, max_tokens=24, temperature=0,
-                               stream_options={"include_usage": True})
+    text, chunks = stream_text(
+        oai, max_tokens=24, temperature=0, stream_options={"include_usage": True}
+    )
     assert text == plain
     assert chunks[0].choices[0].delta.role == "assistant"
     finals = [c for c in chunks if c.choices and c.choices[0].finish_reason]
@@ -66,8 +76,9 @@ def test_stop_string_across_tokens_is_cut_and_not_emitted(oai):
     assert len(full) > 20
     stop = full[10:16]
     cut = full[: full.find(stop)]
-    r = oai.chat.completions.create(model="tiny", messages=MSG, max_tokens=40, temperature=0,
-                                    stop=[stop, "never-appears-xyz"])
+    r = oai.chat.completions.create(
+        model="tiny", messages=MSG, max_tokens=40, temperature=0, stop=[stop, "never-appears-xyz"]
+    )
     assert r.choices[0].finish_reason == "stop"
     assert r.choices[0].message.content == cut
     streamed, _ = stream_text(oai, max_tokens=40, temperature=0, stop=stop)
@@ -75,20 +86,25 @@ def test_stop_string_across_tokens_is_cut_and_not_emitted(oai):
 
 
 def test_completions_plain_and_stream(oai):
-    r = oai.completions.create(model="tiny", prompt="Once upon a time", max_tokens=10,
-                               temperature=0)
+    r = oai.completions.create(
+        model="tiny", prompt="Once upon a time", max_tokens=10, temperature=0
+    )
     assert r.object == "text_completion"
     assert r.choices[0].finish_reason == "length"
     assert r.usage.completion_tokens == 10
-    chunks = list(oai.completions.create(model="tiny", prompt="Once upon a time", max_tokens=10,
-                                         temperature=0, stream=True))
+    chunks = list(
+        oai.completions.create(
+            model="tiny", prompt="Once upon a time", max_tokens=10, temperature=0, stream=True
+        )
+    )
     assert "".join(c.choices[0].text for c in chunks if c.choices) == r.choices[0].text
     assert chunks[-1].choices[0].finish_reason == "length"
 
 
 def test_completions_token_prompt_and_logprobs(oai):
-    r = oai.completions.create(model="tiny", prompt=[5, 6, 7, 8], max_tokens=5, temperature=0,
-                               logprobs=2)
+    r = oai.completions.create(
+        model="tiny", prompt=[5, 6, 7, 8], max_tokens=5, temperature=0, logprobs=2
+    )
     lp = r.choices[0].logprobs
     assert len(lp.tokens) == len(lp.token_logprobs) == len(lp.top_logprobs) == 5
     assert "".join(lp.tokens) == r.choices[0].text
@@ -99,9 +115,16 @@ def test_seed_gives_same_text_whatever_shares_the_batch(oai):
     alone = chat_text(oai, **kw)
     assert chat_text(oai, **{**kw, "seed": 99}) != alone
     with ThreadPoolExecutor(6) as pool:
-        others = [pool.submit(chat_text, oai, max_tokens=40, temperature=0.9,
-                              messages=[{"role": "user", "content": f"noise {i}"}])
-                  for i in range(4)]
+        others = [
+            pool.submit(
+                chat_text,
+                oai,
+                max_tokens=40,
+                temperature=0.9,
+                messages=[{"role": "user", "content": f"noise {i}"}],
+            )
+            for i in range(4)
+        ]
         time.sleep(0.05)
         again = pool.submit(chat_text, oai, **kw)
         assert again.result() == alone
@@ -111,10 +134,18 @@ def test_seed_gives_same_text_whatever_shares_the_batch(oai):
 def test_eight_concurrent_streams_complete(oai):
     prompts = [[{"role": "user", "content": f"Question number {i}: why?"}] for i in range(8)]
     with ThreadPoolExecutor(8) as pool:
-        results = list(pool.map(
-            lambda m: stream_text(oai, messages=m, max_tokens=16 + len(m[0]["content"]) % 5,
-                                  temperature=0, stream_options={"include_usage": True}),
-            prompts))
+        results = list(
+            pool.map(
+                lambda m: stream_text(
+                    oai,
+                    messages=m,
+                    max_tokens=16 + len(m[0]["content"]) % 5,
+                    temperature=0,
+                    stream_options={"include_usage": True},
+                ),
+                prompts,
+            )
+        )
     for (text, chunks), m in zip(results, prompts):
         assert text
         assert chunks[-1].usage.completion_tokens == 16 + len(m[0]["content"]) % 5
@@ -123,8 +154,9 @@ def test_eight_concurrent_streams_complete(oai):
 
 def test_disconnect_frees_its_row(oai, http):
     before = http.get("/stats").json()["cancellations"]
-    stream = oai.chat.completions.create(model="tiny", messages=MSG, max_tokens=400,
-                                         temperature=0, stream=True)
+    stream = oai.chat.completions.create(
+        model="tiny", messages=MSG, max_tokens=400, temperature=0, stream=True
+    )
     for i, _ in enumerate(stream):
         if i == 3:
             break
@@ -145,6 +177,14 @@ def test_health_models_stats(http):
     models = http.get("/v1/models").json()
     assert models["object"] == "list" and models["data"][0]["id"] == "tiny"
     s = http.get("/stats").json()
-    for key in ("rows_active", "rows_queued", "prompt_tokens", "generation_tokens",
-                "prompt_tps", "decode_tps", "memory_active_bytes", "cancellations"):
+    for key in (
+        "rows_active",
+        "rows_queued",
+        "prompt_tokens",
+        "generation_tokens",
+        "prompt_tps",
+        "decode_tps",
+        "memory_active_bytes",
+        "cancellations",
+    ):
         assert key in s

@@ -15,7 +15,8 @@ from tiny_model import CHAT_TEMPLATE, build_tiny_model
 CLOSED = "{%- if enable_thinking is defined and enable_thinking is false %}"
 OPEN_THINK = CHAT_TEMPLATE.replace(
     CLOSED + "\n{{- '<think>\\n\\n</think>\\n\\n' }}\n{%- endif %}",
-    CLOSED + "\n{{- '<think>\\n\\n</think>\\n\\n' }}\n{%- else %}{{- '<think>\\n' }}{%- endif %}")
+    CLOSED + "\n{{- '<think>\\n\\n</think>\\n\\n' }}\n{%- else %}{{- '<think>\\n' }}{%- endif %}",
+)
 MSG = [{"role": "user", "content": "Where is the Eiffel tower?"}]
 THINK_ON = {"chat_template_kwargs": {"enable_thinking": True}}
 
@@ -29,8 +30,14 @@ def model_dir(tmp_path_factory):
 @pytest.fixture(scope="module")
 def oai(model_dir, short_tmp):
     sock = short_tmp / "think.sock"
-    proc = start_worker(model_dir, sock, "tiny", "--no-enable-thinking", "--no-ssd-cache",
-                        log=short_tmp / "think.log")
+    proc = start_worker(
+        model_dir,
+        sock,
+        "tiny",
+        "--no-enable-thinking",
+        "--no-ssd-cache",
+        log=short_tmp / "think.log",
+    )
     yield uds_openai(sock)
     stop(proc)
 
@@ -49,8 +56,9 @@ def test_open_think_block_puts_the_output_in_reasoning(oai):
     assert r.choices[0].message.reasoning_content
     assert not r.choices[0].message.content
     chunks = list(ask(oai, max_tokens=6, extra_body=THINK_ON, stream=True))
-    reasoning = "".join(getattr(c.choices[0].delta, "reasoning_content", None) or ""
-                        for c in chunks if c.choices)
+    reasoning = "".join(
+        getattr(c.choices[0].delta, "reasoning_content", None) or "" for c in chunks if c.choices
+    )
     assert reasoning == r.choices[0].message.reasoning_content
     assert not any(c.choices[0].delta.content for c in chunks if c.choices)
 
@@ -59,8 +67,12 @@ def test_constraint_waits_for_the_reasoning_to_end(oai, model_dir):
     # logit_bias makes the model close its think block at once; the regex then governs the
     # answer only (applied from the first token, "</think>" could never be produced).
     end = Tokenizer.from_file(str(model_dir / "tokenizer.json")).token_to_id("</think>")
-    r = ask(oai, max_tokens=40, logit_bias={str(end): 100},
-            extra_body={**THINK_ON, "guided_regex": "Paris, France"})
+    r = ask(
+        oai,
+        max_tokens=40,
+        logit_bias={str(end): 100},
+        extra_body={**THINK_ON, "guided_regex": "Paris, France"},
+    )
     msg = r.choices[0].message
     assert msg.content == "Paris, France" and not msg.reasoning_content
     assert r.choices[0].finish_reason == "stop"

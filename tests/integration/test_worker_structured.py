@@ -29,17 +29,33 @@ SCHEMA = {
     "required": ["city", "summary", "rain", "days"],
     "additionalProperties": False,
 }
-WEATHER = {"type": "function", "function": {
-    "name": "get_weather", "description": "Current weather",
-    "parameters": {"type": "object", "properties": {"city": {"type": "string", "enum":
-                                                             ["Paris", "London"]}},
-                   "required": ["city"]}}}
-CLOCK = {"type": "function", "function": {"name": "get_time", "parameters": {
-    "type": "object", "properties": {"zone": {"type": "string", "enum": ["UTC", "CET"]}},
-    "required": ["zone"]}}}
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "Current weather",
+        "parameters": {
+            "type": "object",
+            "properties": {"city": {"type": "string", "enum": ["Paris", "London"]}},
+            "required": ["city"],
+        },
+    },
+}
+CLOCK = {
+    "type": "function",
+    "function": {
+        "name": "get_time",
+        "parameters": {
+            "type": "object",
+            "properties": {"zone": {"type": "string", "enum": ["UTC", "CET"]}},
+            "required": ["zone"],
+        },
+    },
+}
 # The exact tool-call text of the template's format, forced with a regex.
-PARIS_CALL = re.escape('<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n'
-                       '</tool_call>')
+PARIS_CALL = re.escape(
+    '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
+)
 
 
 @pytest.fixture(scope="module")
@@ -47,24 +63,44 @@ def worker(tiny_model_dir, short_tmp):
     # Our own worker without the SSD cache tier: rows written here must not turn into cache
     # hits for other modules' workers on the same model.
     sock = short_tmp / "structured.sock"
-    proc = start_worker(tiny_model_dir, sock, "tiny", "--context-limit", str(CONTEXT_LIMIT),
-                        "--no-ssd-cache", log=short_tmp / "structured.log")
+    proc = start_worker(
+        tiny_model_dir,
+        sock,
+        "tiny",
+        "--context-limit",
+        str(CONTEXT_LIMIT),
+        "--no-ssd-cache",
+        log=short_tmp / "structured.log",
+    )
     yield sock
     stop(proc)
 
 
 def chat(oai, **kw):
-    return oai.chat.completions.create(model="tiny", messages=kw.pop("messages", MSG),
-                                       max_tokens=kw.pop("max_tokens", None), **kw)
+    return oai.chat.completions.create(
+        model="tiny", messages=kw.pop("messages", MSG), max_tokens=kw.pop("max_tokens", None), **kw
+    )
 
 
 def test_json_schema_holds_for_every_concurrent_request(oai):
-    fmt = {"type": "json_schema", "json_schema": {"name": "weather", "schema": SCHEMA,
-                                                  "strict": True}}
+    fmt = {
+        "type": "json_schema",
+        "json_schema": {"name": "weather", "schema": SCHEMA, "strict": True},
+    }
     with ThreadPoolExecutor(6) as pool:
-        results = list(pool.map(
-            lambda i: chat(oai, response_format=fmt, temperature=1.0, seed=i, max_tokens=300,
-                           messages=[{"role": "user", "content": f"Report {i}"}]), range(6)))
+        results = list(
+            pool.map(
+                lambda i: chat(
+                    oai,
+                    response_format=fmt,
+                    temperature=1.0,
+                    seed=i,
+                    max_tokens=300,
+                    messages=[{"role": "user", "content": f"Report {i}"}],
+                ),
+                range(6),
+            )
+        )
     for r in results:
         assert r.choices[0].finish_reason == "stop"
         jsonschema.validate(json.loads(r.choices[0].message.content), SCHEMA)
@@ -87,20 +123,33 @@ def test_json_object_choice_regex_and_grammar(oai):
 
 
 def test_completions_accept_constraints_too(oai):
-    r = oai.completions.create(model="tiny", prompt="The answer:", max_tokens=20,
-                               extra_body={"guided_choice": ["yes", "no"]})
+    r = oai.completions.create(
+        model="tiny",
+        prompt="The answer:",
+        max_tokens=20,
+        extra_body={"guided_choice": ["yes", "no"]},
+    )
     assert r.choices[0].text in ("yes", "no") and r.choices[0].finish_reason == "stop"
 
 
-@pytest.mark.parametrize("extra", [
-    {"guided_grammar": 'root ::= "(" root ")" | "x"'},  # recursive: not a regular language
-    {"response_format": {"type": "json_schema",
-                         "json_schema": {"name": "x", "schema": {"type": "nonsense"}}}},
-])
+@pytest.mark.parametrize(
+    "extra",
+    [
+        {"guided_grammar": 'root ::= "(" root ")" | "x"'},  # recursive: not a regular language
+        {
+            "response_format": {
+                "type": "json_schema",
+                "json_schema": {"name": "x", "schema": {"type": "nonsense"}},
+            }
+        },
+    ],
+)
 def test_uncompilable_constraint_degrades_with_a_warning(http, extra):
     for stream in (False, True):
-        r = http.post("/v1/chat/completions", json={"messages": MSG, "max_tokens": 4,
-                                                    "stream": stream, **extra})
+        r = http.post(
+            "/v1/chat/completions",
+            json={"messages": MSG, "max_tokens": 4, "stream": stream, **extra},
+        )
         assert r.status_code == 200, r.text
         assert r.headers["warning"].startswith('299 mlxd "')
         assert "system prompt" in r.headers["warning"]
@@ -118,13 +167,18 @@ def test_tool_call_is_parsed_into_tool_calls(oai):
 
 
 def test_named_tool_choice_is_enforced_and_streamed_as_tool_call_deltas(oai):
-    chunks = list(chat(oai, tools=[WEATHER, CLOCK], stream=True,
-                       tool_choice={"type": "function", "function": {"name": "get_time"}}))
+    chunks = list(
+        chat(
+            oai,
+            tools=[WEATHER, CLOCK],
+            stream=True,
+            tool_choice={"type": "function", "function": {"name": "get_time"}},
+        )
+    )
     deltas = [tc for c in chunks if c.choices for tc in c.choices[0].delta.tool_calls or []]
     assert [d.index for d in deltas] == [0]
     assert deltas[0].function.name == "get_time" and deltas[0].id.startswith("call_")
-    jsonschema.validate(json.loads(deltas[0].function.arguments),
-                        CLOCK["function"]["parameters"])
+    jsonschema.validate(json.loads(deltas[0].function.arguments), CLOCK["function"]["parameters"])
     assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "tool_calls"
 
 
@@ -137,8 +191,11 @@ def test_required_tool_choice_calls_one_of_the_tools(oai):
 def test_tool_choice_none_renders_no_tools(oai):
     with_tools = chat(oai, tools=[WEATHER], max_tokens=1).usage.prompt_tokens
     without = chat(oai, max_tokens=1).usage.prompt_tokens
-    assert chat(oai, tools=[WEATHER], tool_choice="none",
-                max_tokens=1).usage.prompt_tokens == without < with_tools
+    assert (
+        chat(oai, tools=[WEATHER], tool_choice="none", max_tokens=1).usage.prompt_tokens
+        == without
+        < with_tools
+    )
     r = chat(oai, tools=[WEATHER], tool_choice="none", extra_body={"guided_regex": PARIS_CALL})
     assert r.choices[0].message.tool_calls is None  # no tools offered: the text is just text
     assert r.choices[0].message.content.startswith("<tool_call>")
@@ -146,9 +203,17 @@ def test_tool_choice_none_renders_no_tools(oai):
 
 def test_tool_round_trip_with_history(oai):
     history = MSG + [
-        {"role": "assistant", "content": None, "tool_calls": [{
-            "id": "call_1", "type": "function",
-            "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}]},
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {
+                    "id": "call_1",
+                    "type": "function",
+                    "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'},
+                }
+            ],
+        },
         {"role": "tool", "tool_call_id": "call_1", "content": '{"sky": "clear"}'},
     ]
     r = chat(oai, messages=history, tools=[WEATHER], extra_body={"guided_regex": "Clear skies"})
@@ -157,11 +222,20 @@ def test_tool_round_trip_with_history(oai):
     # The JSON-string arguments were rendered as an object, not quoted again: the prompt is
     # exactly as long as with the arguments given as an object.
     as_object = [dict(m) for m in history]
-    as_object[1] = {**history[1], "tool_calls": [{**history[1]["tool_calls"][0], "function": {
-        "name": "get_weather", "arguments": {"city": "Paris"}}}]}
+    as_object[1] = {
+        **history[1],
+        "tool_calls": [
+            {
+                **history[1]["tool_calls"][0],
+                "function": {"name": "get_weather", "arguments": {"city": "Paris"}},
+            }
+        ],
+    }
     r2 = chat(oai, messages=as_object, tools=[WEATHER], max_tokens=1)
-    assert r2.usage.prompt_tokens == chat(oai, messages=history, tools=[WEATHER],
-                                          max_tokens=1).usage.prompt_tokens
+    assert (
+        r2.usage.prompt_tokens
+        == chat(oai, messages=history, tools=[WEATHER], max_tokens=1).usage.prompt_tokens
+    )
 
 
 def test_reasoning_goes_to_reasoning_content(oai):
@@ -171,8 +245,9 @@ def test_reasoning_goes_to_reasoning_content(oai):
     assert re.fullmatch("[a-z]{3,8} [a-z]{3,8}", msg.reasoning_content)
     assert msg.content == "The answer"
     chunks = list(chat(oai, extra_body=forced, stream=True))
-    reasoning = "".join(getattr(c.choices[0].delta, "reasoning_content", None) or ""
-                        for c in chunks if c.choices)
+    reasoning = "".join(
+        getattr(c.choices[0].delta, "reasoning_content", None) or "" for c in chunks if c.choices
+    )
     content = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     assert re.fullmatch("[a-z]{3,8} [a-z]{3,8}", reasoning) and content == "The answer"
     assert "<think>" not in content

@@ -18,10 +18,12 @@ from mlxd.shared.logs import (
     bind_log_context,
     reset_log_context,
 )
-from mlxd.supervisor import ctl_local, ctl_tables, logtail
-from mlxd.supervisor.auth import bind_refusal, is_loopback_host, is_loopback_ip
-from mlxd.supervisor.ctl_client import CtlError, model_path
-from mlxd.supervisor.mlxctl import main as mlxctl
+from mlxd.supervisor.admin import logtail
+from mlxd.supervisor.ctl import local as ctl_local
+from mlxd.supervisor.ctl import tables as ctl_tables
+from mlxd.supervisor.ctl.client import CtlError, model_path
+from mlxd.supervisor.ctl.mlxctl import main as mlxctl
+from mlxd.supervisor.http.auth import bind_refusal, is_loopback_host, is_loopback_ip
 
 
 def test_tail_and_follow(tmp_path):
@@ -88,8 +90,11 @@ def test_pull_downloads_then_moves_into_place(tmp_path):
     models = tmp_path / "models"
     dest = ctl_local.pull("org/name", models, download=fake_download)
     assert dest == models / "org" / "name"
-    assert sorted(p.name for p in dest.iterdir()) == ["config.json", "model.safetensors",
-                                                      "tokenizer.json"]
+    assert sorted(p.name for p in dest.iterdir()) == [
+        "config.json",
+        "model.safetensors",
+        "tokenizer.json",
+    ]
     repo, revision, patterns = calls[0]
     assert (repo, revision) == ("org/name", None)
     assert {"*.json", "*.safetensors", "tokenizer*"} <= set(patterns)
@@ -108,14 +113,26 @@ def test_pull_downloads_then_moves_into_place(tmp_path):
 
 
 def test_pull_offline_says_why_in_one_line(tmp_path):
-    p = subprocess.run([sys.executable, "-m", "mlxd.supervisor.mlxctl", "--home", str(tmp_path),
-                        "pull", "someone/not-cached-anywhere"], capture_output=True, text=True,
-                       timeout=120, env={**os.environ, "HF_HUB_OFFLINE": "1",
-                                         "HF_HOME": str(tmp_path / "hf")})
+    p = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "mlxd.supervisor.ctl.mlxctl",
+            "--home",
+            str(tmp_path),
+            "pull",
+            "someone/not-cached-anywhere",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "HF_HUB_OFFLINE": "1", "HF_HOME": str(tmp_path / "hf")},
+    )
     assert p.returncode == 1
     err = p.stderr.strip().splitlines()
-    assert len(err) == 1 and err[0].startswith("mlxctl: cannot download "
-                                               "someone/not-cached-anywhere: ")
+    assert len(err) == 1 and err[0].startswith(
+        "mlxctl: cannot download someone/not-cached-anywhere: "
+    )
 
 
 def test_pull_through_main_with_the_hub_stubbed(tmp_path, monkeypatch, capsys):
@@ -136,6 +153,9 @@ def test_tables_and_paths():
     assert ctl_tables.duration(5) == "5s" and ctl_tables.duration(125) == "2m05s"
     assert ctl_tables.duration(3700) == "1h01m"
     assert ctl_tables.table(["A", "LONG"], [["x", None], ["yyy", 2]]).splitlines() == [
-        "A    LONG", "x    -", "yyy  2"]
+        "A    LONG",
+        "x    -",
+        "yyy  2",
+    ]
     assert model_path("org/m", "load") == "/admin/models/org/m/load"
     assert model_path("a b") == "/admin/models/a%20b"

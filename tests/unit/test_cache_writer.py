@@ -8,9 +8,9 @@ import threading
 
 import numpy as np
 
-from mlxd.worker import cache_format
-from mlxd.worker.cache_ssd import SsdStore
-from mlxd.worker.cache_writer import CacheWriter, WriteJob
+from mlxd.worker.cache import format as cache_format
+from mlxd.worker.cache.ssd import SsdStore
+from mlxd.worker.cache.writer import CacheWriter, WriteJob
 
 
 class SlowStore:
@@ -30,8 +30,15 @@ class SlowStore:
 
 
 def job(i: int, outcomes: dict) -> WriteJob:
-    return WriteJob("", (i,), {"0.k": np.zeros(4, np.float32)}, {}, None, None,
-                    lambda ok, i=i: outcomes.__setitem__(i, ok))
+    return WriteJob(
+        "",
+        (i,),
+        {"0.k": np.zeros(4, np.float32)},
+        {},
+        None,
+        None,
+        lambda ok, i=i: outcomes.__setitem__(i, ok),
+    )
 
 
 def test_full_queue_drops_oldest_and_never_blocks_the_caller():

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from mlxd.worker.chat_output import OutputSplitter, StopScanner
+from mlxd.worker.chat.output import OutputSplitter, StopScanner
 
 THINK = ("<think>", "</think>")
 TOOL = ("<tool_call>", "</tool_call>")
@@ -24,7 +24,7 @@ def split(deltas: list[str], **kw) -> list[tuple[str, str]]:
 
 
 def chunks(text: str, n: int) -> list[str]:
-    return [text[i:i + n] for i in range(0, len(text), n)]
+    return [text[i : i + n] for i in range(0, len(text), n)]
 
 
 @pytest.mark.parametrize("n", [1, 2, 3, 7, 100])
@@ -41,7 +41,9 @@ def test_tool_calls_are_whole_blocks_and_layout_is_dropped(n):
 
 def test_prompt_that_opened_a_think_block_starts_in_reasoning():
     assert split(["still thinking", " here</think>ok"], in_reasoning=True) == [
-        ("reasoning", "still thinking here"), ("text", "ok")]
+        ("reasoning", "still thinking here"),
+        ("text", "ok"),
+    ]
 
 
 def test_cut_off_reasoning_stays_reasoning():

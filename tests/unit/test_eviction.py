@@ -2,7 +2,7 @@
 
 import pytest
 
-from mlxd.supervisor.eviction import DoesNotFit, Resident, plan_eviction
+from mlxd.supervisor.lifecycle.eviction import DoesNotFit, Resident, plan_eviction
 
 GB = 1 << 30
 
@@ -22,8 +22,12 @@ def test_evicts_least_recently_used_idle_first():
 
 
 def test_never_evicts_busy_or_pinned_or_starting():
-    res = [r("busy", 4, leases=1, used=0), r("pin", 2, pinned=True), r("start", 2, evictable=False),
-           r("idle", 1, used=9)]
+    res = [
+        r("busy", 4, leases=1, used=0),
+        r("pin", 2, pinned=True),
+        r("start", 2, evictable=False),
+        r("idle", 1, used=9),
+    ]
     assert plan_eviction(res, 2 * GB, 10 * GB, 0) == ["idle"]
     assert plan_eviction(res, 4 * GB, 10 * GB, 0) is None  # only busy ones stand in the way
 

@@ -4,16 +4,25 @@ from __future__ import annotations
 
 import pytest
 
-from mlxd.worker.grammar_cache import ByteLRU
-from mlxd.worker.grammar_limits import GrammarLimits, GrammarTooLarge, check_regex, check_spec
+from mlxd.worker.grammar.cache import ByteLRU
+from mlxd.worker.grammar.limits import GrammarLimits, GrammarTooLarge, check_regex, check_spec
 
 LIMITS = GrammarLimits(max_repeat=1000, max_bytes=4096, max_positions=5000)
 
 
-@pytest.mark.parametrize("regex", [
-    ".{1,65535}", "a{1001}", "(ab){2000,}", "x{0,99999999999999999999}", "[a-z]{3}{5000}",
-    "a{ 2 , 5000 }", "a{,5000}", "(?x)a{5 0 0 0}",  # the dialect reads these as counts
-])
+@pytest.mark.parametrize(
+    "regex",
+    [
+        ".{1,65535}",
+        "a{1001}",
+        "(ab){2000,}",
+        "x{0,99999999999999999999}",
+        "[a-z]{3}{5000}",
+        "a{ 2 , 5000 }",
+        "a{,5000}",
+        "(?x)a{5 0 0 0}",  # the dialect reads these as counts
+    ],
+)
 def test_a_repetition_over_the_cap_is_refused(regex):
     with pytest.raises(GrammarTooLarge) as exc:
         check_regex(regex, "guided_regex", LIMITS)
@@ -21,24 +30,30 @@ def test_a_repetition_over_the_cap_is_refused(regex):
     assert "grammar_max_repeat" in exc.value.message and "1000" in exc.value.message
 
 
-@pytest.mark.parametrize("regex", [
-    "(a{100}){100}",  # nested counts multiply: 10 000 positions
-    "((x{20}){20}){20}",
-    "(" * 10 + "a{999}" + ")" * 10 + "{9}",
-])
+@pytest.mark.parametrize(
+    "regex",
+    [
+        "(a{100}){100}",  # nested counts multiply: 10 000 positions
+        "((x{20}){20}){20}",
+        "(" * 10 + "a{999}" + ")" * 10 + "{9}",
+    ],
+)
 def test_nested_repetitions_multiply(regex):
     with pytest.raises(GrammarTooLarge, match="grammar_max_positions"):
         check_regex(regex, "guided_regex", LIMITS)
 
 
-@pytest.mark.parametrize("regex,positions", [
-    ("[A-Z][a-z]{2,6} [0-9]{2}", 1 + 6 + 1 + 2),
-    (r"\{\d{3}\}", 1 + 3 + 1),  # escaped braces are literals, not counts
-    (r"\p{L}{4}|x", 4 + 1),  # a class name in braces is no count either
-    ("(?i)(?:ab){3}(?P<n>c)", 6 + 1),
-    ("[{]{1,2}[]a]", 2 + 1),
-    ("a{2}{3}", 6),
-])
+@pytest.mark.parametrize(
+    "regex,positions",
+    [
+        ("[A-Z][a-z]{2,6} [0-9]{2}", 1 + 6 + 1 + 2),
+        (r"\{\d{3}\}", 1 + 3 + 1),  # escaped braces are literals, not counts
+        (r"\p{L}{4}|x", 4 + 1),  # a class name in braces is no count either
+        ("(?i)(?:ab){3}(?P<n>c)", 6 + 1),
+        ("[{]{1,2}[]a]", 2 + 1),
+        ("a{2}{3}", 6),
+    ],
+)
 def test_ordinary_patterns_pass_and_are_counted(regex, positions):
     assert check_regex(regex, "guided_regex", LIMITS) == positions
 
@@ -49,8 +64,10 @@ def test_deep_nesting_is_refused_without_a_recursion_error():
 
 
 def test_schema_counts_are_named_by_their_path():
-    schema = {"type": "object", "properties": {
-        "tags": {"type": "array", "items": {"type": "string", "minLength": 1e9}}}}
+    schema = {
+        "type": "object",
+        "properties": {"tags": {"type": "array", "items": {"type": "string", "minLength": 1e9}}},
+    }
     with pytest.raises(GrammarTooLarge) as exc:
         check_spec("json_schema", schema, "response_format", LIMITS)
     where = "response_format.json_schema.schema.properties.tags.items.minLength"
@@ -65,10 +82,14 @@ def test_every_count_keyword_is_capped(keyword):
 
 
 def test_counts_within_the_cap_and_other_numbers_pass():
-    schema = {"type": "object", "properties": {
-        "name": {"type": "string", "maxLength": 1000},
-        "age": {"type": "integer", "maximum": 10**12},  # a value bound, not a repetition
-        "minLength": {"type": "boolean"}}}  # a property that happens to be called minLength
+    schema = {
+        "type": "object",
+        "properties": {
+            "name": {"type": "string", "maxLength": 1000},
+            "age": {"type": "integer", "maximum": 10**12},  # a value bound, not a repetition
+            "minLength": {"type": "boolean"},
+        },
+    }  # a property that happens to be called minLength
     check_spec("json_schema", schema, "guided_json", LIMITS)
 
 

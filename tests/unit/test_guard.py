@@ -12,9 +12,9 @@ from aiohttp.test_utils import TestServer
 
 from mlxd.shared.config import Settings
 from mlxd.shared.middleware import error_middleware
-from mlxd.supervisor.auth import auth_middleware, insecure_warning
-from mlxd.supervisor.cors import add_cors, cors_middleware
-from mlxd.supervisor.guard import (
+from mlxd.supervisor.http.auth import auth_middleware, insecure_warning
+from mlxd.supervisor.http.cors import add_cors, cors_middleware
+from mlxd.supervisor.http.guard import (
     content_type_refusal,
     guard_middleware,
     host_allowed,
@@ -31,83 +31,121 @@ def settings(**kw) -> Settings:
     return Settings(**{"host": "127.0.0.1", "port": PORT, **kw})
 
 
-@pytest.mark.parametrize("raw", [
-    "/v1/%2e%2e/admin/drain", "/v1/%2E%2E/admin/drain", "/v1/../admin/drain", "/v1/./x",
-    "/v1/.%2e/x", "/v1/chat/completions/..", "/v1/..%2fadmin/drain", "/v1/%252e%252e/x",
-    "/v1/a%5cb",
-    "/v1/a\\b", "/admin/models/%2e", "/..", "/v1/%2e%2e?x=1",
-])
+@pytest.mark.parametrize(
+    "raw",
+    [
+        "/v1/%2e%2e/admin/drain",
+        "/v1/%2E%2E/admin/drain",
+        "/v1/../admin/drain",
+        "/v1/./x",
+        "/v1/.%2e/x",
+        "/v1/chat/completions/..",
+        "/v1/..%2fadmin/drain",
+        "/v1/%252e%252e/x",
+        "/v1/a%5cb",
+        "/v1/a\\b",
+        "/admin/models/%2e",
+        "/..",
+        "/v1/%2e%2e?x=1",
+    ],
+)
 def test_dot_segments_and_encoded_separators_are_refused(raw):
     assert path_refusal(raw) is not None
 
 
-@pytest.mark.parametrize("raw", [
-    "/v1/chat/completions", "/v1/chat/completions?stream=1&a=%2F..", "/admin/models/org/name",
-    "/v1/models/a..b", "/v1/models/.hidden", "/health", "/v1/models/a%20b", "/",
-    "/v1/models/mlx-community%2FQwen3-0.6B-4bit", "/admin/models/org%2fname",  # SDK ids
-])
+@pytest.mark.parametrize(
+    "raw",
+    [
+        "/v1/chat/completions",
+        "/v1/chat/completions?stream=1&a=%2F..",
+        "/admin/models/org/name",
+        "/v1/models/a..b",
+        "/v1/models/.hidden",
+        "/health",
+        "/v1/models/a%20b",
+        "/",
+        "/v1/models/mlx-community%2FQwen3-0.6B-4bit",
+        "/admin/models/org%2fname",  # SDK ids
+    ],
+)
 def test_ordinary_paths_pass(raw):
     assert path_refusal(raw) is None
 
 
-@pytest.mark.parametrize("header,name", [
-    ("localhost:8080", "localhost"), ("LOCALHOST.", "localhost"), ("[::1]:8080", "::1"),
-    ("127.0.0.1", "127.0.0.1"), ("a.example:80", "a.example"), ("::1", "::1"),
-])
+@pytest.mark.parametrize(
+    "header,name",
+    [
+        ("localhost:8080", "localhost"),
+        ("LOCALHOST.", "localhost"),
+        ("[::1]:8080", "::1"),
+        ("127.0.0.1", "127.0.0.1"),
+        ("a.example:80", "a.example"),
+        ("::1", "::1"),
+    ],
+)
 def test_host_name(header, name):
     assert host_name(header) == name
 
 
-@pytest.mark.parametrize("name,extra,ok", [
-    ("localhost", {}, True),
-    ("app.localhost", {}, True),
-    ("127.0.0.1", {}, True),
-    ("::1", {}, True),
-    ("192.168.1.5", {}, True),  # an IP literal is never a rebound name
-    ("evil.example", {}, False),
-    ("localhost.evil.example", {}, False),
-    ("evil.example", {"allowed_hosts": ["evil.example"]}, True),
-    ("Box.Lan", {"allowed_hosts": ["box.lan:8080"]}, False),  # names are compared lowercased
-    ("box.lan", {"allowed_hosts": ["Box.Lan:8080"]}, True),
-    ("anything.example", {"allowed_hosts": ["*"]}, True),
-    ("mybox.local", {"host": "mybox.local"}, True),  # the bind host
-])
+@pytest.mark.parametrize(
+    "name,extra,ok",
+    [
+        ("localhost", {}, True),
+        ("app.localhost", {}, True),
+        ("127.0.0.1", {}, True),
+        ("::1", {}, True),
+        ("192.168.1.5", {}, True),  # an IP literal is never a rebound name
+        ("evil.example", {}, False),
+        ("localhost.evil.example", {}, False),
+        ("evil.example", {"allowed_hosts": ["evil.example"]}, True),
+        ("Box.Lan", {"allowed_hosts": ["box.lan:8080"]}, False),  # names are compared lowercased
+        ("box.lan", {"allowed_hosts": ["Box.Lan:8080"]}, True),
+        ("anything.example", {"allowed_hosts": ["*"]}, True),
+        ("mybox.local", {"host": "mybox.local"}, True),  # the bind host
+    ],
+)
 def test_host_allowed(name, extra, ok):
     assert host_allowed(name, settings(**extra)) is ok
 
 
-@pytest.mark.parametrize("origin,areas,extra,ok", [
-    (f"http://localhost:{PORT}", {"admin"}, {}, True),  # the daemon's own pages
-    (f"http://127.0.0.1:{PORT}", {"api"}, {}, True),
-    (f"http://[::1]:{PORT}", {"admin"}, {}, True),
-    ("http://localhost:3000", {"api"}, {}, False),  # another local server's page
-    (f"https://localhost:{PORT}", {"api"}, {}, False),
-    (f"http://evil.example:{PORT}", {"api"}, {}, False),
-    ("null", {"api"}, {}, False),
-    ("http://app.example", {"api"}, {"cors_origins": ["http://app.example"]}, True),
-    ("http://app.example", set(), {"cors_origins": ["http://app.example"]}, True),  # /health
-    ("http://app.example", {"admin"}, {"cors_origins": ["http://app.example"]}, False),
-    ("http://any.example", {"api"}, {"cors_origins": ["*"]}, True),
-    ("http://any.example", {"admin"}, {"cors_origins": ["*"]}, False),
-    ("http://any.example", set(), {"cors_origins": ["*"]}, False),  # "*" is for /v1 only
-    (f"http://box.lan:{PORT}", {"admin"}, {"allowed_hosts": ["box.lan"]}, True),
-])
+@pytest.mark.parametrize(
+    "origin,areas,extra,ok",
+    [
+        (f"http://localhost:{PORT}", {"admin"}, {}, True),  # the daemon's own pages
+        (f"http://127.0.0.1:{PORT}", {"api"}, {}, True),
+        (f"http://[::1]:{PORT}", {"admin"}, {}, True),
+        ("http://localhost:3000", {"api"}, {}, False),  # another local server's page
+        (f"https://localhost:{PORT}", {"api"}, {}, False),
+        (f"http://evil.example:{PORT}", {"api"}, {}, False),
+        ("null", {"api"}, {}, False),
+        ("http://app.example", {"api"}, {"cors_origins": ["http://app.example"]}, True),
+        ("http://app.example", set(), {"cors_origins": ["http://app.example"]}, True),  # /health
+        ("http://app.example", {"admin"}, {"cors_origins": ["http://app.example"]}, False),
+        ("http://any.example", {"api"}, {"cors_origins": ["*"]}, True),
+        ("http://any.example", {"admin"}, {"cors_origins": ["*"]}, False),
+        ("http://any.example", set(), {"cors_origins": ["*"]}, False),  # "*" is for /v1 only
+        (f"http://box.lan:{PORT}", {"admin"}, {"allowed_hosts": ["box.lan"]}, True),
+    ],
+)
 def test_origin_allowed(origin, areas, extra, ok):
     assert origin_allowed(origin, areas, settings(**extra), PORT) is ok
 
 
-@pytest.mark.parametrize("headers,refused", [
-    ({}, False),
-    ({"Content-Type": "application/json"}, False),
-    ({"Content-Type": "Application/JSON; charset=utf-8"}, False),
-    ({"Content-Type": "application/vnd.api+json"}, False),
-    ({"Content-Type": "application/x-www-form-urlencoded"}, False),  # curl -d
-    ({"Content-Type": "application/x-www-form-urlencoded", "Origin": "http://a"}, True),
-    ({"Content-Type": "text/plain"}, True),
-    ({"Content-Type": "text/plain;charset=UTF-8", "Origin": "http://a"}, True),
-    ({"Content-Type": "multipart/form-data; boundary=x"}, True),
-    ({"Content-Type": "application/jsonx"}, True),
-])
+@pytest.mark.parametrize(
+    "headers,refused",
+    [
+        ({}, False),
+        ({"Content-Type": "application/json"}, False),
+        ({"Content-Type": "Application/JSON; charset=utf-8"}, False),
+        ({"Content-Type": "application/vnd.api+json"}, False),
+        ({"Content-Type": "application/x-www-form-urlencoded"}, False),  # curl -d
+        ({"Content-Type": "application/x-www-form-urlencoded", "Origin": "http://a"}, True),
+        ({"Content-Type": "text/plain"}, True),
+        ({"Content-Type": "text/plain;charset=UTF-8", "Origin": "http://a"}, True),
+        ({"Content-Type": "multipart/form-data; boundary=x"}, True),
+        ({"Content-Type": "application/jsonx"}, True),
+    ],
+)
 def test_content_type_rule(headers, refused):
     assert (content_type_refusal("POST", headers) is not None) is refused
     assert content_type_refusal("GET", headers) is None
@@ -121,6 +159,7 @@ def test_insecure_warning_only_for_an_open_network_bind():
 
 # -- the middleware in an app, over a real socket ---------------------------------------------
 
+
 async def _echo(request: web.Request) -> web.Response:
     return web.json_response({"got": len(await request.read())})
 
@@ -130,8 +169,9 @@ async def _ok(request: web.Request) -> web.Response:
 
 
 def _app(**kw) -> web.Application:
-    app = web.Application(middlewares=[error_middleware, guard_middleware, cors_middleware,
-                                       auth_middleware])
+    app = web.Application(
+        middlewares=[error_middleware, guard_middleware, cors_middleware, auth_middleware]
+    )
     app["settings"] = settings(**kw)
     app.router.add_post("/v1/chat/completions", _echo)
     app.router.add_post("/v1/messages", _echo)
@@ -155,10 +195,19 @@ async def _raw(port: int, request: bytes) -> tuple[int, dict, dict]:
     return status, headers, orjson.loads(body) if body else {}
 
 
-def _request(method: str, path: str, headers: dict[str, str] | None = None,
-             body: bytes = b"{}", host: str | None = "127.0.0.1") -> bytes:
-    h = {**({"Host": host} if host is not None else {}), "Content-Length": str(len(body)),
-         "Connection": "close", **(headers or {})}
+def _request(
+    method: str,
+    path: str,
+    headers: dict[str, str] | None = None,
+    body: bytes = b"{}",
+    host: str | None = "127.0.0.1",
+) -> bytes:
+    h = {
+        **({"Host": host} if host is not None else {}),
+        "Content-Length": str(len(body)),
+        "Connection": "close",
+        **(headers or {}),
+    }
     head = "".join(f"{k}: {v}\r\n" for k, v in h.items())
     version = "1.1" if host is not None else "1.0"  # HTTP/1.1 requires a Host
     return f"{method} {path} HTTP/{version}\r\n{head}\r\n".encode() + body
@@ -170,9 +219,12 @@ def _serve(calls: list[tuple], **kw) -> list[tuple[int, dict, dict]]:
         await server.start_server()
         try:
             own = {"Origin": f"http://127.0.0.1:{server.port}"}
-            return [await _raw(server.port, _request(*c[:1], c[1],
-                                                     own if c[2] == "own" else c[2], *c[3:]))
-                    for c in calls]
+            return [
+                await _raw(
+                    server.port, _request(*c[:1], c[1], own if c[2] == "own" else c[2], *c[3:])
+                )
+                for c in calls
+            ]
         finally:
             await server.close()
 
@@ -180,22 +232,35 @@ def _serve(calls: list[tuple], **kw) -> list[tuple[int, dict, dict]]:
 
 
 def test_middleware_refusals_use_the_envelope_and_good_requests_pass():
-    (drain, anth, host, no_host, admin_x, admin_own, site, text, form, ok, gz, unknown,
-     bad_gz) = _serve([
-        ("POST", "/v1/%2e%2e/admin/drain", {"Content-Type": "text/plain"}),
-        ("POST", "/v1/messages/%2E%2E/x", {}),
-        ("GET", "/health", {}, b"", "evil.example:8080"),
-        ("POST", "/v1/chat/completions", {}, b"{}", None),
-        ("GET", "/admin/models", {"Origin": "http://app.example"}),
-        ("GET", "/admin/models", "own"),
-        ("GET", "/admin/models", {"Sec-Fetch-Site": "cross-site"}),
-        ("POST", "/v1/chat/completions", {"Content-Type": "text/plain"}),
-        ("POST", "/v1/chat/completions", {"Content-Type": FORM_CT, "Origin": "http://app.example"}),
-        ("POST", "/v1/chat/completions", {"Content-Type": "application/json"}),
-        ("POST", "/v1/chat/completions", {"Content-Encoding": "gzip"}, gzip.compress(b"{}")),
-        ("POST", "/v1/foo", {"Content-Type": "text/plain"}),
-        ("POST", "/v1/chat/completions", {"Content-Encoding": "gzip"}, b"not gzip"),
-    ], cors_origins=["http://app.example"])
+    (drain, anth, host, no_host, admin_x, admin_own, site, text, form, ok, gz, unknown, bad_gz) = (
+        _serve(
+            [
+                ("POST", "/v1/%2e%2e/admin/drain", {"Content-Type": "text/plain"}),
+                ("POST", "/v1/messages/%2E%2E/x", {}),
+                ("GET", "/health", {}, b"", "evil.example:8080"),
+                ("POST", "/v1/chat/completions", {}, b"{}", None),
+                ("GET", "/admin/models", {"Origin": "http://app.example"}),
+                ("GET", "/admin/models", "own"),
+                ("GET", "/admin/models", {"Sec-Fetch-Site": "cross-site"}),
+                ("POST", "/v1/chat/completions", {"Content-Type": "text/plain"}),
+                (
+                    "POST",
+                    "/v1/chat/completions",
+                    {"Content-Type": FORM_CT, "Origin": "http://app.example"},
+                ),
+                ("POST", "/v1/chat/completions", {"Content-Type": "application/json"}),
+                (
+                    "POST",
+                    "/v1/chat/completions",
+                    {"Content-Encoding": "gzip"},
+                    gzip.compress(b"{}"),
+                ),
+                ("POST", "/v1/foo", {"Content-Type": "text/plain"}),
+                ("POST", "/v1/chat/completions", {"Content-Encoding": "gzip"}, b"not gzip"),
+            ],
+            cors_origins=["http://app.example"],
+        )
+    )
     assert drain[0] == 400 and "'..'" in drain[2]["error"]["message"]
     assert anth[0] == 400 and anth[2]["type"] == "error"  # Anthropic's envelope on /v1/messages
     assert host[0] == 403 and "allowed_hosts" in host[2]["error"]["message"]
@@ -213,11 +278,14 @@ def test_middleware_refusals_use_the_envelope_and_good_requests_pass():
 
 def test_cors_preflight_follows_the_guard():
     pre = {"Access-Control-Request-Method": "POST"}
-    listed, foreign, admin = _serve([
-        ("OPTIONS", "/v1/chat/completions", {**pre, "Origin": "http://app.example"}, b""),
-        ("OPTIONS", "/v1/chat/completions", {**pre, "Origin": "http://evil.example"}, b""),
-        ("OPTIONS", "/admin/models", {**pre, "Origin": "http://app.example"}, b""),
-    ], cors_origins=["http://app.example"])
+    listed, foreign, admin = _serve(
+        [
+            ("OPTIONS", "/v1/chat/completions", {**pre, "Origin": "http://app.example"}, b""),
+            ("OPTIONS", "/v1/chat/completions", {**pre, "Origin": "http://evil.example"}, b""),
+            ("OPTIONS", "/admin/models", {**pre, "Origin": "http://app.example"}, b""),
+        ],
+        cors_origins=["http://app.example"],
+    )
     assert listed[0] == 204 and listed[1]["access-control-allow-origin"] == "http://app.example"
     assert foreign[0] == 403 and "access-control-allow-origin" not in foreign[1]
     assert admin[0] == 403 and "access-control-allow-origin" not in admin[1]
@@ -228,5 +296,4 @@ def test_origin_of_the_requests_own_host_is_same_origin():
     s = settings()
     assert origin_allowed("http://localhost:9000", {"admin"}, s, PORT, host="localhost:9000")
     assert origin_allowed("https://mlxd.lan", {"api"}, s, PORT, host="mlxd.lan")
-    assert not origin_allowed("http://evil.example:9000", {"api"}, s, PORT,
-                              host="localhost:9000")
+    assert not origin_allowed("http://evil.example:9000", {"api"}, s, PORT, host="localhost:9000")

@@ -44,8 +44,9 @@ def test_fresh_home_is_private_and_new_files_are_0600(tmp_path, restore_umask):
         lock.release()
 
 
-def test_existing_open_files_are_tightened_but_models_and_link_targets_are_not(tmp_path,
-                                                                               restore_umask):
+def test_existing_open_files_are_tightened_but_models_and_link_targets_are_not(
+    tmp_path, restore_umask
+):
     home = tmp_path / "home"
     entry = home / "cache" / "fp" / "entry.safetensors"
     entry.parent.mkdir(parents=True)

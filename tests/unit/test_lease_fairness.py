@@ -10,8 +10,8 @@ import pytest
 from fake_workers import Fleet, make_models, settings_for
 
 from mlxd.shared.errors import Unavailable
-from mlxd.supervisor.registry import Registry
-from mlxd.supervisor.states import State
+from mlxd.supervisor.lifecycle.registry import Registry
+from mlxd.supervisor.lifecycle.states import State
 
 
 def registry(tmp_path, fleet: Fleet, **overrides) -> Registry:

@@ -7,7 +7,7 @@ import resource
 import orjson
 
 from mlxd.shared.errors import TooManyRequests, Unavailable
-from mlxd.supervisor.limits import (
+from mlxd.supervisor.http.limits import (
     RESERVED_FDS,
     ConnectionLimiter,
     connection_cap,

@@ -6,12 +6,12 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from mlxd.shared.bodies import parse_model
 from mlxd.shared.errors import BadRequest
 from mlxd.shared.params import MAX_SEED, MAX_STOP_CHARS
-from mlxd.shared.wire_anthropic import MessagesRequest
-from mlxd.shared.wire_openai import ChatCompletionRequest, CompletionRequest
-from mlxd.worker.step_recovery import blame, generation_failed
+from mlxd.shared.wire.anthropic import MessagesRequest
+from mlxd.shared.wire.bodies import parse_model
+from mlxd.shared.wire.openai import ChatCompletionRequest, CompletionRequest
+from mlxd.worker.engine.recovery import blame, generation_failed
 
 MSG = [{"role": "user", "content": "hi"}]
 
@@ -54,8 +54,9 @@ def test_stop_strings_are_bounded_in_length_on_both_surfaces():
         _chat(stop=ok + "x")
     assert e.value.param == "stop"
     with pytest.raises(BadRequest) as e:
-        parse_model(MessagesRequest, {"messages": MSG, "max_tokens": 5,
-                                      "stop_sequences": [ok + "x"]})
+        parse_model(
+            MessagesRequest, {"messages": MSG, "max_tokens": 5, "stop_sequences": [ok + "x"]}
+        )
     assert e.value.param == "stop_sequences"
 
 

@@ -9,9 +9,9 @@ import pytest
 
 from mlxd.shared.config import load_settings
 from mlxd.shared.errors import Unavailable
-from mlxd.supervisor.registry import Registry
-from mlxd.supervisor.states import State
-from mlxd.supervisor.upstream import UpstreamPool
+from mlxd.supervisor.http.upstream import UpstreamPool
+from mlxd.supervisor.lifecycle.registry import Registry
+from mlxd.supervisor.lifecycle.states import State
 
 
 class Unspawnable:
@@ -29,8 +29,7 @@ def test_spawn_failure_is_fatal_with_its_reason(tmp_path):
     settings = load_settings({"home": str(tmp_path), "discover_hf_cache": False})
 
     async def go():
-        reg = Registry(settings, UpstreamPool(), total_memory_bytes=1 << 34,
-                       spawner=Unspawnable)
+        reg = Registry(settings, UpstreamPool(), total_memory_bytes=1 << 34, spawner=Unspawnable)
         with pytest.raises(Unavailable, match="Too many open files"):
             await reg.acquire(reg.resolve("m"))
         slot = reg.slots["m"]
@@ -44,12 +43,17 @@ def test_spawn_failure_is_fatal_with_its_reason(tmp_path):
 
 # -- worker identity and the watchdog (fake workers: tests/fake_workers.py) -----------------
 
+
 def _fake_registry(tmp_path, fleet, **overrides):
     from fake_workers import make_models, settings_for
 
     make_models(tmp_path, "m")
-    return Registry(settings_for(tmp_path, **overrides), fleet, total_memory_bytes=1 << 34,
-                    spawner=fleet.spawner)
+    return Registry(
+        settings_for(tmp_path, **overrides),
+        fleet,
+        total_memory_bytes=1 << 34,
+        spawner=fleet.spawner,
+    )
 
 
 def test_worker_is_launched_with_its_generation_and_checked_against_it(tmp_path):
@@ -77,7 +81,7 @@ def test_worker_is_launched_with_its_generation_and_checked_against_it(tmp_path)
 def test_a_socket_answered_by_another_worker_is_not_adopted(tmp_path, caplog):
     from fake_workers import Fleet
 
-    from mlxd.shared.wire_admin import WorkerHealth
+    from mlxd.shared.wire.admin import WorkerHealth
 
     fleet = Fleet()
     # A stale worker of another daemon answers on the path: healthy, but not ours.
@@ -103,7 +107,7 @@ def test_a_socket_answered_by_another_worker_is_not_adopted(tmp_path, caplog):
 def test_watchdog_restarts_a_ready_worker_that_cannot_serve(tmp_path, caplog, status):
     from fake_workers import Fleet
 
-    from mlxd.supervisor.monitor import check_health
+    from mlxd.supervisor.lifecycle.monitor import check_health
 
     fleet = Fleet()
 
@@ -129,8 +133,8 @@ def test_watchdog_restarts_a_ready_worker_that_cannot_serve(tmp_path, caplog, st
 def test_watchdog_restarts_when_another_process_answers_the_socket(tmp_path, caplog):
     from fake_workers import Fleet
 
-    from mlxd.shared.wire_admin import WorkerHealth
-    from mlxd.supervisor.monitor import check_health
+    from mlxd.shared.wire.admin import WorkerHealth
+    from mlxd.supervisor.lifecycle.monitor import check_health
 
     fleet = Fleet()
 
@@ -152,7 +156,7 @@ def test_watchdog_restarts_when_another_process_answers_the_socket(tmp_path, cap
 def test_watchdog_leaves_a_drain_of_the_supervisors_own_alone(tmp_path):
     from fake_workers import Fleet
 
-    from mlxd.supervisor.monitor import check_health
+    from mlxd.supervisor.lifecycle.monitor import check_health
 
     fleet = Fleet()
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import orjson
 
-from mlxd.supervisor.response_store import ResponseStore
+from mlxd.supervisor.http.response_store import ResponseStore
 
 
 class Clock:

@@ -11,8 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from mlxd.supervisor import cli, service
-from mlxd.supervisor.service_files import (
+from mlxd.supervisor import cli
+from mlxd.supervisor.ctl import service
+from mlxd.supervisor.ctl.service_files import (
     LABEL,
     TEMPLATE_SPEC,
     ServiceSpec,
@@ -31,7 +32,7 @@ def dry(capsys, *argv: str) -> tuple[int, str]:
 def written(out: str) -> str:
     """The file content a dry run prints between '# would write …:' and the commands."""
     body = out.split(":\n", 1)[1]
-    return body[:body.index("# would run:")]
+    return body[: body.index("# would run:")]
 
 
 @pytest.fixture(autouse=True)
@@ -61,7 +62,8 @@ def test_launchd_install_plist_and_commands(capsys, tmp_path, user_home):
     assert out.splitlines()[-3:] == [
         f"# would run: launchctl bootout gui/{uid}/com.mlxd.daemon",
         f"# would run: launchctl enable gui/{uid}/com.mlxd.daemon",
-        f"# would run: launchctl bootstrap gui/{uid} {plist_path}"]
+        f"# would run: launchctl bootstrap gui/{uid} {plist_path}",
+    ]
     assert list(user_home.iterdir()) == [] and not (tmp_path / "logs").exists()  # wrote nothing
 
 
@@ -70,7 +72,8 @@ def test_launchd_uninstall_and_status(capsys):
     code, out = dry(capsys, "uninstall", "--platform", "darwin")
     assert out.splitlines() == [
         f"# would run: launchctl bootout gui/{uid}/com.mlxd.daemon",
-        f"# would remove {Path.home()}/Library/LaunchAgents/com.mlxd.daemon.plist"]
+        f"# would remove {Path.home()}/Library/LaunchAgents/com.mlxd.daemon.plist",
+    ]
     code, out = dry(capsys, "status", "--platform", "darwin")
     assert out.splitlines() == [f"# would run: launchctl print gui/{uid}/com.mlxd.daemon"]
 
@@ -82,20 +85,29 @@ def test_systemd_install_unit_and_commands(capsys, tmp_path):
     assert out.startswith(f"# would write {unit_path}:\n")
     unit = written(out)
     lines = set(unit.splitlines())
-    assert {"Restart=on-failure", "NoNewPrivileges=yes", "PrivateTmp=yes",
-            "ProtectSystem=strict", "ProtectHome=read-only", f"ReadWritePaths={tmp_path}",
-            "KillMode=mixed", "WantedBy=default.target"} <= lines
+    assert {
+        "Restart=on-failure",
+        "NoNewPrivileges=yes",
+        "PrivateTmp=yes",
+        "ProtectSystem=strict",
+        "ProtectHome=read-only",
+        f"ReadWritePaths={tmp_path}",
+        "KillMode=mixed",
+        "WantedBy=default.target",
+    } <= lines
     exec_start = next(ln for ln in lines if ln.startswith("ExecStart="))
     assert exec_start.endswith(" start") and Path(exec_start[10:].split()[0]).is_file()
     assert f"Environment=MLXD_HOME={tmp_path} PYTHONUNBUFFERED=1" in lines
     assert out.splitlines()[-2:] == [
         "# would run: systemctl --user daemon-reload",
-        "# would run: systemctl --user enable --now mlxd.service"]
+        "# would run: systemctl --user enable --now mlxd.service",
+    ]
     code, out = dry(capsys, "uninstall", "--platform", "linux")
     assert out.splitlines() == [
         "# would run: systemctl --user disable --now mlxd.service",
         f"# would remove {unit_path}",
-        "# would run: systemctl --user daemon-reload"]
+        "# would run: systemctl --user daemon-reload",
+    ]
 
 
 @pytest.mark.parametrize("home", ["/srv/mlxd home", "/var/lib/mlxd"])
@@ -105,8 +117,9 @@ def test_unit_passes_systemd_analyze_verify(tmp_path, home):
     unit = tmp_path / "mlxd.service"
     spec = ServiceSpec(program=(sys.executable, "-m", "mlxd.supervisor", "start"), home=home)
     unit.write_text(render_unit(spec))
-    p = subprocess.run(["systemd-analyze", "verify", str(unit)], capture_output=True,
-                       text=True, timeout=60)
+    p = subprocess.run(
+        ["systemd-analyze", "verify", str(unit)], capture_output=True, text=True, timeout=60
+    )
     complaints = [ln for ln in (p.stdout + p.stderr).splitlines() if "mlxd.service" in ln]
     assert p.returncode == 0 and not complaints, p.stdout + p.stderr
 
@@ -122,8 +135,10 @@ def test_execute_writes_runs_in_order_and_stops_on_failure(tmp_path):
     p = service.plan("install", "systemd", spec, tmp_path, 501)
     assert service.execute(p, dry_run=False, run=ok, out=open(os.devnull, "w")) == 0
     assert p.file.read_text() == render_unit(spec)
-    assert ran == [["systemctl", "--user", "daemon-reload"],
-                   ["systemctl", "--user", "enable", "--now", "mlxd.service"]]
+    assert ran == [
+        ["systemctl", "--user", "daemon-reload"],
+        ["systemctl", "--user", "enable", "--now", "mlxd.service"],
+    ]
 
     def fail(argv, check):
         return subprocess.CompletedProcess(argv, 1)
@@ -143,7 +158,11 @@ def test_program_prefers_the_mlxd_script_beside_python(tmp_path):
     assert service.program(python, "/usr/bin/mlxd") == (str(tmp_path / "mlxd"), "start")
     assert service.program("/nowhere/python", "/usr/bin/mlxd") == ("/usr/bin/mlxd", "start")
     assert service.program("/nowhere/python", None) == (
-        "/nowhere/python", "-m", "mlxd.supervisor", "start")
+        "/nowhere/python",
+        "-m",
+        "mlxd.supervisor",
+        "start",
+    )
 
 
 def test_unsupported_platform_and_deploy_templates_in_sync():

@@ -11,14 +11,16 @@ import time
 import numpy as np
 import pytest
 
-from mlxd.worker import cache_format
-from mlxd.worker.cache_layout import safe_name, ssd_folder
-from mlxd.worker.cache_ssd import SsdStore
+from mlxd.worker.cache import format as cache_format
+from mlxd.worker.cache.layout import safe_name, ssd_folder
+from mlxd.worker.cache.ssd import SsdStore
 
 
 def arrays():
-    return {"0.k": np.arange(8, dtype=np.float32).reshape(1, 1, 2, 4),
-            "0.v": np.ones((1, 1, 2, 4), dtype=np.float32)}
+    return {
+        "0.k": np.arange(8, dtype=np.float32).reshape(1, 1, 2, 4),
+        "0.v": np.ones((1, 1, 2, 4), dtype=np.float32),
+    }
 
 
 def test_round_trip_and_restart_scan(tmp_path):
@@ -150,14 +152,21 @@ def test_enospc_on_write_leaves_nothing_behind_and_pauses_writes(tmp_path, monke
     assert store.write("", (3, 4), arrays(), {}, None)
 
 
-@pytest.mark.parametrize("bad", [
-    {"0.k": np.zeros((1, 1, 2, 8), np.float32), "0.v": np.zeros((1, 1, 2, 8), np.float32)},
-    {"0.k": np.zeros((1, 2, 2, 4), np.float32), "0.v": np.zeros((1, 2, 2, 4), np.float32)},
-    {"0.k": np.zeros((1, 1, 2, 4), np.float16), "0.v": np.zeros((1, 1, 2, 4), np.float16)},
-    {**arrays(), "1.k": np.zeros((1, 1, 2, 4), np.float32),
-     "1.v": np.zeros((1, 1, 2, 4), np.float32)},
-    {"0.k": np.zeros((1, 1, 3, 4), np.float32), "0.v": np.zeros((1, 1, 3, 4), np.float32)},
-], ids=["head-dim", "kv-heads", "dtype", "layers", "token-count"])
+@pytest.mark.parametrize(
+    "bad",
+    [
+        {"0.k": np.zeros((1, 1, 2, 8), np.float32), "0.v": np.zeros((1, 1, 2, 8), np.float32)},
+        {"0.k": np.zeros((1, 2, 2, 4), np.float32), "0.v": np.zeros((1, 2, 2, 4), np.float32)},
+        {"0.k": np.zeros((1, 1, 2, 4), np.float16), "0.v": np.zeros((1, 1, 2, 4), np.float16)},
+        {
+            **arrays(),
+            "1.k": np.zeros((1, 1, 2, 4), np.float32),
+            "1.v": np.zeros((1, 1, 2, 4), np.float32),
+        },
+        {"0.k": np.zeros((1, 1, 3, 4), np.float32), "0.v": np.zeros((1, 1, 3, 4), np.float32)},
+    ],
+    ids=["head-dim", "kv-heads", "dtype", "layers", "token-count"],
+)
 def test_valid_hash_wrong_shapes_is_a_miss_and_is_deleted(tmp_path, bad):
     folder = tmp_path / "fp"
     # Written by something with another layout (another model under a colliding fingerprint):

@@ -5,8 +5,8 @@ import json
 import pytest
 
 from mlxd.shared.config import load_settings
-from mlxd.supervisor.discovery import discover
-from mlxd.supervisor.states import TRANSITIONS, State, is_valid_transition
+from mlxd.supervisor.catalog.discovery import discover
+from mlxd.supervisor.lifecycle.states import TRANSITIONS, State, is_valid_transition
 
 
 def test_every_state_has_a_way_forward_and_fatal_needs_a_reload():
@@ -20,7 +20,8 @@ def test_every_state_has_a_way_forward_and_fatal_needs_a_reload():
 
 def test_flags_over_environment_over_toml(tmp_path, monkeypatch):
     (tmp_path / "config.toml").write_text(
-        'port = 9000\nkeep_alive_s = 5\nbatch = 4\n[models."org/m"]\npinned = true\nbatch = 2\n')
+        'port = 9000\nkeep_alive_s = 5\nbatch = 4\n[models."org/m"]\npinned = true\nbatch = 2\n'
+    )
     monkeypatch.setenv("MLXD_KEEP_ALIVE_S", "7")
     monkeypatch.setenv("MLXD_BATCH", "6")
     s = load_settings({"home": str(tmp_path), "port": 1234})

@@ -4,22 +4,40 @@ from __future__ import annotations
 
 import orjson
 
-from mlxd.worker.sse import Heartbeat
-from mlxd.worker.tool_calls import markers, parse_block
-from mlxd.worker.tool_prompt import template_renders_tools, with_tools_as_text
+from mlxd.worker.api.sse import Heartbeat
+from mlxd.worker.chat.tool_calls import markers, parse_block
+from mlxd.worker.chat.tool_prompt import template_renders_tools, with_tools_as_text
 
-TOOLS = [{"type": "function", "function": {
-    "name": "Read", "description": "Read a file",
-    "parameters": {"type": "object", "properties": {"path": {"type": "string"}},
-                   "required": ["path"]}}}]
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "Read",
+            "description": "Read a file",
+            "parameters": {
+                "type": "object",
+                "properties": {"path": {"type": "string"}},
+                "required": ["path"],
+            },
+        },
+    }
+]
 
 # Shaped like Claude Code's second turn once converted to the chat shape: a call, its result.
 CONVERSATION = [
     {"role": "system", "content": "You are a coding agent."},
     {"role": "user", "content": "What is in a.txt?"},
-    {"role": "assistant", "content": "Let me look.", "tool_calls": [
-        {"id": "toolu_1", "type": "function",
-         "function": {"name": "Read", "arguments": '{"path": "a.txt"}'}}]},
+    {
+        "role": "assistant",
+        "content": "Let me look.",
+        "tool_calls": [
+            {
+                "id": "toolu_1",
+                "type": "function",
+                "function": {"name": "Read", "arguments": '{"path": "a.txt"}'},
+            }
+        ],
+    },
     {"role": "tool", "tool_call_id": "toolu_1", "content": "hello world"},
     {"role": "user", "content": "Summarise it."},
 ]

@@ -4,63 +4,119 @@ from __future__ import annotations
 
 import pytest
 
-from mlxd.shared.bodies import parse_model
 from mlxd.shared.errors import BadRequest
-from mlxd.shared.wire_anthropic import MessagesRequest
-from mlxd.shared.wire_openai import ChatCompletionRequest
-from mlxd.shared.wire_responses import ResponsesRequest
+from mlxd.shared.wire.anthropic import MessagesRequest
+from mlxd.shared.wire.bodies import parse_model
+from mlxd.shared.wire.openai import ChatCompletionRequest
+from mlxd.shared.wire.responses import ResponsesRequest
 
-TOOL = {"type": "function", "function": {"name": "get_weather", "parameters": {
-    "type": "object", "properties": {"city": {"type": "string"}}}}}
-CALL = {"id": "call_1", "type": "function",
-        "function": {"name": "get_weather", "arguments": {"city": "Paris"}}}
+TOOL = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
+    },
+}
+CALL = {
+    "id": "call_1",
+    "type": "function",
+    "function": {"name": "get_weather", "arguments": {"city": "Paris"}},
+}
 
 
 def test_openai_history_arguments_become_objects_and_tool_choice_is_read():
-    req = parse_model(ChatCompletionRequest, {
-        "messages": [
-            {"role": "user", "content": [{"type": "text", "text": "Weather?"}]},
-            {"role": "assistant", "content": None, "tool_calls": [
-                {**CALL, "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}]},
-            {"role": "tool", "tool_call_id": "call_1", "content": "sunny"}],
-        "tools": [TOOL], "tool_choice": {"type": "function", "function": {"name": "get_weather"}},
-        "response_format": {"type": "json_object"}, "prompt_cache_key": "s1"})
+    req = parse_model(
+        ChatCompletionRequest,
+        {
+            "messages": [
+                {"role": "user", "content": [{"type": "text", "text": "Weather?"}]},
+                {
+                    "role": "assistant",
+                    "content": None,
+                    "tool_calls": [
+                        {
+                            **CALL,
+                            "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'},
+                        }
+                    ],
+                },
+                {"role": "tool", "tool_call_id": "call_1", "content": "sunny"},
+            ],
+            "tools": [TOOL],
+            "tool_choice": {"type": "function", "function": {"name": "get_weather"}},
+            "response_format": {"type": "json_object"},
+            "prompt_cache_key": "s1",
+        },
+    )
     job = req.to_chat_job()
     assert job.messages[0]["content"] == "Weather?"
     assert job.messages[1]["tool_calls"] == [CALL]
     assert (job.tool_mode, job.forced_tool, job.session) == ("function", "get_weather", "s1")
     assert job.guided.kind == "json_object"
-    none = parse_model(ChatCompletionRequest, {"messages": [{"role": "user", "content": "x"}],
-                                               "tools": [TOOL], "tool_choice": "none"})
+    none = parse_model(
+        ChatCompletionRequest,
+        {"messages": [{"role": "user", "content": "x"}], "tools": [TOOL], "tool_choice": "none"},
+    )
     assert none.to_chat_job().rendered_tools is None
 
 
 def test_openai_rejects_two_constraints_and_unknown_tool_names():
     with pytest.raises(BadRequest):
-        parse_model(ChatCompletionRequest, {"messages": [{"role": "user", "content": "x"}],
-                                            "guided_regex": "a", "guided_choice": ["a"]})
-    req = parse_model(ChatCompletionRequest, {
-        "messages": [{"role": "user", "content": "x"}], "tools": [TOOL],
-        "tool_choice": {"type": "function", "function": {"name": "nope"}}})
+        parse_model(
+            ChatCompletionRequest,
+            {
+                "messages": [{"role": "user", "content": "x"}],
+                "guided_regex": "a",
+                "guided_choice": ["a"],
+            },
+        )
+    req = parse_model(
+        ChatCompletionRequest,
+        {
+            "messages": [{"role": "user", "content": "x"}],
+            "tools": [TOOL],
+            "tool_choice": {"type": "function", "function": {"name": "nope"}},
+        },
+    )
     with pytest.raises(BadRequest):
         req.to_chat_job()
 
 
 def test_anthropic_blocks_become_chat_messages():
-    req = parse_model(MessagesRequest, {
-        "max_tokens": 10, "system": [{"type": "text", "text": "Be brief."}],
-        "messages": [
-            {"role": "user", "content": "Weather?"},
-            {"role": "assistant", "content": [
-                {"type": "thinking", "thinking": "use the tool", "signature": ""},
-                {"type": "tool_use", "id": "call_1", "name": "get_weather",
-                 "input": {"city": "Paris"}}]},
-            {"role": "user", "content": [
-                {"type": "tool_result", "tool_use_id": "call_1", "content": "sunny"},
-                {"type": "text", "text": "And tomorrow?"}]}],
-        "tools": [{"name": "get_weather", "input_schema": {"type": "object"}}],
-        "tool_choice": {"type": "any"}, "stop_sequences": ["END"],
-        "thinking": {"type": "disabled"}, "metadata": {"user_id": "u1"}})
+    req = parse_model(
+        MessagesRequest,
+        {
+            "max_tokens": 10,
+            "system": [{"type": "text", "text": "Be brief."}],
+            "messages": [
+                {"role": "user", "content": "Weather?"},
+                {
+                    "role": "assistant",
+                    "content": [
+                        {"type": "thinking", "thinking": "use the tool", "signature": ""},
+                        {
+                            "type": "tool_use",
+                            "id": "call_1",
+                            "name": "get_weather",
+                            "input": {"city": "Paris"},
+                        },
+                    ],
+                },
+                {
+                    "role": "user",
+                    "content": [
+                        {"type": "tool_result", "tool_use_id": "call_1", "content": "sunny"},
+                        {"type": "text", "text": "And tomorrow?"},
+                    ],
+                },
+            ],
+            "tools": [{"name": "get_weather", "input_schema": {"type": "object"}}],
+            "tool_choice": {"type": "any"},
+            "stop_sequences": ["END"],
+            "thinking": {"type": "disabled"},
+            "metadata": {"user_id": "u1"},
+        },
+    )
     job = req.to_chat_job()
     assert [m["role"] for m in job.messages] == ["system", "user", "assistant", "tool", "user"]
     assert job.messages[2]["reasoning_content"] == "use the tool"
@@ -73,19 +129,31 @@ def test_anthropic_blocks_become_chat_messages():
 
 
 def test_responses_items_become_chat_messages():
-    req = parse_model(ResponsesRequest, {
-        "instructions": "Be brief.", "tools": [{"type": "function", "name": "get_weather"}],
-        "input": [
-            {"role": "user", "content": [{"type": "input_text", "text": "Weather?"}]},
-            {"type": "function_call", "call_id": "call_1", "name": "get_weather",
-             "arguments": '{"city": "Paris"}'},
-            {"type": "function_call_output", "call_id": "call_1", "output": "sunny"},
-            {"type": "message", "role": "assistant",
-             "content": [{"type": "output_text", "text": "Sunny."}]}],
-        "text": {"format": {"type": "json_schema", "name": "x", "schema": {"type": "object"}}}})
+    req = parse_model(
+        ResponsesRequest,
+        {
+            "instructions": "Be brief.",
+            "tools": [{"type": "function", "name": "get_weather"}],
+            "input": [
+                {"role": "user", "content": [{"type": "input_text", "text": "Weather?"}]},
+                {
+                    "type": "function_call",
+                    "call_id": "call_1",
+                    "name": "get_weather",
+                    "arguments": '{"city": "Paris"}',
+                },
+                {"type": "function_call_output", "call_id": "call_1", "output": "sunny"},
+                {
+                    "type": "message",
+                    "role": "assistant",
+                    "content": [{"type": "output_text", "text": "Sunny."}],
+                },
+            ],
+            "text": {"format": {"type": "json_schema", "name": "x", "schema": {"type": "object"}}},
+        },
+    )
     job = req.to_chat_job()
-    assert [m["role"] for m in job.messages] == ["system", "user", "assistant", "tool",
-                                                 "assistant"]
+    assert [m["role"] for m in job.messages] == ["system", "user", "assistant", "tool", "assistant"]
     assert job.messages[2]["tool_calls"][0]["function"]["arguments"] == {"city": "Paris"}
     assert job.guided.kind == "json_schema" and job.guided.param == "text.format"
     assert job.tools[0]["function"]["name"] == "get_weather"

@@ -1,0 +1,136 @@
+"""mlxctl's human output: aligned tables, sizes and durations."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+ERROR_WIDTH = 60
+
+
+def table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
+    """Left-aligned columns separated by two spaces; "-" for empty cells."""
+    cells = [[str(h) for h in headers]] + [
+        ["-" if v in (None, "") else str(v) for v in r] for r in rows
+    ]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
+    return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in cells)
+
+
+def size(n: int | float | None) -> str | None:
+    if n is None:
+        return None
+    value = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if value < 1024 or unit == "TiB":
+            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    return None  # pragma: no cover
+
+
+def duration(s: float | None) -> str | None:
+    if s is None:
+        return None
+    if s < 60:
+        return f"{s:.0f}s"
+    if s < 3600:
+        return f"{s // 60:.0f}m{s % 60:02.0f}s"
+    return f"{s // 3600:.0f}h{s % 3600 // 60:02.0f}m"
+
+
+def _short(text: str | None) -> str | None:
+    if not text:
+        return None
+    return text if len(text) <= ERROR_WIDTH else text[: ERROR_WIDTH - 1] + "…"
+
+
+def ps_table(rows: list[dict]) -> str:
+    headers = (
+        "MODEL",
+        "STATE",
+        "PID",
+        "MEMORY",
+        "LEASES",
+        "QUEUED",
+        "IDLE",
+        "UNLOAD IN",
+        "RESTARTS",
+        "ERROR",
+    )
+    out = []
+    for m in rows:
+        expires = "never" if m["keep_alive_s"] < 0 or m["pinned"] else duration(m["expires_in_s"])
+        state = m["state"] + (" (drained)" if m["drained"] else "")
+        out.append(
+            (
+                m["id"],
+                state,
+                m["pid"],
+                size(m["memory_bytes"]),
+                m["leases"],
+                m["queued"],
+                duration(m["idle_s"]),
+                expires,
+                m["restarts"],
+                _short(m["last_error"]),
+            )
+        )
+    return table(headers, out)
+
+
+def models_table(rows: list[dict]) -> str:
+    return table(
+        ("MODEL", "STATE", "SOURCE", "SIZE", "PATH"),
+        [(m["id"], m["state"], m["source"], size(m["weights_bytes"]), m["path"]) for m in rows],
+    )
+
+
+def stats_text(body: dict) -> str:
+    sup = body["supervisor"]
+    lines = [f"{k}: {size(v) if k.endswith('_bytes') else v}" for k, v in sup.items()]
+    rows = []
+    for model, reply in sorted(body["workers"].items()):
+        st = reply.get("body") or {}
+        rows.append(
+            (
+                model,
+                st.get("rows_active"),
+                st.get("rows_queued"),
+                st.get("prompt_tokens"),
+                st.get("generation_tokens"),
+                st.get("prompt_tps"),
+                st.get("decode_tps"),
+                size(st.get("cache_ram_bytes")),
+                reply.get("error"),
+            )
+        )
+    headers = (
+        "MODEL",
+        "ACTIVE",
+        "QUEUED",
+        "PROMPT TOK",
+        "GEN TOK",
+        "PROMPT TOK/S",
+        "GEN TOK/S",
+        "RAM CACHE",
+        "ERROR",
+    )
+    return "\n".join(lines) + ("\n\n" + table(headers, rows) if rows else "")
+
+
+def flush_text(body: dict) -> str:
+    parts = [
+        f"{name}: {', '.join(body[name])}"
+        for name in ("flushed", "unsupported", "failed")
+        if body[name]
+    ]
+    return "\n".join(parts) if parts else "no loaded models"
+
+
+def action_text(body: dict) -> str:
+    m = body["model"]
+    line = f"{body['id']}: {body['result']} in {body['elapsed_s']:.1f}s (state {m['state']}"
+    line += f", pid {m['pid']})" if m["pid"] else ")"
+    drain = body.get("drain")
+    if drain and drain.get("in_flight") is not None:
+        line += f"; drained {drain['in_flight']} in-flight, cancelled {drain.get('cancelled', 0)}"
+    return line

@@ -1,0 +1,125 @@
+"""Who may call what: the API key on /v1, the admin token (or loopback) on /admin and /metrics.
+
+- api_key set: every /v1 route needs it, as `Authorization: Bearer <key>` or `x-api-key`.
+- admin_token set: /admin and /metrics need `Authorization: Bearer <token>` from everyone;
+  unset: they answer loopback clients only (403 otherwise).
+- /health is always open. A non-loopback bind without an api_key is refused unless
+  `insecure` is set (see `bind_refusal`).
+Secrets are compared with hmac.compare_digest (constant time).
+"""
+
+from __future__ import annotations
+
+import hmac
+import ipaddress
+
+from aiohttp import web
+from pydantic import SecretStr
+
+from mlxd.shared.config import Settings
+from mlxd.shared.errors import MlxdError, Unauthorized
+
+
+class Forbidden(MlxdError):
+    status = 403
+    type = "permission_error"
+    anthropic_type = "permission_error"
+
+
+def _secret(value: SecretStr | None) -> bytes:
+    return value.get_secret_value().encode() if value is not None else b""
+
+
+def _matches(secret: bytes, presented: list[str]) -> bool:
+    ok = False
+    for candidate in presented:  # every candidate is compared: no early exit to time
+        ok |= hmac.compare_digest(secret, candidate.encode())
+    return ok
+
+
+def bearer(request: web.Request) -> str | None:
+    scheme, _, value = request.headers.get("Authorization", "").partition(" ")
+    return value.strip() if scheme.lower() == "bearer" and value.strip() else None
+
+
+def is_loopback_ip(addr: str | None) -> bool:
+    try:
+        ip = ipaddress.ip_address((addr or "").split("%")[0])
+    except ValueError:
+        return False
+    mapped = getattr(ip, "ipv4_mapped", None)
+    return ip.is_loopback or (mapped is not None and mapped.is_loopback)
+
+
+def is_loopback_host(host: str) -> bool:
+    """Whether binding `host` keeps the daemon reachable from this machine only."""
+    return host.lower() == "localhost" or is_loopback_ip(host)
+
+
+def bind_refusal(settings: Settings) -> str | None:
+    """Why the daemon must not start with these settings (None: it may)."""
+    if is_loopback_host(settings.host) or settings.insecure or _secret(settings.api_key):
+        return None
+    return (
+        f"refusing to listen on {settings.host}: a non-loopback address needs an API key "
+        "(set MLXD_API_KEY or api_key in config.toml), or pass --insecure"
+    )
+
+
+def insecure_warning(settings: Settings) -> str | None:
+    """The warning to log when --insecure opens the API to the network without a key."""
+    if is_loopback_host(settings.host) or _secret(settings.api_key):
+        return None
+    return (
+        f"--insecure: the API on {settings.host}:{settings.port} is open to the network "
+        "without an API key; anyone who can reach this port can use the models "
+        "(set MLXD_API_KEY to require one)"
+    )
+
+
+def check_api_key(request: web.Request, settings: Settings) -> None:
+    secret = _secret(settings.api_key)
+    if not secret:
+        return
+    presented = [v for v in (bearer(request), request.headers.get("x-api-key")) if v]
+    if not presented:
+        raise Unauthorized("Missing API key: send 'Authorization: Bearer <key>' or 'x-api-key'")
+    if not _matches(secret, presented):
+        raise Unauthorized("Invalid API key")
+
+
+def check_admin(request: web.Request, settings: Settings) -> None:
+    secret = _secret(settings.admin_token)
+    if secret:
+        token = bearer(request)
+        if token is None or not _matches(secret, [token]):
+            raise Unauthorized("The admin API needs 'Authorization: Bearer <admin token>'")
+    elif not is_loopback_ip(request.remote):
+        raise Forbidden(
+            "The admin API answers loopback clients only; set MLXD_ADMIN_TOKEN to allow others"
+        )
+
+
+def request_areas(request: web.Request) -> set[str]:
+    """Which protected areas the request touches: by its path and by the route it matched."""
+    route = request.match_info.route if request.match_info is not None else None
+    resource = route.resource if route is not None else None
+    areas = set()
+    for path in (request.path, resource.canonical if resource is not None else ""):
+        if path == "/v1" or path.startswith("/v1/"):
+            areas.add("api")
+        if path in ("/admin", "/metrics") or path.startswith(("/admin/", "/metrics/")):
+            areas.add("admin")
+    return areas
+
+
+@web.middleware
+async def auth_middleware(request: web.Request, handler):
+    """Runs inside the error middleware, so a refusal gets the route's envelope."""
+    settings: Settings = request.app["settings"]
+    areas = request_areas(request)
+    if "api" in areas:
+        check_api_key(request, settings)
+    if "admin" in areas:
+        check_admin(request, settings)
+    return await handler(request)

@@ -1,0 +1,88 @@
+"""What a request tells the prompt cache: namespace, session, prompt boundary, SSD restore."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass
+
+from aiohttp import web
+from pydantic import BaseModel
+
+from mlxd.worker.cache.trie import common_prefix
+
+log = logging.getLogger("mlxd.worker.cache")
+
+SESSION_HEADER = "x-session-affinity"
+SESSION_FIELDS = ("session_id", "prompt_cache_key")
+
+
+@dataclass
+class CacheKey:
+    ns: str = ""
+    session: str | None = None
+    boundary: int = 0
+    restored: tuple | None = None
+
+
+def session_of(request: web.Request, body: BaseModel) -> str | None:
+    """`session_id` / `prompt_cache_key` in the body, else the x-session-affinity header."""
+    extra = {**(body.model_extra or {}), **body.__dict__}
+    for name in SESSION_FIELDS:
+        value = extra.get(name)
+        if isinstance(value, str) and value:
+            return value[:256]
+    header = request.headers.get(SESSION_HEADER)
+    return header[:256] if header else None
+
+
+def stable_boundary(tokenizer, messages: list[dict], kwargs: dict, prompt: list[int]) -> int:
+    """Tokens of the conversation without the generation primer: the next turn starts so.
+
+    Rendered again without add_generation_prompt; the shared prefix with the full prompt is
+    the point where turn N+1's prompt still equals turn N's.
+    """
+    try:
+        text = tokenizer.apply_chat_template(
+            messages, add_generation_prompt=False, tokenize=False, **kwargs
+        )
+    except Exception:
+        return 0
+    return common_prefix(tokenizer.encode(text, add_special_tokens=False), prompt)
+
+
+async def make_cache_key(
+    state, prompt: list[int], session: str | None, boundary: int = 0
+) -> CacheKey:
+    """Build the key; when the SSD tier covers more of the prompt than RAM, read it now.
+
+    The read and its integrity check run in a thread, so the engine never waits on the disk.
+    """
+    cache = state.prompt_cache
+    key = CacheKey(ns=state.cache_ns, session=session, boundary=boundary)
+    if cache is None:
+        return key
+    entry = cache.ssd_candidate(key.ns, prompt)
+    if entry is not None:
+        try:
+            arrays = await _read_once(cache, entry)
+        except Exception:  # the SSD tier is an optimisation: a failed read is a miss
+            log.exception("reading SSD cache entry %s failed", entry.key)
+            arrays = None
+        if arrays is not None:
+            key.restored = (entry, arrays)
+    return key
+
+
+_reads: dict[str, asyncio.Task] = {}
+
+
+async def _read_once(cache, entry):
+    """One read of an SSD entry however many requests want it at once (say, agents sharing a
+    system prompt right after a restart): they share the arrays instead of each holding a copy."""
+    task = _reads.get(entry.key)
+    if task is None:
+        task = asyncio.ensure_future(asyncio.to_thread(cache.read_ssd, entry))
+        _reads[entry.key] = task
+        task.add_done_callback(lambda _t, k=entry.key: _reads.pop(k, None))
+    return await asyncio.shield(task)

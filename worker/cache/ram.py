@@ -1,0 +1,187 @@
+"""The RAM tier of the prompt cache: KV states of prompt prefixes, byte-capped, LRU.
+
+Lives on the engine thread; `peek` may be called from the event loop (a lock guards the index).
+Entries hold compact caches (exactly their tokens, no step padding), so `nbytes` is true bytes.
+"""
+
+from __future__ import annotations
+
+import copy
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from mlx_lm.models.cache import KVCache, can_trim_prompt_cache, trim_prompt_cache
+
+from mlxd.worker.cache.trie import TokenTrie
+
+
+@dataclass(eq=False)
+class Entry:
+    """One cached prompt prefix."""
+
+    ns: str
+    tokens: tuple[int, ...]
+    layers: list
+    nbytes: int
+    session: str | None = None
+    created: float = field(default_factory=time.monotonic)
+    last_used: float = field(default_factory=time.monotonic)
+    persisted: bool = False  # durable on the SSD tier
+    queued: bool = False  # a write to the SSD tier is pending
+    ram_only: bool = False  # a cache type the SSD tier cannot hold
+
+    @property
+    def key(self) -> tuple[str, tuple[int, ...]]:
+        return self.ns, self.tokens
+
+    @property
+    def trimmable(self) -> bool:
+        return can_trim_prompt_cache(self.layers)
+
+
+def usable_length(
+    tokens_len: int, common: int, prompt_len: int, trimmable: bool, exact_prefix: bool
+) -> int:
+    """How many cached tokens a prompt can reuse: at least one prompt token must stay to run."""
+    if exact_prefix and tokens_len < prompt_len:
+        return tokens_len
+    if not trimmable:
+        return 0
+    return min(common, prompt_len - 1)
+
+
+def view(layers: list, length: int, full: int) -> list:
+    """Caches holding the first `length` tokens, safe to hand to a batch (never mutated)."""
+    if all(type(c) is KVCache for c in layers):
+        out = []
+        for c in layers:
+            v = KVCache()
+            v.keys, v.values, v.offset = c.keys, c.values, length
+            out.append(v)
+        return out
+    out = copy.deepcopy(layers)
+    if length < full:
+        trim_prompt_cache(out, full - length)
+    return out
+
+
+class RamCache:
+    """Token-trie index over entries, with a byte cap and LRU (session entries kept longest)."""
+
+    def __init__(
+        self,
+        cap_bytes: int,
+        on_evict: Callable[[Entry], None] | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ):
+        self.cap_bytes = cap_bytes
+        self.on_evict = on_evict or (lambda e: None)
+        self.clock = clock
+        self.nbytes = 0
+        self._tries: dict[str, TokenTrie[Entry]] = {}
+        self._lru: OrderedDict[tuple, Entry] = OrderedDict()
+        self._lock = threading.Lock()
+        self.stats = {"hits": 0, "misses": 0, "hit_tokens": 0, "evictions": 0}
+
+    def __len__(self) -> int:
+        return len(self._lru)
+
+    def entries(self) -> list[Entry]:
+        with self._lock:
+            return list(self._lru.values())
+
+    def best(self, ns: str, prompt: list[int]) -> tuple[Entry | None, int]:
+        """The entry reusing the most of `prompt` and how many tokens it covers."""
+        with self._lock:
+            trie = self._tries.get(ns)
+            if trie is None:
+                return None, 0
+            m = trie.search(prompt)
+        best, best_n = None, 0
+        if m.shorter is not None:
+            e = m.shorter[1]
+            n = usable_length(len(e.tokens), len(e.tokens), len(prompt), e.trimmable, True)
+            best, best_n = (e, n) if n > 0 else (None, 0)
+        if m.longer is not None:
+            e = m.longer[1]
+            n = usable_length(len(e.tokens), m.common, len(prompt), e.trimmable, False)
+            if n > best_n:
+                best, best_n = e, n
+        return best, best_n
+
+    def peek(self, ns: str, prompt: list[int]) -> int:
+        return self.best(ns, prompt)[1]
+
+    def fetch(self, ns: str, prompt: list[int]) -> tuple[list | None, int]:
+        """Caches for the longest reusable prefix of `prompt` (a hit refreshes recency)."""
+        e, n = self.best(ns, prompt)
+        if e is None:
+            self.stats["misses"] += 1
+            return None, 0
+        with self._lock:
+            if e.key in self._lru:
+                self._lru.move_to_end(e.key)
+        e.last_used = self.clock()
+        self.stats["hits"] += 1
+        self.stats["hit_tokens"] += n
+        return view(e.layers, n, len(e.tokens)), n
+
+    def insert(
+        self,
+        ns: str,
+        tokens: tuple[int, ...],
+        layers: list,
+        session: str | None = None,
+        persisted: bool = False,
+    ) -> Entry | None:
+        """Store a compact cache for `tokens`; strict prefixes a trimmable entry covers go."""
+        nbytes = sum(c.nbytes for c in layers)
+        if self.cap_bytes <= 0 or nbytes > self.cap_bytes or not tokens:
+            return None
+        entry = Entry(ns, tokens, layers, nbytes, session, persisted=persisted)
+        with self._lock:
+            trie = self._tries.setdefault(ns, TokenTrie())
+            old = trie.insert(tokens, entry)
+            if old is not None:
+                self._forget(old)
+                entry.persisted = entry.persisted or old.persisted
+                entry.session = entry.session or old.session
+            self._lru[entry.key] = entry
+            self.nbytes += nbytes
+            covered = trie.prefixes_of(tokens) if entry.trimmable else []
+            for _, p in covered:
+                trie.remove(p.tokens)
+                self._forget(p)
+        self._enforce_cap()
+        return entry
+
+    def drop(self, entry: Entry) -> None:
+        with self._lock:
+            trie = self._tries.get(entry.ns)
+            if trie is not None and trie.remove(entry.tokens) is not None:
+                self._forget(entry)
+
+    def drop_session(self, session: str) -> int:
+        victims = [e for e in self.entries() if e.session == session]
+        for e in victims:
+            self.drop(e)
+        return len(victims)
+
+    def _forget(self, e: Entry) -> None:
+        if self._lru.pop(e.key, None) is not None:
+            self.nbytes -= e.nbytes
+
+    def _enforce_cap(self) -> None:
+        while self.nbytes > self.cap_bytes and self._lru:
+            with self._lock:
+                # Entries without a session go first; session entries are kept together longest.
+                victim = next(
+                    (e for e in self._lru.values() if e.session is None),
+                    next(iter(self._lru.values())),
+                )
+            self.drop(victim)
+            self.stats["evictions"] += 1
+            self.on_evict(victim)

@@ -1,0 +1,125 @@
+"""Tool calls: parse the model's tool-call blocks, and force a call with a grammar.
+
+The format belongs to the model family: mlx-lm infers a parser from the chat template
+(`tokenizer.tool_parser`, between `tool_call_start` and `tool_call_end`). Forcing a call
+(`tool_choice` "required" or a named function) needs the format as a regex; that is known for
+the JSON-in-tags family (Hermes, Qwen 2.5/3: `<tool_call>{"name": …, "arguments": …}`).
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from dataclasses import dataclass
+
+import orjson
+from outlines_core.json_schema import build_regex_from_schema
+
+from mlxd.shared.chat_job import ChatJob
+from mlxd.shared.structured_output import GuidedSpec
+from mlxd.worker.grammar.processor import escape_regex
+
+log = logging.getLogger("mlxd.worker.tools")
+
+
+@dataclass
+class ToolCall:
+    """One parsed call; `arguments` is a JSON object as a string (OpenAI's shape)."""
+
+    id: str
+    name: str
+    arguments: str
+    index: int = 0
+
+    @property
+    def input(self) -> dict:
+        """The arguments as an object (Anthropic's `input`)."""
+        try:
+            value = orjson.loads(self.arguments)
+        except orjson.JSONDecodeError:
+            return {}
+        return value if isinstance(value, dict) else {"value": value}
+
+
+def new_call_id() -> str:
+    return "call_" + uuid.uuid4().hex[:24]
+
+
+# The call format of models whose tokenizer has no tool parser: tool_prompt.py asks for it
+# (JSON in tags, as Hermes and Qwen write it) when the chat template has no tool format.
+FALLBACK_MARKERS = ("<tool_call>", "</tool_call>")
+
+
+def _native(tokenizer) -> bool:
+    return bool(
+        getattr(tokenizer, "has_tool_calling", False)
+        and getattr(tokenizer, "tool_parser", None) is not None
+    )
+
+
+def markers(tokenizer) -> tuple[str, str]:
+    """The strings around a tool call in this model's output."""
+    if _native(tokenizer):
+        return tokenizer.tool_call_start, tokenizer.tool_call_end
+    return FALLBACK_MARKERS
+
+
+def _parse_fallback(text: str, tools: list[dict] | None) -> dict | list:
+    return orjson.loads(text.strip())
+
+
+def parse_block(
+    tokenizer, text: str, tools: list[dict] | None, first_index: int
+) -> list[ToolCall] | None:
+    """The calls in one block (the text between the markers), or None if it does not parse."""
+    parser = tokenizer.tool_parser if _native(tokenizer) else _parse_fallback
+    try:
+        parsed = parser(text, tools)
+    except Exception as exc:  # every parser raises its own errors on malformed output
+        log.info("unparsable tool call (%s): %.200r", exc, text)
+        return None
+    calls = []
+    for i, item in enumerate(parsed if isinstance(parsed, list) else [parsed]):
+        if not isinstance(item, dict) or not isinstance(item.get("name"), str):
+            return None
+        args = item.get("arguments", {})
+        if not isinstance(args, str):
+            args = orjson.dumps(args).decode()
+        calls.append(
+            ToolCall(
+                id=item.get("id") or new_call_id(),
+                name=item["name"],
+                arguments=args,
+                index=first_index + i,
+            )
+        )
+    return calls
+
+
+def forced_call_spec(tokenizer, job: ChatJob) -> GuidedSpec | None:
+    """A grammar that makes the model call a tool, when the job demands one and we know the
+    family's format; None otherwise (the template and the model decide)."""
+    if job.tool_mode not in ("required", "function") or not job.tools:
+        return None
+    if not _json_in_tags(tokenizer):
+        return None
+    tools = [
+        t["function"]
+        for t in job.tools
+        if job.tool_mode == "required" or t["function"]["name"] == job.forced_tool
+    ]
+    calls = "|".join(_call_regex(fn) for fn in tools)
+    start, end = escape_regex(tokenizer.tool_call_start), escape_regex(tokenizer.tool_call_end)
+    return GuidedSpec("regex", f"{start}\n({calls})\n{end}", "tool_choice")
+
+
+def _json_in_tags(tokenizer) -> bool:
+    parser = getattr(tokenizer, "tool_parser", None)
+    return parser is not None and getattr(parser, "__module__", "").endswith(".json_tools")
+
+
+def _call_regex(fn: dict) -> str:
+    name = orjson.dumps(fn["name"]).decode()
+    schema = fn.get("parameters") or {"type": "object"}
+    args = build_regex_from_schema(orjson.dumps(schema).decode())
+    return '\\{"name": ' + escape_regex(name) + ', "arguments": ' + args + "\\}"
