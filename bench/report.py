@@ -21,6 +21,11 @@ def summarize(fig: Figure) -> dict:
     medians = {t: statistics.median(v) for t, v in fig.samples.items() if v}
     subj, base = medians.get(fig.subject), medians.get(fig.base)
     ratio = subj / base if subj is not None and base else None
+    pairs = [
+        a / b for a, b in zip(fig.samples.get(fig.subject, []), fig.samples.get(fig.base, [])) if b
+    ]
+    if fig.paired and pairs:
+        ratio = statistics.median(pairs)
     met = None
     if ratio is not None and fig.goal is not None:
         met = ratio >= fig.goal if fig.higher_is_better else ratio <= fig.goal
@@ -34,6 +39,8 @@ def summarize(fig: Figure) -> dict:
         ),
         default=None,
     )
+    if fig.paired and pairs:  # the pair ratios' own spread: what the ratio is read against
+        spread = (max(pairs) - min(pairs)) / 2 / ratio
     return {
         "spread": spread,
         "workload": fig.workload,
@@ -45,6 +52,7 @@ def summarize(fig: Figure) -> dict:
         "samples": fig.samples,
         "median": medians,
         "ratio": ratio,
+        "paired": fig.paired,
         "goal": fig.goal,
         "goal_met": met,
         "note": fig.note.strip(),

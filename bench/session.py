@@ -55,14 +55,19 @@ class Session:
     async def start(self) -> None:
         self.work.mkdir(parents=True, exist_ok=True)
         mlx_lm = await self._keep(start_mlx_lm(self.model_a, self.log_dir))
-        worker = await self._keep(
-            start_worker(self.model_a, MODEL_A, self.work / "w.sock", self.log_dir)
-        )
-        self.mlx_lm, self.worker = mlx_lm.target, worker.target
+        self.mlx_lm = mlx_lm.target
         await self._warm(self.mlx_lm)
-        await self._warm(self.worker)
         reason = await self._start_supervisor()
         if reason is None:
+            # The proxy's yardstick: the supervisor's own worker, reached on its socket (the
+            # same process and cache, so the pair differs only by the hop).
+            self.worker = Target(
+                "worker",
+                "the supervisor's worker (UNIX socket)",
+                "http://worker",
+                unix_socket=str(self.work / "home" / "run" / f"{MODEL_A}.sock"),
+                model=MODEL_A,
+            )
             self.mlxd_how = "supervisor over TCP (`mlxd start`)"
             self.swap_how = (
                 "mlxd: a request for a model not loaded yet; "
@@ -70,8 +75,12 @@ class Session:
                 "worker's start."
             )
         else:
+            worker = await self._keep(
+                start_worker(self.model_a, MODEL_A, self.work / "w.sock", self.log_dir)
+            )
+            await self._warm(worker.target)
             self.mlxd = dataclasses.replace(
-                self.worker, name="mlxd", label="mlxd worker (UNIX socket)"
+                worker.target, name="mlxd", label="mlxd worker (UNIX socket)"
             )
             self.worker = None
             self.mlxd_how = f"worker UNIX socket directly: supervisor unavailable ({reason})"
@@ -82,11 +91,11 @@ class Session:
             )
         self.server_settings = {
             "mlx_lm.server": "its defaults; requests leave out `model`",
-            "mlxd worker": "its defaults (`python -m mlxd.worker`)",
+            "mlxd worker": "its defaults (the supervisor's, or `python -m mlxd.worker`)",
             "supervisor_env": SUPERVISOR_ENV if reason is None else None,
         }
         env = " ".join(f"{k}={v}" for k, v in SUPERVISOR_ENV.items())
-        self.servers_text = "mlx_lm.server and the mlxd worker on their defaults" + (
+        self.servers_text = "mlx_lm.server and mlxd on their defaults" + (
             f"; supervisor with {env}" if reason is None else ""
         )
 

@@ -1,8 +1,10 @@
-"""Fake workers for unit tests of the registry: no processes, no sockets, no MLX.
+"""Fake workers for unit tests of the lifecycle: no processes, no sockets, no MLX.
 
-`Fleet` is both the registry's spawner (it makes FakeWorker objects in place of
+`Fleet` is both the lifecycle's spawner (it makes FakeWorker objects in place of
 WorkerProcess) and its upstream pool (it answers /health and /admin/drain for them), so a
-test drives loads, evictions and the watchdog with the real registry code.
+test drives loads, evictions, crashes and the watchdog with the real lifecycle code.
+`FakeClock` stands in for time.monotonic where a test needs time to pass at once
+(keep-alive, the watchdog's silence, crash windows); `make_registry` wires them up.
 """
 
 from __future__ import annotations
@@ -14,6 +16,8 @@ from pathlib import Path
 
 from mlxd.shared.config import load_settings
 from mlxd.shared.wire.admin import WorkerHealth
+from mlxd.shared.worker_spec import WorkerSpec
+from mlxd.supervisor.lifecycle.registry import Registry
 
 _pids = itertools.count(40_000)
 
@@ -45,11 +49,12 @@ class FakeWorker:
     def __init__(self, fleet: Fleet, model_id: str, argv: list[str], log_path: Path):
         self.fleet = fleet
         self.model_id = model_id
-        self.socket = Path(argv[argv.index("--socket") + 1])
-        self.generation = int(argv[argv.index("--generation") + 1]) if "--generation" in argv else 0
+        spec = WorkerSpec.from_argv(argv)  # what a real worker would be told
+        self.socket, self.generation = spec.socket, spec.generation
         self.pid: int | None = None
         self.returncode: int | None = None
         self.status = "ok"  # what /health says once loaded: ok, draining, failed
+        self.silent = False  # True: /health times out (a hung worker)
         self._exited = asyncio.Event()
         self._loaded_at = 0.0
 
@@ -60,6 +65,8 @@ class FakeWorker:
         self.socket.touch()
         self.fleet.by_socket[self.socket] = self
         self.fleet.spawned.append(self)
+        if self.fleet.exit_on_start is not None:  # dies while loading, with this code
+            asyncio.get_running_loop().call_soon(self._exit, self.fleet.exit_on_start)
 
     def loaded(self) -> bool:
         return asyncio.get_running_loop().time() >= self._loaded_at
@@ -69,7 +76,12 @@ class FakeWorker:
             self.returncode = code
             self._exited.set()
 
+    def crash(self, code: int = 1) -> None:
+        """Die unexpectedly with exit `code` (negative: killed by that signal)."""
+        self._exit(code)
+
     def terminate(self) -> None:
+        self.fleet.terminated.append(self)
         self._exit(0)
 
     def kill(self) -> None:
@@ -98,6 +110,9 @@ class Fleet:
         self.by_socket: dict[Path, FakeWorker] = {}
         self.spawned: list[FakeWorker] = []
         self.impostor: WorkerHealth | None = None  # answers every socket while set
+        self.exit_on_start: int | None = None  # new workers exit with this code at once
+        self.drained: list[FakeWorker] = []  # workers asked to drain, in order
+        self.terminated: list[FakeWorker] = []  # workers sent SIGTERM, in order
 
     def spawner(self, model_id: str, argv: list[str], log_path: Path) -> FakeWorker:
         return FakeWorker(self, model_id, argv, log_path)
@@ -112,6 +127,8 @@ class Fleet:
         w = self.by_socket.get(socket)
         if w is None or w.returncode is not None:
             raise ConnectionRefusedError(socket)
+        if w.silent:
+            raise asyncio.TimeoutError()
         if not w.loaded():
             return 503, WorkerHealth(
                 status="loading", pid=w.pid, generation=w.generation, model=w.model_id
@@ -128,6 +145,8 @@ class Fleet:
         self, socket: Path, path: str, timeout_s: float, body: dict | None = None
     ) -> tuple[int, dict]:
         await asyncio.sleep(0)
+        if path == "/admin/drain" and (w := self.by_socket.get(socket)) is not None:
+            self.drained.append(w)
         return 200, {"status": "drained"}
 
     async def close(self, socket: Path) -> None:
@@ -135,3 +154,43 @@ class Fleet:
 
     async def close_all(self) -> None:
         pass
+
+
+class FakeClock:
+    """A monotonic clock that moves only when told to (`advance`)."""
+
+    def __init__(self, now: float = 1000.0):
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+
+
+def make_registry(home: Path, fleet: Fleet, *models: str, clock=None, **overrides) -> Registry:
+    """A Registry over `fleet` for model folders `models` (1000 bytes each) in `home`."""
+    make_models(home, *models)
+    extra = {} if clock is None else {"clock": clock}
+    return Registry.build(
+        settings_for(home, **overrides),
+        fleet,
+        total_memory_bytes=1 << 34,
+        spawner=fleet.spawner,
+        **extra,
+    )
+
+
+async def until(pred, timeout_s: float = 5.0) -> None:
+    """Wait (polling) until `pred()` holds; fail after `timeout_s`."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    while not pred():
+        assert loop.time() < deadline, "condition not reached"
+        await asyncio.sleep(0.002)
+
+
+async def settled(slot, *states, timeout_s: float = 5.0) -> None:
+    """Wait until `slot` is in one of `states`."""
+    await until(lambda: slot.state in states, timeout_s)

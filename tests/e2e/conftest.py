@@ -16,6 +16,8 @@ import openai
 import psutil
 import pytest
 
+from mlxd.shared.worker_spec import WorkerSpec
+
 from procs import free_port
 
 
@@ -71,7 +73,9 @@ class Daemon:
                 cmd = k.cmdline()
             except psutil.Error:
                 continue
-            if "mlxd.worker" in cmd and (model is None or model in cmd):
+            if "mlxd.worker" in cmd and (
+                model is None or WorkerSpec.from_argv(cmd).model_id == model
+            ):
                 pids.append(k.pid)
         return pids
 

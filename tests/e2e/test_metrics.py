@@ -31,7 +31,7 @@ def chat(d, model: str, stream: bool = False, rid: str | None = None) -> None:
         "POST", d.url + "/v1/chat/completions", json=body, headers=headers, timeout=60
     ) as r:
         assert r.status_code == 200
-        r.read()
+        assert b"mlxd-first-token" not in r.read()  # the proxy cuts the worker's marker out
 
 
 def test_metrics_move_as_requests_flow(make_daemon):
@@ -85,6 +85,23 @@ def test_metrics_move_as_requests_flow(make_daemon):
         == 1
     )
     assert value(after, "mlxd_requests_total", model="", route="/metrics", status="200") == 2
+
+
+def test_first_token_is_timed_on_every_streaming_surface_and_only_there(make_daemon):
+    d = make_daemon()
+    bodies = {
+        "/v1/completions": {"prompt": "hello", "max_tokens": 3},
+        "/v1/messages": {"messages": MSG, "max_tokens": 3},
+        "/v1/responses": {"input": "hello", "max_output_tokens": 3},
+    }
+    for route, body in bodies.items():
+        for stream in (False, True):
+            r = d.http.post(route, json={"model": "a", "stream": stream, "temperature": 0, **body})
+            assert r.status_code == 200 and b"mlxd-first-token" not in r.content
+    m = scrape(d)
+    for route in bodies:
+        assert value(m, "mlxd_time_to_first_token_seconds_count", model="a", route=route) == 1
+        assert value(m, "mlxd_requests_total", model="a", route=route, status="200") == 2
 
 
 def test_log_file_is_json_lines_with_request_id_and_model(make_daemon):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from mlxd.worker.chat.output import OutputSplitter, StopScanner
+from mlxd.worker.chat.output import OutputSplitter
 
 THINK = ("<think>", "</think>")
 TOOL = ("<tool_call>", "</tool_call>")
@@ -63,17 +63,3 @@ def test_without_markers_nothing_is_special():
     s = OutputSplitter(None, None)
     out = s.feed("<think>x</think>") + s.finish()
     assert [(p.kind, p.text) for p in out] == [("text", "<think>x</think>")]
-
-
-@pytest.mark.parametrize("n", [1, 2, 5])
-def test_stop_scanner_cuts_across_deltas_and_names_the_match(n):
-    s = StopScanner(("STOP", "END"))
-    out = "".join(s.feed(c) for c in chunks("abc STEP xyz ENDING", n)) + s.finish()
-    assert out == "abc STEP xyz "
-    assert s.matched == "END"
-
-
-def test_stop_scanner_releases_a_false_start_at_the_end():
-    s = StopScanner(("STOP",))
-    assert s.feed("abc ST") == "abc "
-    assert s.finish() == "ST" and s.matched is None

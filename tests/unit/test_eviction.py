@@ -2,7 +2,7 @@
 
 import pytest
 
-from mlxd.supervisor.lifecycle.eviction import DoesNotFit, Resident, plan_eviction
+from mlxd.supervisor.scheduling.eviction import DoesNotFit, Resident, plan_eviction
 
 GB = 1 << 30
 

@@ -18,7 +18,7 @@ def registry(tmp_path, fleet: Fleet, **overrides) -> Registry:
     make_models(tmp_path, "a", "b")
     # Each model's footprint is 1000 bytes: the budget holds one of them.
     settings = settings_for(tmp_path, memory_budget_bytes=1500, **overrides)
-    return Registry(settings, fleet, total_memory_bytes=1 << 34, spawner=fleet.spawner)
+    return Registry.build(settings, fleet, total_memory_bytes=1 << 34, spawner=fleet.spawner)
 
 
 async def until(pred, timeout_s: float = 5.0) -> None:
@@ -43,7 +43,7 @@ def test_two_busy_models_both_served_and_nobody_waits_past_the_timeout(tmp_path)
             while time.monotonic() < stop_at:
                 t0 = time.monotonic()
                 try:
-                    async with reg.lease(model):
+                    async with reg.leases.lease(model):
                         waits.append(time.monotonic() - t0)
                         await asyncio.sleep(0.02)  # the response streams
                         served[model] += 1
@@ -69,21 +69,24 @@ def test_fresh_model_serves_its_waiters_before_it_can_be_evicted(tmp_path):
 
     async def go():
         reg = registry(tmp_path, fleet)
-        a = await reg.acquire(reg.resolve("a"))
-        b_waiters = [asyncio.create_task(reg.acquire(reg.resolve("b"))) for _ in range(3)]
-        await until(lambda: "b" in reg.slots and reg.slots["b"].waiting == 3)
-        a_waiter = asyncio.create_task(reg.acquire(reg.resolve("a")))  # arrives after b's
+        a = await reg.leases.acquire(reg.catalog.resolve("a"))
+        b_waiters = [
+            asyncio.create_task(reg.leases.acquire(reg.catalog.resolve("b"))) for _ in range(3)
+        ]
+        await until(lambda: "b" in reg.lifecycle.slots and reg.lifecycle.slots["b"].waiting == 3)
+        # a's request arrives after b's
+        a_waiter = asyncio.create_task(reg.leases.acquire(reg.catalog.resolve("a")))
         await asyncio.sleep(0.05)
         assert not a_waiter.done(), "a took a new lease although b waited first"
-        reg.release(a)  # a is idle now: evicted for b
+        reg.leases.release(a)  # a is idle now: evicted for b
         b_slots = await asyncio.wait_for(asyncio.gather(*b_waiters), 5)
         assert all(s.state is State.READY and s.id == "b" for s in b_slots)
-        assert reg.slots["b"].leases == 3 and not a_waiter.done()
+        assert reg.lifecycle.slots["b"].leases == 3 and not a_waiter.done()
         for s in b_slots:
-            reg.release(s)
+            reg.leases.release(s)
         a2 = await asyncio.wait_for(a_waiter, 5)  # then a again, for its waiter
-        assert a2.id == "a" and reg.slots["b"].state is State.STOPPED
-        reg.release(a2)
+        assert a2.id == "a" and reg.lifecycle.slots["b"].state is State.STOPPED
+        reg.leases.release(a2)
         await reg.shutdown()
 
     asyncio.run(go())
@@ -96,15 +99,16 @@ def test_requests_older_than_the_waiting_load_are_still_served(tmp_path):
 
     async def go():
         reg = registry(tmp_path, fleet)
-        a = await reg.acquire(reg.resolve("a"))
-        b_waiter = asyncio.create_task(reg.acquire(reg.resolve("b")))
-        await until(lambda: reg.admission.cutoff(reg.slots["a"]) is not None)
-        cutoff = reg.admission.cutoff(reg.slots["a"])
-        assert reg.admission.admits(reg.slots["a"], cutoff - 1)
-        assert not reg.admission.admits(reg.slots["a"], cutoff)
-        reg.release(a)
-        reg.release(await asyncio.wait_for(b_waiter, 5))
-        assert reg.admission.cutoff(reg.slots["a"]) is None  # the marks go with the load
+        a = await reg.leases.acquire(reg.catalog.resolve("a"))
+        b_waiter = asyncio.create_task(reg.leases.acquire(reg.catalog.resolve("b")))
+        await until(lambda: reg.lifecycle.admission.cutoff(reg.lifecycle.slots["a"]) is not None)
+        cutoff = reg.lifecycle.admission.cutoff(reg.lifecycle.slots["a"])
+        assert reg.lifecycle.admission.admits(reg.lifecycle.slots["a"], cutoff - 1)
+        assert not reg.lifecycle.admission.admits(reg.lifecycle.slots["a"], cutoff)
+        reg.leases.release(a)
+        reg.leases.release(await asyncio.wait_for(b_waiter, 5))
+        # the marks go with the load
+        assert reg.lifecycle.admission.cutoff(reg.lifecycle.slots["a"]) is None
         await reg.shutdown()
 
     asyncio.run(go())
@@ -115,21 +119,21 @@ def test_queue_timeout_gives_503_with_retry_after_then_serves(tmp_path):
 
     async def go():
         reg = registry(tmp_path, fleet, queue_timeout_s=0.4)
-        a = await reg.acquire(reg.resolve("a"))  # a stays busy
+        a = await reg.leases.acquire(reg.catalog.resolve("a"))  # a stays busy
         t0 = time.monotonic()
         with pytest.raises(Unavailable, match="queue_timeout_s") as info:
-            await reg.acquire(reg.resolve("b"))
+            await reg.leases.acquire(reg.catalog.resolve("b"))
         waited_s = time.monotonic() - t0
         assert 0.35 <= waited_s < 1.5, waited_s
         assert info.value.retry_after_s >= 1
         # Nobody waits for b any more: a takes new requests again, and b's load let go.
-        a2 = await asyncio.wait_for(reg.acquire(reg.resolve("a")), 3)
-        assert reg.slots["a"].leases == 2
-        reg.release(a)
-        reg.release(a2)
-        b = await asyncio.wait_for(reg.acquire(reg.resolve("b")), 3)
+        a2 = await asyncio.wait_for(reg.leases.acquire(reg.catalog.resolve("a")), 3)
+        assert reg.lifecycle.slots["a"].leases == 2
+        reg.leases.release(a)
+        reg.leases.release(a2)
+        b = await asyncio.wait_for(reg.leases.acquire(reg.catalog.resolve("b")), 3)
         assert b.state is State.READY
-        reg.release(b)
+        reg.leases.release(b)
         await reg.shutdown()
 
     asyncio.run(go())
@@ -140,16 +144,21 @@ def test_full_queue_is_refused_at_once_with_retry_after(tmp_path):
 
     async def go():
         reg = registry(tmp_path, fleet, queue_size=1, queue_timeout_s=5)
-        a = await reg.acquire(reg.resolve("a"))
-        first = asyncio.create_task(reg.acquire(reg.resolve("b")))
-        await until(lambda: reg.queued == 1 or reg.admission.cutoff(reg.slots["a"]))
+        a = await reg.leases.acquire(reg.catalog.resolve("a"))
+        first = asyncio.create_task(reg.leases.acquire(reg.catalog.resolve("b")))
+        await until(
+            lambda: (
+                reg.leases.queued() == 1 or reg.lifecycle.admission.cutoff(reg.lifecycle.slots["a"])
+            )
+        )
         await asyncio.sleep(0.05)
         t0 = time.monotonic()
         with pytest.raises(Unavailable, match="queue is full") as info:
-            await reg.acquire(reg.resolve("a"))  # held behind b, and the queue is full
+            # held behind b, and the queue is full
+            await reg.leases.acquire(reg.catalog.resolve("a"))
         assert time.monotonic() - t0 < 0.2 and info.value.retry_after_s >= 1
-        reg.release(a)
-        reg.release(await asyncio.wait_for(first, 5))
+        reg.leases.release(a)
+        reg.leases.release(await asyncio.wait_for(first, 5))
         await reg.shutdown()
 
     asyncio.run(go())
@@ -160,11 +169,13 @@ def test_min_residency_keeps_a_fresh_model_loaded(tmp_path):
 
     async def go():
         reg = registry(tmp_path, fleet, min_residency_s=0.6)
-        reg.release(await reg.acquire(reg.resolve("a")))
+        reg.leases.release(await reg.leases.acquire(reg.catalog.resolve("a")))
         ready_at = time.monotonic()
-        b = await asyncio.wait_for(reg.acquire(reg.resolve("b")), 5)  # a idle, but young
+        b = await asyncio.wait_for(
+            reg.leases.acquire(reg.catalog.resolve("b")), 5
+        )  # a idle, but young
         assert time.monotonic() - ready_at >= 0.5
-        reg.release(b)
+        reg.leases.release(b)
         await reg.shutdown()
 
     asyncio.run(go())

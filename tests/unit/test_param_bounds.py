@@ -10,7 +10,8 @@ from mlxd.shared.errors import BadRequest
 from mlxd.shared.params import MAX_SEED, MAX_STOP_CHARS
 from mlxd.shared.wire.anthropic import MessagesRequest
 from mlxd.shared.wire.bodies import parse_model
-from mlxd.shared.wire.openai import ChatCompletionRequest, CompletionRequest
+from mlxd.shared.wire.completions import CompletionRequest
+from mlxd.shared.wire.openai import ChatCompletionRequest
 from mlxd.worker.engine.recovery import blame, generation_failed
 
 MSG = [{"role": "user", "content": "hi"}]

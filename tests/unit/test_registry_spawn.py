@@ -29,13 +29,15 @@ def test_spawn_failure_is_fatal_with_its_reason(tmp_path):
     settings = load_settings({"home": str(tmp_path), "discover_hf_cache": False})
 
     async def go():
-        reg = Registry(settings, UpstreamPool(), total_memory_bytes=1 << 34, spawner=Unspawnable)
+        reg = Registry.build(
+            settings, UpstreamPool(), total_memory_bytes=1 << 34, spawner=Unspawnable
+        )
         with pytest.raises(Unavailable, match="Too many open files"):
-            await reg.acquire(reg.resolve("m"))
-        slot = reg.slots["m"]
+            await reg.leases.acquire(reg.catalog.resolve("m"))
+        slot = reg.lifecycle.slots["m"]
         assert slot.state is State.FATAL and "Too many open files" in slot.last_error
         with pytest.raises(Unavailable, match="FATAL"):
-            await reg.acquire(reg.resolve("m"))
+            await reg.leases.acquire(reg.catalog.resolve("m"))
         await reg.upstream.close_all()
 
     asyncio.run(go())
@@ -48,7 +50,7 @@ def _fake_registry(tmp_path, fleet, **overrides):
     from fake_workers import make_models, settings_for
 
     make_models(tmp_path, "m")
-    return Registry(
+    return Registry.build(
         settings_for(tmp_path, **overrides),
         fleet,
         total_memory_bytes=1 << 34,
@@ -63,8 +65,8 @@ def test_worker_is_launched_with_its_generation_and_checked_against_it(tmp_path)
 
     async def go():
         reg = _fake_registry(tmp_path, fleet)
-        slot = await reg.acquire(reg.resolve("m"))
-        reg.release(slot)
+        slot = await reg.leases.acquire(reg.catalog.resolve("m"))
+        reg.leases.release(slot)
         worker = fleet.spawned[0]
         assert worker.generation == slot.generation == 0 and slot.process is worker
         _, health = await fleet.health(slot.socket, 1.0)
@@ -90,13 +92,15 @@ def test_a_socket_answered_by_another_worker_is_not_adopted(tmp_path, caplog):
     async def go():
         reg = _fake_registry(tmp_path, fleet, load_timeout_s=0.5, queue_timeout_s=0.5)
         with pytest.raises(Unavailable, match="did not become healthy"):
-            await reg.acquire(reg.resolve("m"))
-        assert reg.counters.loads == 0 and reg.slots["m"].state is not State.READY
+            await reg.leases.acquire(reg.catalog.resolve("m"))
+        assert (
+            reg.lifecycle.counters.loads == 0 and reg.lifecycle.slots["m"].state is not State.READY
+        )
         fleet.impostor = None  # the stale worker is gone: ours answers
         await asyncio.sleep(0.1)  # the crash backoff
-        slot = await asyncio.wait_for(reg.acquire(reg.resolve("m")), 5)
+        slot = await asyncio.wait_for(reg.leases.acquire(reg.catalog.resolve("m")), 5)
         assert slot.state is State.READY and slot.process is fleet.spawned[-1]
-        reg.release(slot)
+        reg.leases.release(slot)
         await reg.shutdown()
 
     asyncio.run(go())
@@ -107,23 +111,24 @@ def test_a_socket_answered_by_another_worker_is_not_adopted(tmp_path, caplog):
 def test_watchdog_restarts_a_ready_worker_that_cannot_serve(tmp_path, caplog, status):
     from fake_workers import Fleet
 
-    from mlxd.supervisor.lifecycle.monitor import check_health
+    from mlxd.supervisor.lifecycle.watchdog import check_health
 
     fleet = Fleet()
 
     async def go():
         reg = _fake_registry(tmp_path, fleet)
-        slot = await reg.acquire(reg.resolve("m"))
-        reg.release(slot)
+        slot = await reg.leases.acquire(reg.catalog.resolve("m"))
+        reg.leases.release(slot)
         first = fleet.spawned[0]
         first.status = status  # drained by someone else, or its engine died
-        await check_health(reg, slot)
+        await check_health(reg.lifecycle, slot)
         assert first.returncode == (-9 if status == "failed" else 0)
         await asyncio.wait_for(_until_not(slot, State.DRAINING), 5)
         assert slot.state is State.BACKOFF and len(slot.crashes) == 1
-        again = await asyncio.wait_for(reg.acquire(reg.resolve("m")), 5)  # a fresh worker
+        # a fresh worker
+        again = await asyncio.wait_for(reg.leases.acquire(reg.catalog.resolve("m")), 5)
         assert again.process is fleet.spawned[1] and fleet.spawned[1].pid != first.pid
-        reg.release(again)
+        reg.leases.release(again)
         await reg.shutdown()
 
     asyncio.run(go())
@@ -134,16 +139,16 @@ def test_watchdog_restarts_when_another_process_answers_the_socket(tmp_path, cap
     from fake_workers import Fleet
 
     from mlxd.shared.wire.admin import WorkerHealth
-    from mlxd.supervisor.lifecycle.monitor import check_health
+    from mlxd.supervisor.lifecycle.watchdog import check_health
 
     fleet = Fleet()
 
     async def go():
         reg = _fake_registry(tmp_path, fleet)
-        slot = await reg.acquire(reg.resolve("m"))
-        reg.release(slot)
+        slot = await reg.leases.acquire(reg.catalog.resolve("m"))
+        reg.leases.release(slot)
         fleet.impostor = WorkerHealth(status="ok", pid=1, generation=7, model="m")
-        await check_health(reg, slot)
+        await check_health(reg.lifecycle, slot)
         assert slot.state in (State.DRAINING, State.BACKOFF)
         assert fleet.spawned[0].returncode is not None
         fleet.impostor = None
@@ -156,22 +161,22 @@ def test_watchdog_restarts_when_another_process_answers_the_socket(tmp_path, cap
 def test_watchdog_leaves_a_drain_of_the_supervisors_own_alone(tmp_path):
     from fake_workers import Fleet
 
-    from mlxd.supervisor.lifecycle.monitor import check_health
+    from mlxd.supervisor.lifecycle.watchdog import check_health
 
     fleet = Fleet()
 
     async def go():
         reg = _fake_registry(tmp_path, fleet)
-        slot = await reg.acquire(reg.resolve("m"))
-        unload = asyncio.create_task(reg.unload_slot(slot, "admin unload"))
+        slot = await reg.leases.acquire(reg.catalog.resolve("m"))
+        unload = asyncio.create_task(reg.lifecycle.unload_slot(slot, "admin unload"))
         await asyncio.sleep(0.01)
         assert slot.state is State.DRAINING  # waiting for the lease to end
         fleet.spawned[0].status = "draining"  # what our own drain makes it say
-        await check_health(reg, slot)
+        await check_health(reg.lifecycle, slot)
         assert fleet.spawned[0].returncode is None and not slot.crashes
-        reg.release(slot)
+        reg.leases.release(slot)
         assert await asyncio.wait_for(unload, 5)
-        assert slot.state is State.STOPPED and reg.counters.crashes == 0
+        assert slot.state is State.STOPPED and reg.lifecycle.counters.crashes == 0
         await reg.shutdown()
 
     asyncio.run(go())

@@ -233,3 +233,14 @@ def test_old_layout_folder_moves_under_the_model_id(tmp_path):
     assert not (tmp_path / "fp0").exists()
     assert SsdStore(folder, cap_bytes=1 << 20, layout=LAYOUT).scan() == 1
     assert ssd_folder(tmp_path, "other", "fp0") == tmp_path / "other" / "fp0"  # starts empty
+
+
+def test_the_format_names_each_layers_tensors_and_flags_bfloat16_bits(tmp_path):
+    k, v = np.zeros((1, 1, 2, 4), np.uint16), np.ones((1, 1, 2, 4), np.uint16)
+    packed, meta = cache_format.pack_kv([(k, v), (k, v)], "mlx.core.bfloat16")
+    assert sorted(packed) == ["0.k", "0.v", "1.k", "1.v"] and meta["layers"] == "2"
+    pairs, bf16 = cache_format.unpack_kv(packed)
+    assert bf16 and len(pairs) == 2 and pairs[1][1] is v
+    assert not cache_format.unpack_kv(arrays())[1]  # float32 tensors are what they say
+    data, sidecar = cache_format.entry_paths(tmp_path, "abc")
+    assert (data.name, sidecar.name) == ("abc.safetensors", "abc.json")

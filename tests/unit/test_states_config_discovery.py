@@ -1,6 +1,7 @@
 """Lifecycle transitions, layered settings and model discovery: no MLX, no processes."""
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -61,3 +62,20 @@ def test_discovery_of_home_hf_cache_and_config(tmp_path):
     assert found["mlx-community/Foo-4bit"].path == snap
     assert found["mlx-community/Foo-4bit"].weights_bytes == 300
     assert found["custom"].source == "config"
+
+
+def test_hf_cache_location_is_a_resolved_setting(tmp_path, monkeypatch):
+    monkeypatch.delenv("HF_HUB_CACHE", raising=False)
+    monkeypatch.delenv("HF_HOME", raising=False)
+    home = {"home": str(tmp_path)}
+    assert load_settings(home).hf_cache_dir == Path("~/.cache/huggingface/hub").expanduser()
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf-home"))
+    assert load_settings(home).hf_cache_dir == tmp_path / "hf-home" / "hub"
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
+    assert load_settings(home).hf_cache_dir == tmp_path / "hub"
+    # Discovery scans the setting (here given as a flag, which wins over the hub's variables).
+    _model(tmp_path / "mine" / "models--org--x" / "snapshots" / "r1")
+    s = load_settings({**home, "hf_cache_dir": str(tmp_path / "mine")})
+    assert s.hf_cache_dir == tmp_path / "mine"
+    assert set(discover(s)) == {"org/x"}
+    assert discover(s.model_copy(update={"discover_hf_cache": False})) == {}

@@ -1,0 +1,195 @@
+"""mlxd settings: command-line flags over MLXD_* environment over $MLXD_HOME/config.toml.
+
+The only module besides the entry points that reads the environment (MLXD_* through
+pydantic-settings; HF_HUB_CACHE / HF_HOME for `hf_cache_dir`). Per-model sections live under
+`[models."<id>"]` in the TOML file; `Settings.for_model` resolves one against the daemon-wide
+settings, and the supervisor hands workers only resolved values (shared/worker_spec.py).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, SecretStr
+from pydantic_settings import (
+    BaseSettings,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+    TomlConfigSettingsSource,
+)
+
+MiB = 1024 * 1024
+# Per-model settings that fall back to the daemon-wide setting of the same name when unset.
+MODEL_FALLBACKS = ("keep_alive_s", "batch", "context_limit", "kv_allowance_bytes")
+
+
+def _hf_cache_default() -> Path:
+    """The Hugging Face hub cache, found as the hub itself finds it."""
+    if os.environ.get("HF_HUB_CACHE"):
+        return Path(os.environ["HF_HUB_CACHE"])
+    return Path(os.environ.get("HF_HOME") or "~/.cache/huggingface").expanduser() / "hub"
+
+
+class ModelSettings(BaseModel):
+    """One `[models."<id>"]` section. Unset fields fall back to the daemon-wide ones
+    (`Settings.for_model` fills them in)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    path: Path | None = None
+    pinned: bool = False
+    preload: bool = False
+    default: bool = False
+    keep_alive_s: float | None = None
+    batch: int | None = Field(None, ge=1)
+    context_limit: int | None = Field(None, ge=16)
+    kv_allowance_bytes: int | None = Field(None, ge=0)
+    enable_thinking: bool | None = None  # None: the chat template's default
+
+
+class ResolvedModelSettings(ModelSettings):
+    """A model's section with the daemon-wide fallbacks filled in (`Settings.for_model`)."""
+
+    keep_alive_s: float
+    batch: int
+    kv_allowance_bytes: int
+
+
+class Settings(BaseSettings):
+    """Every daemon setting; see docs/configuration.md."""
+
+    model_config = SettingsConfigDict(env_prefix="MLXD_", extra="ignore", env_nested_delimiter="__")
+
+    host: str = "127.0.0.1"
+    port: int = Field(8080, ge=0, le=65535)
+    home: Path = Path("~/.mlxd")
+    log_level: str = "INFO"
+
+    default_model: str | None = None
+    models: dict[str, ModelSettings] = {}
+    discover_hf_cache: bool = True
+    # Where discovery looks; default: $HF_HUB_CACHE, else $HF_HOME/hub, else
+    # ~/.cache/huggingface/hub.
+    hf_cache_dir: Path = Field(default_factory=_hf_cache_default)
+
+    # Lifecycle
+    keep_alive_s: float = 300.0  # 0 unloads as soon as idle, -1 never
+    max_loaded_models: int = Field(0, ge=0)  # 0: no limit but memory
+    memory_budget_bytes: int | None = Field(None, ge=0)  # default: memory_fraction of RAM
+    memory_fraction: float = Field(0.75, gt=0, le=1)
+    kv_allowance_bytes: int = Field(512 * MiB, ge=0)
+    max_concurrent_loads: int = Field(1, ge=1)
+    load_timeout_s: float = Field(300.0, gt=0)
+    queue_size: int = Field(64, ge=0)
+    queue_timeout_s: float = Field(300.0, gt=0)
+    min_residency_s: float = Field(0.0, ge=0)  # a fresh model is not evicted before this
+    backoff_initial_s: float = Field(1.0, ge=0)
+    backoff_max_s: float = Field(60.0, ge=0)
+    crash_limit: int = Field(5, ge=1)
+    crash_window_s: float = Field(600.0, gt=0)
+    health_interval_s: float = Field(5.0, gt=0)
+    watchdog_timeout_s: float = Field(30.0, gt=0)
+    drain_timeout_s: float = Field(30.0, ge=0)
+    shutdown_grace_s: float = Field(30.0, ge=0)
+    stop_timeout_s: float = Field(10.0, gt=0)
+
+    # Worker defaults
+    batch: int = Field(8, ge=1)
+    context_limit: int | None = Field(None, ge=16)
+    prefill_step: int = Field(512, ge=16)
+    # A quiet stream (a long prefill) sends a protocol event this often, not just a comment:
+    # coding agents' idle watchdogs count only events (docs/coding-agents.md).
+    stream_heartbeat_s: float = Field(10.0, gt=0)
+    # Test-only (undocumented): hold each chat request's first token back this long, to
+    # stand for a slow prefill in tests/e2e/test_coding_agents.py.
+    debug_prefill_delay_s: float = Field(0.0, ge=0)
+
+    # Prompt cache (per worker)
+    prompt_cache_bytes: int | None = Field(None, ge=0)  # RAM tier; None: sized from memory
+    ssd_cache: bool = True  # SSD tier under $MLXD_HOME/cache
+    ssd_cache_bytes: int = Field(20 * 1024**3, ge=0)
+
+    # Structured-output grammars (per worker; docs/security.md): static caps before a compile,
+    # then each compile's bounds in its child process. Every WorkerSpec copies them.
+    grammar_max_repeat: int = Field(1000, ge=1)  # {m,n}, minLength, maxItems, …
+    grammar_max_bytes: int = Field(64 * 1024, ge=1)  # regex, grammar or schema text
+    grammar_max_positions: int = Field(50_000, ge=1)  # regex size, repetitions counted out
+    grammar_compile_timeout_s: float = Field(30.0, gt=0)
+    grammar_compile_memory_bytes: int = Field(2 * 1024**3, ge=16 * MiB)
+    grammar_compile_concurrency: int = Field(2, ge=1)  # more wait, then 503
+    grammar_queue_timeout_s: float = Field(10.0, ge=0)
+    grammar_cache_bytes: int = Field(256 * MiB, ge=0)  # compiled grammars, LRU
+
+    # Responses API store under $MLXD_HOME/responses (TTL 0: kept until the byte cap)
+    responses_ttl_s: float = Field(30 * 24 * 3600.0, ge=0)
+    responses_max_bytes: int = Field(256 * MiB, ge=0)
+
+    # HTTP
+    max_body_bytes: int = Field(32 * MiB, ge=1024)
+    cors_origins: list[str] = []  # browser origins allowed to call the API ("*" for any)
+    # Host header names served besides loopback names, IP literals and the bind host ("*": any);
+    # anything else is refused, so a DNS-rebinding page cannot pass for a local client.
+    allowed_hosts: list[str] = []
+    # Connection bounds on the public port (docs/security.md). header_timeout_s runs from the
+    # connection's start or its previous response, so it also ends idle keep-alive connections.
+    max_connections: int = Field(1024, ge=1)  # kept below the descriptor limit at start
+    max_connections_per_client: int = Field(256, ge=1)  # per peer address
+    header_timeout_s: float = Field(15.0, gt=0)
+    body_timeout_s: float = Field(60.0, gt=0)  # for the whole request body
+
+    # Security (docs/api.md): a non-loopback bind needs api_key unless insecure is set
+    api_key: SecretStr | None = None  # required on every /v1 route when set
+    admin_token: SecretStr | None = None  # required on /admin and /metrics when set
+    insecure: bool = False
+
+    # -- derived -------------------------------------------------------------------------
+    @property
+    def home_dir(self) -> Path:
+        return self.home.expanduser()
+
+    @property
+    def models_dir(self) -> Path:
+        return self.home_dir / "models"
+
+    @property
+    def run_dir(self) -> Path:
+        return self.home_dir / "run"
+
+    @property
+    def logs_dir(self) -> Path:
+        return self.home_dir / "logs"
+
+    @property
+    def cache_dir(self) -> Path:
+        return self.home_dir / "cache"
+
+    def for_model(self, model_id: str) -> ResolvedModelSettings:
+        """`model_id`'s section, resolved: every unset MODEL_FALLBACKS field holds the
+        daemon-wide value (context_limit may stay None: the model's own; enable_thinking
+        stays None: the template's default)."""
+        ms = self.models.get(model_id) or ModelSettings()
+        unset = {f: getattr(self, f) for f in MODEL_FALLBACKS if getattr(ms, f) is None}
+        return ResolvedModelSettings(**{**ms.model_dump(), **unset})
+
+
+def load_settings(flags: dict[str, Any] | None = None, config: Path | None = None) -> Settings:
+    """Build the settings: `flags` (only those given) over the environment over the TOML file.
+
+    The TOML file is `config`, else $MLXD_HOME/config.toml, where the home itself comes from
+    the flags or the environment first.
+    """
+    flags = {k: v for k, v in (flags or {}).items() if v is not None}
+    home = Path(flags.get("home") or os.environ.get("MLXD_HOME") or "~/.mlxd").expanduser()
+    toml = Path(config).expanduser() if config else home / "config.toml"
+
+    class _Layered(Settings):
+        @classmethod
+        def settings_customise_sources(cls, settings_cls, init_settings, env_settings, **_):
+            sources: list[PydanticBaseSettingsSource] = [init_settings, env_settings]
+            if toml.is_file():
+                sources.append(TomlConfigSettingsSource(settings_cls, toml_file=toml))
+            return tuple(sources)
+
+    return _Layered(**flags)

@@ -1,0 +1,273 @@
+"""OpenAI chat-completions wire bodies (requests and responses) and the model list.
+
+The legacy /v1/completions bodies are in completions.py; both share `SamplingRequest`.
+
+Requests validate strictly (wrong types and out-of-range values are a 400 naming the field)
+but ignore unknown fields, as clients send many vendor extensions.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Literal
+
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    field_validator,
+    model_serializer,
+    model_validator,
+)
+
+from mlxd.shared.chat_job import ChatJob, arguments_object, text_of, tool_mode
+from mlxd.shared.params import MAX_SEED, MAX_STOP_CHARS, MIN_SEED, GenerationParams
+from mlxd.shared.structured_output import GuidedFields
+from mlxd.shared.wire.tools import CUSTOM_INPUT, chat_tool_set
+
+MAX_STOP_SEQUENCES = 16
+
+
+class _Lenient(BaseModel):
+    model_config = ConfigDict(extra="allow", strict=True)
+
+
+class StreamOptions(_Lenient):
+    include_usage: bool = False
+
+
+class ChatMessage(_Lenient):
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: str | list[dict[str, Any]] | None = None
+    name: str | None = None
+    tool_calls: list[dict[str, Any]] | None = None
+    tool_call_id: str | None = None
+    reasoning_content: str | None = None
+
+    def to_template(self, i: int) -> dict[str, Any]:
+        """This message as chat templates expect it: text content, tool-call arguments as
+        objects (a JSON string would be quoted twice by `| tojson`)."""
+        out = self.model_dump(exclude_none=True)
+        if out["role"] == "developer":  # OpenAI's newer name; templates know "system"
+            out["role"] = "system"
+        out["content"] = text_of(self.content, f"messages.{i}.content")
+        for j, call in enumerate(out.get("tool_calls") or []):
+            custom = call.get("custom") if call.get("type") == "custom" else None
+            if isinstance(custom, dict):  # a custom tool's call: its function shape here
+                call = out["tool_calls"][j] = {
+                    "id": call.get("id"),
+                    "type": "function",
+                    "function": {
+                        "name": custom.get("name"),
+                        "arguments": {CUSTOM_INPUT: custom.get("input", "")},
+                    },
+                }
+            fn = call.get("function")
+            if isinstance(fn, dict) and "arguments" in fn:
+                fn["arguments"] = arguments_object(fn["arguments"])
+        return out
+
+
+class SamplingRequest(_Lenient):
+    """Fields shared by chat and completions."""
+
+    model: str | None = None
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    max_tokens: int | None = Field(None, ge=1)
+    temperature: float | None = Field(None, ge=0.0, le=2.0)
+    top_p: float | None = Field(None, gt=0.0, le=1.0)
+    top_k: int | None = Field(None, ge=-1)
+    min_p: float | None = Field(None, ge=0.0, le=1.0)
+    seed: int | None = Field(None, ge=MIN_SEED, le=MAX_SEED)
+    repetition_penalty: float | None = Field(None, gt=0.0, le=10.0)
+    presence_penalty: float | None = Field(None, ge=-2.0, le=2.0)
+    frequency_penalty: float | None = Field(None, ge=-2.0, le=2.0)
+    logit_bias: dict[str, float] | None = None
+    stop: str | list[str] | None = None
+    n: int | None = Field(None, ge=1, le=1)
+    user: str | None = None
+
+    @field_validator("stop")
+    @classmethod
+    def _check_stop(cls, v):
+        stops = [v] if isinstance(v, str) else (v or [])
+        if len(stops) > MAX_STOP_SEQUENCES:
+            raise ValueError(f"at most {MAX_STOP_SEQUENCES} stop sequences")
+        if any(s == "" for s in stops):
+            raise ValueError("stop sequences must not be empty")
+        if any(len(s) > MAX_STOP_CHARS for s in stops):
+            raise ValueError(f"stop sequences must be at most {MAX_STOP_CHARS} characters")
+        return v
+
+    @field_validator("logit_bias")
+    @classmethod
+    def _check_bias(cls, v):
+        for k, bias in (v or {}).items():
+            # ASCII digits only: str.isdigit() also passes "²", which int() refuses.
+            if not (k.isascii() and k.isdigit()) or len(k) > 20:
+                raise ValueError(f"logit_bias key {k[:32]!r} is not a token id")
+            if not -100.0 <= bias <= 100.0:
+                raise ValueError("logit_bias values must be within [-100, 100]")
+        return v
+
+    def _limit(self) -> int | None:
+        return self.max_tokens
+
+    def _logprobs(self) -> tuple[bool, int]:
+        return False, 0
+
+    def to_generation_params(self) -> GenerationParams:
+        """The engine's view of this request."""
+        want_logprobs, top = self._logprobs()
+        stop = (self.stop,) if isinstance(self.stop, str) else tuple(self.stop or ())
+        return GenerationParams(
+            max_tokens=self._limit(),
+            temperature=self.temperature,
+            top_p=self.top_p,
+            top_k=self.top_k,
+            min_p=self.min_p,
+            seed=self.seed,
+            repetition_penalty=self.repetition_penalty,
+            presence_penalty=self.presence_penalty or 0.0,
+            frequency_penalty=self.frequency_penalty or 0.0,
+            logit_bias={int(k): v for k, v in (self.logit_bias or {}).items()},
+            stop=stop,
+            logprobs=want_logprobs,
+            top_logprobs=top,
+        )
+
+    @property
+    def include_usage(self) -> bool:
+        return bool(self.stream_options and self.stream_options.include_usage)
+
+
+class ChatCompletionRequest(SamplingRequest, GuidedFields):
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_completion_tokens: int | None = Field(None, ge=1)
+    chat_template_kwargs: dict[str, Any] | None = None
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: str | dict[str, Any] | None = None
+    parallel_tool_calls: bool | None = None
+    logprobs: bool | None = None
+    top_logprobs: int | None = Field(None, ge=0, le=20)
+    prompt_cache_key: str | None = None
+
+    @model_validator(mode="after")
+    def _check_logprobs(self):
+        if self.top_logprobs and not self.logprobs:
+            raise ValueError("top_logprobs requires logprobs: true")
+        return self
+
+    def _limit(self) -> int | None:
+        return self.max_completion_tokens or self.max_tokens
+
+    def _logprobs(self) -> tuple[bool, int]:
+        return bool(self.logprobs), self.top_logprobs or 0
+
+    def template_messages(self) -> list[dict[str, Any]]:
+        """Messages as plain dicts for the chat template (unset fields left out)."""
+        return [m.to_template(i) for i, m in enumerate(self.messages)]
+
+    def to_chat_job(self) -> ChatJob:
+        """The worker's view of this request."""
+        tool_set = chat_tool_set(self.tools)
+        tools = tool_set.tools or None
+        mode, forced = tool_mode(self.tool_choice, tools)
+        return ChatJob(
+            messages=self.template_messages(),
+            params=self.to_generation_params(),
+            tools=tools,
+            tool_mode=mode,
+            forced_tool=forced,
+            template_kwargs=dict(self.chat_template_kwargs or {}),
+            guided=self.to_guided_spec(),
+            session=self.prompt_cache_key,
+            tool_origins=tool_set.origins,
+            warnings=[tool_set.warning] if tool_set.warning else [],
+        )
+
+
+class PromptTokensDetails(BaseModel):
+    cached_tokens: int = 0
+
+
+class Usage(BaseModel):
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+    prompt_tokens_details: PromptTokensDetails = PromptTokensDetails()
+
+    @classmethod
+    def of(cls, prompt: int, completion: int, cached: int = 0) -> Usage:
+        return cls(
+            prompt_tokens=prompt,
+            completion_tokens=completion,
+            total_tokens=prompt + completion,
+            prompt_tokens_details=PromptTokensDetails(cached_tokens=cached),
+        )
+
+
+class ResponseMessage(BaseModel):
+    role: Literal["assistant"] = "assistant"
+    content: str | None = None
+    reasoning_content: str | None = None
+    tool_calls: list[dict[str, Any]] | None = None
+
+
+class ChatChoice(BaseModel):
+    index: int = 0
+    message: ResponseMessage
+    logprobs: dict[str, Any] | None = None
+    finish_reason: str | None
+
+
+class ChatCompletion(BaseModel):
+    id: str
+    object: Literal["chat.completion"] = "chat.completion"
+    created: int = Field(default_factory=lambda: int(time.time()))
+    model: str
+    choices: list[ChatChoice]
+    usage: Usage
+    system_fingerprint: str | None = None
+
+
+class ChunkDelta(BaseModel):
+    role: Literal["assistant"] | None = None
+    content: str | None = None
+    reasoning_content: str | None = None
+    tool_calls: list[dict[str, Any]] | None = None
+
+    @model_serializer(mode="wrap")
+    def _only_set(self, handler):
+        # A delta carries only what changed, as OpenAI's stream does.
+        return {k: v for k, v in handler(self).items() if v is not None}
+
+
+class ChunkChoice(BaseModel):
+    index: int = 0
+    delta: ChunkDelta
+    logprobs: dict[str, Any] | None = None
+    finish_reason: str | None = None
+
+
+class ChatCompletionChunk(BaseModel):
+    id: str
+    object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
+    created: int
+    model: str
+    choices: list[ChunkChoice]
+    usage: Usage | None = None
+
+
+class ModelCard(BaseModel):
+    id: str
+    object: Literal["model"] = "model"
+    created: int = 0
+    owned_by: str = "mlxd"
+    status: str | None = None
+
+
+class ModelList(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[ModelCard]

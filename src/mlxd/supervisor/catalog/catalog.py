@@ -1,0 +1,59 @@
+"""Which models exist: discovered folders, the default model, and imports still under way.
+
+Every id a request names is looked up here (never turned into a path). A model that runs keeps
+the entry it was started with while its folder is there, so a request does not rescan disks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+
+from mlxd.shared.config import Settings
+from mlxd.shared.errors import BadRequest, ModelNotFound
+from mlxd.supervisor.catalog.discovery import ModelEntry, discover
+
+
+class Catalog:
+    """Model lookups. `in_use(id)` is the entry a running model was started with, if any."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        in_use: Callable[[str], ModelEntry | None] = lambda model_id: None,
+    ):
+        self.settings = settings
+        self.in_use = in_use
+        self.pending: dict[str, asyncio.Task] = {}  # models being imported
+
+    def entries(self) -> dict[str, ModelEntry]:
+        """Every servable model by id, as discovery finds it now."""
+        return discover(self.settings)
+
+    def default_model(self) -> str | None:
+        """The model a request without `model` gets (None: it must name one)."""
+        if self.settings.default_model:
+            return self.settings.default_model
+        return next((mid for mid, ms in self.settings.models.items() if ms.default), None)
+
+    async def settle(self, model: str | None) -> None:
+        """Wait for a model that is still being imported (the built-in one on first start)."""
+        task = self.pending.get(model or self.default_model() or "")
+        if task is not None:
+            await asyncio.shield(task)
+
+    def resolve(self, model: str | None) -> ModelEntry:
+        """The entry a request's `model` names (or the default one)."""
+        if not model:
+            model = self.default_model()
+            if not model:
+                raise BadRequest(
+                    "The request has no 'model' and no default model is configured", param="model"
+                )
+        entry = self.in_use(model)
+        if entry is not None and entry.path.exists():
+            return entry
+        entry = self.entries().get(model)
+        if entry is None:
+            raise ModelNotFound(model)
+        return entry

@@ -1,0 +1,94 @@
+"""Find servable model folders: $MLXD_HOME/models, the Hugging Face cache, and config.
+
+An id is only ever looked up in what discovery found: no path is built from a request string.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from mlxd.shared.config import Settings
+
+
+@dataclass(frozen=True)
+class ModelEntry:
+    """A model mlxd can serve."""
+
+    id: str
+    path: Path
+    source: str  # "home", "hf-cache" or "config"
+    weights_bytes: int
+
+
+def weights_bytes(path: Path) -> int:
+    """Bytes of the folder's weight files (safetensors; symlinks followed as the HF cache uses)."""
+    total = 0
+    for f in path.glob("*.safetensors"):
+        try:
+            total += f.stat().st_size
+        except OSError:
+            pass
+    return total
+
+
+def _is_model_dir(path: Path) -> bool:
+    return (path / "config.json").is_file()
+
+
+def scan_home(models_dir: Path) -> list[ModelEntry]:
+    """models/<id>/ and models/<org>/<name>/ (id "org/name")."""
+    found: list[ModelEntry] = []
+    if not models_dir.is_dir():
+        return found
+    for d in sorted(models_dir.iterdir()):
+        if d.name.startswith(".") or not d.is_dir():
+            continue  # dot-folders are imports or downloads in progress
+        if _is_model_dir(d):
+            found.append(ModelEntry(d.name, d, "home", weights_bytes(d)))
+            continue
+        for sub in sorted(d.iterdir()):
+            if not sub.name.startswith(".") and sub.is_dir() and _is_model_dir(sub):
+                found.append(ModelEntry(f"{d.name}/{sub.name}", sub, "home", weights_bytes(sub)))
+    return found
+
+
+def scan_hf_cache(cache: Path) -> list[ModelEntry]:
+    """models--org--name/snapshots/<rev>/ → id "org/name" (refs/main, else the newest)."""
+    found: list[ModelEntry] = []
+    if not cache.is_dir():
+        return found
+    for repo in sorted(cache.glob("models--*")):
+        parts = repo.name.split("--")[1:]
+        if not parts:
+            continue
+        snapshot = _snapshot(repo)
+        if snapshot is not None and _is_model_dir(snapshot):
+            found.append(ModelEntry("/".join(parts), snapshot, "hf-cache", weights_bytes(snapshot)))
+    return found
+
+
+def _snapshot(repo: Path) -> Path | None:
+    ref = repo / "refs" / "main"
+    if ref.is_file():
+        snap = repo / "snapshots" / ref.read_text().strip()
+        if snap.is_dir():
+            return snap
+    snaps = [s for s in (repo / "snapshots").glob("*") if s.is_dir()]
+    return max(snaps, key=lambda s: s.stat().st_mtime) if snaps else None
+
+
+def discover(settings: Settings, hf_cache: Path | None = None) -> dict[str, ModelEntry]:
+    """Every model by id. Config entries win over home folders, which win over the HF cache
+    (`hf_cache`, else settings.hf_cache_dir)."""
+    entries: dict[str, ModelEntry] = {}
+    if settings.discover_hf_cache:
+        for e in scan_hf_cache(hf_cache or settings.hf_cache_dir.expanduser()):
+            entries[e.id] = e
+    for e in scan_home(settings.models_dir):
+        entries[e.id] = e
+    for model_id, ms in settings.models.items():
+        if ms.path is not None:
+            path = ms.path.expanduser()
+            entries[model_id] = ModelEntry(model_id, path, "config", weights_bytes(path))
+    return entries

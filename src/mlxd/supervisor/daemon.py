@@ -1,0 +1,187 @@
+"""The supervisor process: app assembly, start-up, and an ordered shutdown."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+
+import psutil
+from aiohttp import web
+
+from mlxd.shared.config import Settings
+from mlxd.shared.middleware import error_middleware, request_id_middleware
+from mlxd.supervisor.admin.metrics import add_metrics, observe_middleware
+from mlxd.supervisor.admin.routes import add_admin_routes
+from mlxd.supervisor.catalog.builtin import setup_builtin
+from mlxd.supervisor.homedir import make_private_dir, prepare_home_dirs, set_private_umask
+from mlxd.supervisor.http import routes
+from mlxd.supervisor.http.auth import auth_middleware, insecure_warning
+from mlxd.supervisor.http.cors import add_cors, cors_middleware
+from mlxd.supervisor.http.guard import guard_middleware
+from mlxd.supervisor.http.limits import (
+    ConnectionLimiter,
+    GuardedTCPSite,
+    add_body_timeout,
+    connection_cap,
+    raise_nofile_limit,
+)
+from mlxd.supervisor.http.responses import add_response_routes
+from mlxd.supervisor.http.upstream import UpstreamPool
+from mlxd.supervisor.lifecycle.registry import Registry
+from mlxd.supervisor.lifecycle.watchdog import run_watchdog
+from mlxd.supervisor.pidlock import PidLock
+from mlxd.supervisor.scheduling.keepalive import run_keepalive
+
+log = logging.getLogger("mlxd.daemon")
+
+
+def build_app(settings: Settings, registry: Registry) -> web.Application:
+    # Outermost first: ids and metrics see every answer; every refusal below gets the error
+    # envelope; the guard (path, Host, Origin, Content-Type) refuses before CORS answers a
+    # preflight; CORS preflights skip auth.
+    app = web.Application(
+        middlewares=[
+            request_id_middleware,
+            observe_middleware,
+            error_middleware,
+            guard_middleware,
+            cors_middleware,
+            auth_middleware,
+        ],
+        client_max_size=settings.max_body_bytes,
+    )
+    if (warning := insecure_warning(settings)) is not None:
+        log.warning(warning)
+    app["settings"] = settings
+    app["registry"] = registry
+    add_response_routes(app)  # before the generic /v1 proxy route
+    routes.add_routes(app)
+    add_admin_routes(app)
+    add_metrics(app)
+    add_cors(app)
+    return app
+
+
+def prepare_home(settings: Settings) -> PidLock:
+    """Claim the home for this daemon: owner-only modes, then the one-daemon-per-home lock.
+
+    Sets the process umask to 077 (workers inherit it), creates the folders 0700, tightens what
+    older runs left readable, and takes the pid-file lock. Raises HomeLocked, before any socket
+    or worker is touched, when another daemon runs on this home.
+    """
+    set_private_umask()
+    make_private_dir(settings.run_dir)  # sockets and the lock live here: only this user
+    lock = PidLock.acquire(settings.run_dir, settings.home_dir)
+    try:
+        prepare_home_dirs(settings.home_dir)
+    except BaseException:
+        lock.release()
+        raise
+    return lock
+
+
+async def serve(settings: Settings, lock: PidLock | None = None) -> int:
+    """Run until SIGTERM or SIGINT, then shut down in order. Returns the exit code.
+
+    `lock` is the home's lock when the caller already took it with prepare_home.
+    """
+    lock = lock or prepare_home(settings)
+    before, nofile = raise_nofile_limit()
+    max_total = connection_cap(settings.max_connections, nofile)
+    log.info(
+        "descriptor limit %d (was %d); connections at most %d, %d per client",
+        nofile,
+        before,
+        max_total,
+        settings.max_connections_per_client,
+    )
+    if max_total < settings.max_connections:
+        log.warning(
+            "max_connections lowered from %d to %d to stay under the descriptor limit",
+            settings.max_connections,
+            max_total,
+        )
+    registry = Registry.build(
+        settings, UpstreamPool(), total_memory_bytes=psutil.virtual_memory().total
+    )
+    app = build_app(settings, registry)
+    add_body_timeout(app, settings.body_timeout_s)
+    # aiohttp's keep-alive timer starts when a connection opens and again after each response,
+    # and closes the connection if no complete request head arrived by then: the header timeout.
+    runner = web.AppRunner(
+        app,
+        handler_cancellation=True,
+        access_log=None,
+        shutdown_timeout=settings.shutdown_grace_s,
+        keepalive_timeout=settings.header_timeout_s,
+        # A request refused before its body was read closes its connection
+        # (shared/middleware.py): no point reading the rest of a body
+        # nobody will use, nor decoding a broken one into the log.
+        lingering_time=0,
+    )
+    await runner.setup()
+    limiter = ConnectionLimiter(max_total, settings.max_connections_per_client)
+    site = GuardedTCPSite(runner, settings.host, settings.port, limiter)
+    await site.start()
+    log.info(
+        "mlxd listening on http://%s:%d home=%s budget=%d bytes",
+        settings.host,
+        settings.port,
+        settings.home_dir,
+        registry.lifecycle.budget_bytes,
+    )
+
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)  # handlers only flag; the work happens below
+    duties = [
+        asyncio.create_task(run_keepalive(registry.lifecycle)),
+        asyncio.create_task(run_watchdog(registry.lifecycle)),
+    ]
+    setup_builtin(registry.catalog, registry.tasks)
+    preload(settings, registry)
+    if registry.catalog.default_model():
+        log.info(
+            "try: curl http://%s:%d/v1/chat/completions -H 'content-type: application/json'"
+            ' -d \'{"messages": [{"role": "user", "content": "Hello!"}]}\'',
+            settings.host,
+            settings.port,
+        )
+
+    await stop.wait()
+    log.info("shutting down: stop accepting, finish in-flight requests, drain workers")
+    for duty in duties:
+        duty.cancel()
+    await site.stop()
+    await _wait_in_flight(registry, settings.shutdown_grace_s)
+    await registry.shutdown()
+    await runner.cleanup()
+    lock.release()
+    log.info("stopped")
+    return 0
+
+
+def preload(settings: Settings, registry: Registry) -> None:
+    """Start the models marked `preload` (they then follow their keep-alive like any other)."""
+    for model_id, ms in settings.models.items():
+        if ms.preload:
+            registry.tasks.spawn(_preload_one(registry, model_id))
+
+
+async def _preload_one(registry: Registry, model_id: str) -> None:
+    try:
+        slot = await registry.leases.acquire(registry.catalog.resolve(model_id))
+        registry.leases.release(slot)
+    except Exception as exc:
+        log.error("preload of model=%s failed: %s", model_id, exc)
+
+
+async def _wait_in_flight(registry: Registry, grace_s: float) -> None:
+    deadline = asyncio.get_running_loop().time() + grace_s
+    while any(s.leases for s in registry.lifecycle.slots.values()):
+        if asyncio.get_running_loop().time() >= deadline:
+            log.warning("grace period over with requests in flight")
+            return
+        await asyncio.sleep(0.05)

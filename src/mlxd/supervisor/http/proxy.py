@@ -1,0 +1,198 @@
+"""Pass a request through to a worker's socket and its response back, chunk by chunk."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import TYPE_CHECKING
+
+import aiohttp
+from aiohttp import web
+from yarl import URL
+
+from mlxd.shared.errors import BadGateway, sse_error_bytes
+from mlxd.shared.logs import bind_log_context
+from mlxd.shared.middleware import REQUEST_ID
+from mlxd.shared.wire.first_token import FirstTokenCutter
+from mlxd.supervisor.http.upstream import UpstreamPool
+from mlxd.supervisor.lifecycle.slot import ModelSlot
+from mlxd.supervisor.lifecycle.states import State
+
+if TYPE_CHECKING:
+    from mlxd.supervisor.lifecycle.registry import Registry
+
+log = logging.getLogger("mlxd.proxy")
+
+# RFC 9110 hop-by-hop headers, plus those the proxy recomputes itself.
+HOP_BY_HOP = frozenset(
+    {
+        "connection",
+        "keep-alive",
+        "proxy-authenticate",
+        "proxy-authorization",
+        "te",
+        "trailer",
+        "trailers",
+        "transfer-encoding",
+        "upgrade",
+        "host",
+        "content-length",
+    }
+)
+# Credentials for mlxd itself never travel to a worker; the body was decoded here already and
+# is sent as JSON, so its original encoding and type do not travel either.
+PRIVATE = frozenset({"authorization", "x-api-key", "content-encoding", "content-type"})
+
+UPSTREAM_ERRORS = (aiohttp.ClientError, ConnectionError, asyncio.TimeoutError)
+# request[ON_STREAM_CHUNK]: called with each chunk of a stream once it is written, until it
+# returns True (the Responses store watches for the final event with it).
+ON_STREAM_CHUNK = "on_stream_chunk"
+# request[ON_FIRST_TOKEN]: called once the chunk that carried the worker's first-token marker
+# is written (the marker itself is cut out; the metrics middleware times the first token).
+ON_FIRST_TOKEN = "on_first_token"
+
+
+async def _pump(request: web.Request, resp: web.StreamResponse, up, slot: ModelSlot) -> bool:
+    """Copy the worker's stream to the client; True when the worker finished it.
+
+    Client write errors (ConnectionError) propagate; a broken upstream ends the client's stream
+    with an SSE error event instead.
+    """
+    on_chunk = request.get(ON_STREAM_CHUNK)
+    on_first = request.get(ON_FIRST_TOKEN)
+    marker = FirstTokenCutter()
+
+    async def send(data: bytes) -> None:
+        nonlocal on_chunk
+        await resp.write(data)  # each chunk goes out as soon as the worker wrote it
+        if on_chunk is not None and on_chunk(data):
+            on_chunk = None
+
+    chunks = up.content.iter_any()
+    while True:
+        try:
+            chunk = await chunks.__anext__()
+        except StopAsyncIteration:
+            break
+        except UPSTREAM_ERRORS:  # what the cutter holds is part of an unfinished line: dropped
+            log.warning(
+                "model=%s worker stream broke request_id=%s", slot.id, request["request_id"]
+            )
+            err = BadGateway(f"The worker for '{slot.id}' stopped mid-stream")
+            await resp.write(sse_error_bytes(err, request.path))
+            await resp.write_eof()
+            return False
+        chunk, first = marker.cut(chunk)
+        if chunk:
+            await send(chunk)
+        if first and on_first is not None:
+            on_first()
+    if tail := marker.flush():  # the start of a marker that never finished: plain bytes
+        await send(tail)
+    await resp.write_eof()
+    return True
+
+
+def _forward_headers(headers, drop=HOP_BY_HOP | PRIVATE) -> dict[str, str]:
+    return {k: v for k, v in headers.items() if k.lower() not in drop}
+
+
+def worker_url(request: web.Request) -> URL:
+    """The worker URL for `request`: its route's own path (never the client's) and its query.
+
+    Only plain routes forward, so a client's path text can never pick a worker route.
+    """
+    resource = request.match_info.route.resource
+    if not isinstance(resource, web.PlainResource):
+        raise TypeError(f"only plain routes are forwarded, not {resource!r}")
+    return URL.build(
+        path=resource.canonical, query_string=request.rel_url.raw_query_string, encoded=True
+    )
+
+
+class WorkerUnreachable(BadGateway):
+    """The worker's socket refused the request before it was sent: safe to send again."""
+
+
+# After a refused connection: how long to wait for the reaper to notice a worker that just died.
+DEATH_NOTICE_S = 2.0
+
+
+async def forward_leased(
+    request: web.Request, reg: Registry, model_id: str, body: bytes
+) -> web.StreamResponse:
+    """Lease `model_id` and forward `request` to its worker.
+
+    A worker that died a moment ago still looks READY until its reaper runs; a request that
+    finds its socket refusing waits for that, then leases again (which waits for the restart)
+    and is sent once more. A worker that refuses while alive is a 502."""
+    for attempt in (1, 2):
+        async with reg.leases.lease(model_id) as slot:
+            try:
+                return await forward(request, slot, body, reg.upstream)
+            except WorkerUnreachable:
+                if attempt == 2 or not await _has_died(slot):
+                    raise
+        log.info(
+            "model=%s worker died before the request reached it; waiting for its "
+            "restart request_id=%s",
+            model_id,
+            request["request_id"],
+        )
+    raise AssertionError("unreachable")  # pragma: no cover - the loop returns or raises
+
+
+async def _has_died(slot: ModelSlot) -> bool:
+    proc = slot.process
+    deadline = asyncio.get_running_loop().time() + DEATH_NOTICE_S
+    while asyncio.get_running_loop().time() < deadline:
+        if slot.state is not State.READY or proc is None or proc.returncode is not None:
+            return True
+        await asyncio.sleep(0.05)
+    return False
+
+
+async def forward(
+    request: web.Request, slot: ModelSlot, body: bytes, upstream: UpstreamPool
+) -> web.StreamResponse:
+    """Proxy `request` (whose body was already read) to `slot`'s worker."""
+    request["model"] = slot.id  # the metrics label and every later log line carry it
+    bind_log_context(model=slot.id)
+    headers = _forward_headers(request.headers)
+    headers[REQUEST_ID] = request["request_id"]
+    headers["Content-Type"] = "application/json"
+    session = upstream.session(slot.socket)
+    try:
+        up = await session.request(request.method, worker_url(request), data=body, headers=headers)
+    except UPSTREAM_ERRORS as exc:  # the detail (a socket path) goes to the log only
+        log.warning(
+            "model=%s worker unreachable request_id=%s: %s", slot.id, request["request_id"], exc
+        )
+        if isinstance(exc, aiohttp.ClientConnectorError):  # refused: it never got the request
+            raise WorkerUnreachable(f"The worker for '{slot.id}' is unreachable") from None
+        # It may have died of this very request: never send it again.
+        raise BadGateway(f"The worker for '{slot.id}' stopped before it answered") from None
+    complete = False
+    try:
+        out_headers = _forward_headers(up.headers, HOP_BY_HOP | {"content-encoding"})
+        if up.content_type != "text/event-stream":
+            try:
+                data = await up.read()
+            except UPSTREAM_ERRORS:
+                raise BadGateway(f"The worker for '{slot.id}' stopped mid-response") from None
+            complete = True
+            return web.Response(status=up.status, body=data, headers=out_headers)
+        resp = web.StreamResponse(status=up.status, headers=out_headers)
+        await resp.prepare(request)
+        try:
+            complete = await _pump(request, resp, up, slot)
+        except ConnectionError:  # the client left: dropping upstream cancels the worker's row
+            log.info(
+                "model=%s client left mid-stream request_id=%s", slot.id, request["request_id"]
+            )
+        return resp
+    finally:
+        if not complete:
+            up.close()  # drop the upstream connection: the worker cancels the row
+        else:
+            up.release()

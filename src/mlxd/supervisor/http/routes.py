@@ -1,0 +1,110 @@
+"""The supervisor's public HTTP routes: health, model listing, and the /v1 proxy."""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import orjson
+from aiohttp import web
+
+from mlxd.shared.errors import BadRequest, ModelNotFound, NotFound
+from mlxd.shared.logs import bind_log_context
+from mlxd.shared.wire.bodies import load_json
+from mlxd.shared.wire.openai import ModelCard, ModelList
+from mlxd.supervisor.http.proxy import forward_leased
+from mlxd.supervisor.lifecycle.registry import Registry
+from mlxd.supervisor.lifecycle.states import State
+
+log = logging.getLogger("mlxd.routes")
+
+STATUS = {  # the lifecycle state as /v1/models shows it
+    State.STOPPED: "available",
+    State.STARTING: "loading",
+    State.READY: "loaded",
+    State.DRAINING: "loaded",
+    State.STOPPING: "loaded",
+    State.BACKOFF: "failed",
+    State.FATAL: "failed",
+}
+STARTED = int(time.time())
+# What /v1/models says of a failed model; the exit details (worker log lines) stay in /admin.
+FAILURE = {
+    State.BACKOFF: "The model's worker stopped unexpectedly; it is being restarted",
+    State.FATAL: "The model failed to start repeatedly; an operator can see why in /admin "
+    "and reload it",
+}
+# The POST routes a worker serves that the generic proxy forwards, each to its own path.
+PROXIED_POSTS = (
+    "/v1/chat/completions",
+    "/v1/completions",
+    "/v1/messages",
+    "/v1/messages/count_tokens",
+)
+
+
+def _json(data, status: int = 200) -> web.Response:
+    return web.Response(status=status, body=orjson.dumps(data), content_type="application/json")
+
+
+async def health(request: web.Request) -> web.Response:
+    return _json({"status": "ok"})
+
+
+def _card(reg: Registry, model_id: str) -> dict:
+    slot = reg.lifecycle.slots.get(model_id)
+    status = STATUS[slot.state] if slot else "available"
+    card = ModelCard(id=model_id, created=STARTED, status=status).model_dump()
+    if slot and slot.state in FAILURE:
+        card["error"] = FAILURE[slot.state]
+    return card
+
+
+async def list_models(request: web.Request) -> web.Response:
+    reg: Registry = request.app["registry"]
+    ids = sorted(set(reg.catalog.entries()) | set(reg.lifecycle.slots))
+    return _json({**ModelList(data=[]).model_dump(), "data": [_card(reg, i) for i in ids]})
+
+
+async def get_model(request: web.Request) -> web.Response:
+    reg: Registry = request.app["registry"]
+    model_id = request.match_info["model_id"]
+    if model_id not in reg.lifecycle.slots and model_id not in reg.catalog.entries():
+        raise ModelNotFound(model_id)
+    return _json(_card(reg, model_id))
+
+
+async def proxy_v1(request: web.Request) -> web.StreamResponse:
+    """A known /v1 POST (PROXIED_POSTS) goes to the worker of the model its body names."""
+    reg: Registry = request.app["registry"]
+    body = await request.read()
+    data = load_json(body)
+    model = data.get("model")
+    if model is not None and not isinstance(model, str):
+        raise BadRequest("Invalid 'model': must be a string", param="model")
+    await reg.catalog.settle(model)
+    entry = reg.catalog.resolve(model)
+    request["model"] = entry.id  # the metrics label, also when the lease fails
+    bind_log_context(model=entry.id)  # and every log line from here on
+    if model != entry.id:  # the default model was chosen: tell the worker
+        data["model"] = entry.id
+        body = orjson.dumps(data)
+    log.info("proxy model=%s path=%s request_id=%s", entry.id, request.path, request["request_id"])
+    return await forward_leased(request, reg, entry.id, body)
+
+
+async def root(request: web.Request) -> web.Response:
+    """HEAD / is 200 with no body: Claude Code probes the base URL before its first request.
+    GET / stays the 404 any unknown path gets (until there is a dashboard to serve)."""
+    if request.method == "HEAD":
+        return web.Response(status=200)
+    raise NotFound("Not found")
+
+
+def add_routes(app: web.Application) -> None:
+    app.router.add_get("/health", health)
+    app.router.add_get("/", root)  # and HEAD /, which aiohttp routes to the same handler
+    app.router.add_get("/v1/models", list_models)
+    app.router.add_get("/v1/models/{model_id:.+}", get_model)
+    for path in PROXIED_POSTS:  # by name: nothing else under /v1 reaches a worker
+        app.router.add_post(path, proxy_v1)

@@ -1,0 +1,123 @@
+"""One model's place in the supervisor: its state machine, its process, its leases."""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from mlxd.shared.config import ResolvedModelSettings, Settings
+from mlxd.shared.wire.admin import WorkerHealth
+from mlxd.supervisor.catalog.discovery import ModelEntry
+from mlxd.supervisor.lifecycle.launch import socket_path
+from mlxd.supervisor.lifecycle.process import WorkerProcess
+from mlxd.supervisor.lifecycle.states import InvalidTransition, State, is_valid_transition
+
+log = logging.getLogger("mlxd.lifecycle")
+
+
+@dataclass(eq=False)
+class ModelSlot:
+    """Everything the supervisor knows about one model. Only `transition` changes `state`.
+
+    The lifecycle owner changes the state, the crash record and the operator's `drained`
+    mark; leases.py changes the lease and queue counts."""
+
+    entry: ModelEntry
+    settings: ResolvedModelSettings  # the model's section, fallbacks filled in
+    socket: Path
+    footprint_bytes: int
+    state: State = State.STOPPED
+    process: WorkerProcess | None = None
+    leases: int = 0
+    last_used: float = field(default_factory=time.monotonic)
+    crashes: collections.deque = field(default_factory=lambda: collections.deque(maxlen=64))
+    restarts: int = 0
+    backoff_until: float = 0.0
+    last_error: str | None = None  # the whole story, log lines included: /admin only
+    public_error: str | None = None  # the same failure in a sentence a /v1 client may see
+    last_health_ok: float = 0.0
+    changed: asyncio.Event = field(default_factory=asyncio.Event)
+    started_at: float = 0.0
+    generation: int = 0  # bumped by each hot reload (the new worker gets its own socket)
+    waiting: int = 0  # requests waiting for this model to become READY
+    # Of those, the ones that will take a lease the moment it is READY: eviction counts them
+    # as leases, so a model just loaded serves its waiters before it can be evicted.
+    handover: int = 0
+    held: int = 0  # waiting while READY: they arrived after a waiting load closed it
+    wait_since: dict = field(default_factory=dict)  # waiting request -> when it arrived
+    load_waiting: bool = False  # its load waits for the load gate or for room
+    ready_at: float = 0.0  # lifecycle clock at the last STARTING -> READY
+    drained: bool = False  # an operator drained it: refuse requests until load or reload
+    last_drain: dict | None = None  # the worker's answer to its last drain
+
+    @classmethod
+    def create(
+        cls, settings: Settings, entry: ModelEntry, generation: int = 0, *, now: float
+    ) -> ModelSlot:
+        """A STOPPED slot for `entry`; generation n (a hot reload's) gets its own socket."""
+        ms = settings.for_model(entry.id)
+        return cls(
+            entry=entry,
+            settings=ms,
+            socket=socket_path(settings.run_dir, entry.id, generation),
+            footprint_bytes=entry.weights_bytes + ms.kv_allowance_bytes,
+            generation=generation,
+            last_used=now,
+        )
+
+    @property
+    def id(self) -> str:
+        return self.entry.id
+
+    def transition(self, expected: State | frozenset[State], to: State, why: str = "") -> bool:
+        """Compare and swap: move to `to` if the state is `expected` (or one of a set of them).
+
+        False, and nothing changes, when the state is another: someone moved it first. A move
+        the state machine forbids raises. Only the lifecycle owner (owner.py) calls this; it
+        wakes everyone waiting on a change."""
+        sources = expected if isinstance(expected, frozenset) else frozenset({expected})
+        for src in sources:
+            if not is_valid_transition(src, to):
+                raise InvalidTransition(self.id, src, to)
+        if self.state not in sources:
+            return False
+        log.info(
+            "model=%s from=%s to=%s%s",
+            self.id,
+            self.state.value,
+            to.value,
+            f" ({why})" if why else "",
+        )
+        self.state = to
+        self.changed.set()
+        self.changed = asyncio.Event()
+        return True
+
+    async def wait_change(self, timeout_s: float | None = None) -> bool:
+        """Wait for the next transition; False when `timeout_s` passed first."""
+        try:
+            await asyncio.wait_for(self.changed.wait(), timeout_s)
+            return True
+        except asyncio.TimeoutError:
+            return False
+
+    def touch(self, now: float) -> None:
+        """A lease began or ended at `now` (the lifecycle's clock): keep-alive counts from it."""
+        self.last_used = now
+
+    def identity_mismatch(self, health: WorkerHealth) -> str | None:
+        """Why the worker answering on our socket is not this slot's process (None: it is).
+
+        A socket path can be answered by a stale worker: another daemon's, or an older
+        generation's. Routing to it would serve from a process nobody supervises."""
+        pid = self.process.pid if self.process is not None else None
+        if (health.pid, health.generation) == (pid, self.generation) and health.model == self.id:
+            return None
+        return (
+            f"pid={health.pid} generation={health.generation} model={health.model!r}, "
+            f"expected pid={pid} generation={self.generation} model={self.id!r}"
+        )

@@ -1,0 +1,45 @@
+"""Keep-alive: a model idle past its keep_alive_s is unloaded (0: as soon as it is idle,
+-1: never); a pinned model never is. The timer starts when the model's last lease ends."""
+
+from __future__ import annotations
+
+import asyncio
+
+from mlxd.supervisor.lifecycle.owner import Lifecycle
+from mlxd.supervisor.lifecycle.slot import ModelSlot
+from mlxd.supervisor.lifecycle.states import State
+
+TICK_S = 0.5  # how often idle models are looked at
+
+
+def on_idle(lc: Lifecycle, slot: ModelSlot) -> None:
+    """The last lease on `slot` ended: keep_alive 0 unloads it now."""
+    if slot.settings.keep_alive_s == 0 and not slot.settings.pinned:
+        lc.tasks.spawn(lc.unload_slot(slot, "keep_alive 0", only_if_idle=True))
+
+
+def expired(lc: Lifecycle, now: float) -> list[ModelSlot]:
+    """READY models idle (no lease) for at least their keep-alive at `now`."""
+    return [
+        slot
+        for slot in lc.slots.values()
+        if slot.state is State.READY
+        and slot.leases == 0
+        and slot.settings.keep_alive_s >= 0
+        and not slot.settings.pinned
+        and now - slot.last_used >= slot.settings.keep_alive_s
+    ]
+
+
+def sweep(lc: Lifecycle) -> None:
+    """Unload (in the background) every model whose keep-alive ran out."""
+    for slot in expired(lc, lc.clock()):
+        ka = slot.settings.keep_alive_s
+        lc.tasks.spawn(lc.unload(slot.id, reason=f"idle {ka:.0f}s (keep_alive)", only_if_idle=True))
+
+
+async def run_keepalive(lc: Lifecycle, tick_s: float = TICK_S) -> None:
+    """Forever: unload models idle past their keep-alive."""
+    while True:
+        await asyncio.sleep(tick_s)
+        sweep(lc)

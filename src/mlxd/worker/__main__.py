@@ -1,0 +1,31 @@
+"""`python -m mlxd.worker --spec JSON`, or `--model-path DIR --model-id ID --socket PATH`.
+
+The worker's entry point: the one place in the worker that reads or sets the environment.
+"""
+
+import logging
+import os
+import sys
+
+# Never reach for the hub from a worker: model folders are local by contract. Set before
+# mlx_lm (and huggingface_hub, which reads it once on import) is imported below.
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+# Our own children (grammar compiles) inherit unbuffered output, as the worker has it (-u).
+os.environ.setdefault("PYTHONUNBUFFERED", "1")
+
+from mlxd.worker.app import main  # noqa: E402
+from mlxd.worker.config import parse_args  # noqa: E402
+from mlxd.worker.lifeline import die_with_parent  # noqa: E402
+
+if __name__ == "__main__":
+    cfg = parse_args(log_level=os.environ.get("MLXD_LOG_LEVEL", "INFO"))
+    if cfg.exit_with_parent:
+        die_with_parent()
+    code = main(cfg)
+    # Everything is flushed and stopped by now. Skip the interpreter's teardown: MLX's C++
+    # statics (per-thread streams of helper threads) can abort the process while they are
+    # destroyed, turning a clean exit into SIGABRT.
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)

@@ -1,0 +1,159 @@
+"""POST /v1/messages and /v1/messages/count_tokens: the Anthropic Messages writer."""
+
+from __future__ import annotations
+
+import orjson
+from aiohttp import web
+
+from mlxd.shared.errors import MlxdError, anthropic_body
+from mlxd.shared.wire.anthropic import (
+    AnthropicUsage,
+    BlockDelta,
+    BlockStart,
+    BlockStop,
+    CountTokens,
+    CountTokensRequest,
+    InputJsonDelta,
+    Message,
+    MessageDelta,
+    MessageDeltaBody,
+    MessagesRequest,
+    MessageStart,
+    MessageStop,
+    Ping,
+    TextBlock,
+    TextDelta,
+    ThinkingBlock,
+    ThinkingDelta,
+    ToolUseBlock,
+    stop_reason,
+)
+from mlxd.shared.wire.bodies import load_json, parse_model
+from mlxd.worker.api import sse
+from mlxd.worker.api.driver import Surface, Writer, serve
+from mlxd.worker.chat.events import Collected, Delta, Done, TokenUsage
+from mlxd.worker.chat.output import REASONING
+from mlxd.worker.chat.run import render_job
+from mlxd.worker.chat.tool_calls import ToolCall
+from mlxd.worker.state import WorkerState
+
+
+def anthropic_usage(u: TokenUsage) -> AnthropicUsage:
+    """Anthropic counts cache reads apart from the input tokens it processed."""
+    return AnthropicUsage(
+        input_tokens=u.prompt - u.cached,
+        output_tokens=u.completion,
+        cache_read_input_tokens=u.cached,
+    )
+
+
+def _event(ev) -> bytes:
+    return sse.data(ev, event=ev.type)
+
+
+# What a quiet stream sends every stream_heartbeat_s: Claude Code's idle watchdog ignores
+# `ping`, while an interim message_delta with no stop reason and no tokens changes nothing in
+# the SDK's accumulated message (the final message_delta overwrites every field it sets).
+_HEARTBEAT = MessageDelta(delta=MessageDeltaBody(stop_reason=None), usage={"output_tokens": 0})
+
+
+class MessagesWriter(Writer):
+    """Message events; content blocks open and close as the output changes kind."""
+
+    def __init__(self, req: MessagesRequest, run, rid: str):
+        super().__init__(req, run, rid)
+        self.model = req.model or run.m.model_id
+        self.index = -1
+        self.kind: str | None = None  # the kind of the open text or thinking block
+
+    def open(self) -> bytes:
+        # Token counts come with the final message_delta: Claude Code adds a message_delta's
+        # running usage to its totals once per event, so heartbeats must carry zeros.
+        start = Message(
+            id=self.rid,
+            model=self.model,
+            content=[],
+            usage=AnthropicUsage(input_tokens=0, output_tokens=0),
+        )
+        return _event(MessageStart(message=start)) + _event(Ping())
+
+    def keepalive(self, heartbeat_due: bool) -> bytes:
+        return _event(_HEARTBEAT if heartbeat_due else Ping())
+
+    def delta(self, d: Delta) -> bytes:
+        if not d.text:
+            return b""
+        out = b""
+        if self.kind != d.kind:
+            out = self._close()
+            self.index += 1
+            self.kind = d.kind
+            block = ThinkingBlock(thinking="") if d.kind == REASONING else TextBlock(text="")
+            out += _event(BlockStart(index=self.index, content_block=block))
+        delta = ThinkingDelta(thinking=d.text) if d.kind == REASONING else TextDelta(text=d.text)
+        return out + _event(BlockDelta(index=self.index, delta=delta))
+
+    def tool_calls(self, calls: list[ToolCall]) -> bytes:
+        return b"".join(self._tool_use(c) for c in calls)
+
+    def _tool_use(self, call: ToolCall) -> bytes:
+        out = self._close()
+        self.index += 1
+        block = ToolUseBlock(id=call.id, name=call.name, input={})
+        delta = InputJsonDelta(partial_json=call.arguments)
+        return (
+            out
+            + _event(BlockStart(index=self.index, content_block=block))
+            + _event(BlockDelta(index=self.index, delta=delta))
+            + _event(BlockStop(index=self.index))
+        )
+
+    def _close(self) -> bytes:
+        if self.kind is None:
+            return b""
+        self.kind = None
+        return _event(BlockStop(index=self.index))
+
+    def done(self, done: Done, usage: TokenUsage) -> bytes:
+        delta = MessageDeltaBody(
+            stop_reason=stop_reason(done.finish_reason, done.stop_sequence),
+            stop_sequence=done.stop_sequence,
+        )
+        final = MessageDelta(delta=delta, usage=anthropic_usage(usage).model_dump())
+        return self._close() + _event(final) + _event(MessageStop())
+
+    def error(self, err: MlxdError, usage: TokenUsage) -> bytes:
+        return self._close() + sse.data(anthropic_body(err), event="error")
+
+    def body(self, out: Collected, usage: TokenUsage) -> Message:
+        blocks = [ThinkingBlock(thinking=out.reasoning)] if out.reasoning else []
+        if out.text or not out.calls:
+            blocks.append(TextBlock(text=out.text))
+        blocks += [ToolUseBlock(id=c.id, name=c.name, input=c.input) for c in out.calls]
+        return Message(
+            id=self.rid,
+            model=self.model,
+            content=blocks,
+            stop_reason=stop_reason(out.done.finish_reason, out.done.stop_sequence),
+            stop_sequence=out.done.stop_sequence,
+            usage=anthropic_usage(usage),
+        )
+
+
+MESSAGES = Surface(MessagesRequest, "msg_", MessagesWriter)
+
+
+async def messages(request: web.Request) -> web.StreamResponse:
+    return await serve(request, MESSAGES)
+
+
+async def count_tokens(request: web.Request) -> web.Response:
+    state: WorkerState = request.app["state"]
+    m, _ = state.ready()
+    req = parse_model(CountTokensRequest, load_json(await request.read()))
+    job = req.to_chat_job()
+    prompt = render_job(m, job, state.config.enable_thinking)
+    return web.Response(
+        body=orjson.dumps(CountTokens(input_tokens=len(prompt.ids)).model_dump()),
+        content_type="application/json",
+    )

@@ -1,0 +1,124 @@
+"""The one chat driver: every generating route, from request body to the stream's last byte.
+
+A surface is a wire request model (`to_chat_job()`, `stream`), an id prefix and a `Writer`
+that prints a run in the surface's dialect. The driver does the rest once for all of them:
+admission, parsing, the prompt-cache session, preparing the run, the access log's progress,
+and then either the whole body or the stream: keep-alives and heartbeats, and the first-token
+marker in front of the first generated text (the supervisor times the first token by it).
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+from aiohttp import web
+from pydantic import BaseModel
+
+from mlxd.shared.errors import MlxdError
+from mlxd.shared.wire.bodies import load_json, parse_model
+from mlxd.shared.wire.first_token import FIRST_TOKEN
+from mlxd.worker.api import sse
+from mlxd.worker.cache.keys import session_of
+from mlxd.worker.chat.events import Collected, Delta, Done, Keepalive, TokenUsage, ToolCalls
+from mlxd.worker.chat.run import ChatRun
+from mlxd.worker.chat.tool_calls import ToolCall
+from mlxd.worker.state import WorkerState
+
+
+class Writer:
+    """How one API surface prints a run: a subclass per surface.
+
+    Stream methods return the bytes to send (b"" for nothing); the driver writes each event's
+    bytes at once. `body` builds the non-streamed answer.
+    """
+
+    def __init__(self, req: Any, run: ChatRun, rid: str):
+        self.req = req
+        self.run = run
+        self.rid = rid
+
+    def open(self) -> bytes:
+        """What a stream starts with, before any output."""
+        return b""
+
+    def delta(self, d: Delta) -> bytes:
+        raise NotImplementedError
+
+    def tool_calls(self, calls: list[ToolCall]) -> bytes:
+        return b""  # a surface without tools never gets calls
+
+    def keepalive(self, heartbeat_due: bool) -> bytes:
+        """A quiet tick; `heartbeat_due` when an agent's idle watchdog needs a real event."""
+        return sse.KEEPALIVE
+
+    def done(self, done: Done, usage: TokenUsage) -> bytes:
+        raise NotImplementedError
+
+    def error(self, err: MlxdError, usage: TokenUsage) -> bytes:
+        """The row failed mid-stream: the surface's error event, in the shared envelope."""
+        raise NotImplementedError
+
+    def body(self, out: Collected, usage: TokenUsage) -> BaseModel:
+        raise NotImplementedError
+
+
+@dataclass(frozen=True)
+class Surface:
+    """One API surface: its request model, response id prefix and writer."""
+
+    request: type[BaseModel]
+    id_prefix: str
+    writer: type[Writer]
+
+
+async def serve(request: web.Request, surface: Surface) -> web.StreamResponse:
+    """Answer one generating request on `surface`."""
+    state: WorkerState = request.app["state"]
+    state.ready()  # a 503 while loading or draining, before the body is even read
+    req = parse_model(surface.request, load_json(await request.read()))
+    job = req.to_chat_job()
+    job.session = job.session or session_of(request, req)
+    rid = surface.id_prefix + uuid.uuid4().hex[:24]
+    run = await ChatRun.prepare(state, job, rid)
+    request["progress"] = run  # the access log's line if the client leaves
+    writer = surface.writer(req, run, rid)
+    with run:
+        if not req.stream:
+            out = await run.collect()
+            body = writer.body(out, run.usage(out.done))
+            return web.Response(
+                body=orjson.dumps(body.model_dump()),
+                content_type="application/json",
+                headers=run.headers,
+            )
+        resp = await sse.open_stream(request, run.headers)
+        heartbeat = sse.Heartbeat(state.config.stream_heartbeat_s)
+        async for data in stream_bytes(run, writer, heartbeat):
+            await resp.write(data)
+        return resp
+
+
+async def stream_bytes(run, writer: Writer, heartbeat: sse.Heartbeat) -> AsyncIterator[bytes]:
+    """The stream's bytes, one piece per event; the marker goes in front of the first piece
+    that follows generated text (a non-empty delta or a tool call)."""
+    pending = sent = False  # the marker: owed since the first token, sent once
+    if opening := writer.open():
+        yield opening
+    async for ev in run.events():
+        if isinstance(ev, Keepalive):
+            data = writer.keepalive(heartbeat.due())
+        elif isinstance(ev, Done):
+            usage = run.usage(ev)
+            data = writer.error(ev.error, usage) if ev.error is not None else writer.done(ev, usage)
+        else:
+            heartbeat.touch()
+            pending = pending or (not sent and (isinstance(ev, ToolCalls) or bool(ev.text)))
+            data = writer.delta(ev) if isinstance(ev, Delta) else writer.tool_calls(ev.calls)
+        if pending and data:
+            data, pending, sent = FIRST_TOKEN + data, False, True
+        if data:
+            yield data

@@ -1,0 +1,223 @@
+"""POST /v1/responses on the worker: the Responses API writer (stateless generation).
+
+The supervisor expands `previous_response_id` into the full `input` and stores the result;
+here the request is answered as given.
+"""
+
+from __future__ import annotations
+
+import uuid
+
+from aiohttp import web
+
+from mlxd.shared.chat_job import ChatJob
+from mlxd.shared.errors import MlxdError
+from mlxd.shared.wire.responses import (
+    CustomToolCallItem,
+    FunctionCallItem,
+    MessageItem,
+    OutputText,
+    ReasoningItem,
+    ReasoningText,
+    Response,
+    ResponsesRequest,
+    ResponseUsage,
+    StreamEvent,
+)
+from mlxd.shared.wire.tools import custom_input
+from mlxd.worker.api import sse
+from mlxd.worker.api.driver import Surface, Writer, serve
+from mlxd.worker.chat.events import Collected, Delta, Done, TokenUsage
+from mlxd.worker.chat.output import REASONING
+from mlxd.worker.chat.tool_calls import ToolCall
+
+_FINAL_EVENTS = {"completed": "response.completed", "failed": "response.failed"}
+
+
+def _id(prefix: str) -> str:
+    return f"{prefix}_{uuid.uuid4().hex[:24]}"
+
+
+def _finish(body: Response, usage: TokenUsage, done: Done) -> None:
+    """Set status, usage and error from the row's end."""
+    body.usage = ResponseUsage.of(usage.prompt, usage.completion, usage.cached)
+    if done.error is not None:
+        body.status = "failed"
+        body.error = {"code": "server_error", "message": done.error.message}
+    elif done.finish_reason == "length":
+        body.status = "incomplete"
+        body.incomplete_details = {"reason": "max_output_tokens"}
+    else:
+        body.status = "completed"
+
+
+def _call_item(call: ToolCall, job: ChatJob) -> FunctionCallItem | CustomToolCallItem:
+    """The call as the client declared the tool: a custom tool's call carries its text, a
+    namespaced one its namespace and plain name (what Codex looks the handler up by)."""
+    origin = job.tool_origins.get(call.name)
+    if origin is not None and origin.custom:
+        return CustomToolCallItem(
+            id=_id("ctc"), call_id=call.id, name=origin.name, input=custom_input(call.arguments)
+        )
+    if origin is not None and origin.namespace is not None:
+        return FunctionCallItem(
+            id=_id("fc"),
+            call_id=call.id,
+            name=origin.name,
+            namespace=origin.namespace,
+            arguments=call.arguments,
+        )
+    return FunctionCallItem(id=_id("fc"), call_id=call.id, name=call.name, arguments=call.arguments)
+
+
+def _output(out: Collected, job: ChatJob) -> list:
+    items: list = []
+    if out.reasoning:
+        items.append(ReasoningItem(id=_id("rs"), content=[ReasoningText(text=out.reasoning)]))
+    if out.text or not out.calls:
+        items.append(MessageItem(id=_id("msg"), content=[OutputText(text=out.text)]))
+    return items + [_call_item(c, job) for c in out.calls]
+
+
+class ResponsesWriter(Writer):
+    """Streams output items (reasoning, message, function_call) as the output changes kind."""
+
+    def __init__(self, req: ResponsesRequest, run, rid: str):
+        super().__init__(req, run, rid)
+        self.response = Response.start(rid, req.model or run.m.model_id, req)
+        self.seq = 0
+        self.item = None  # the open MessageItem or ReasoningItem
+        self.text: list[str] = []
+
+    def _emit(self, kind: str, **fields) -> bytes:
+        ev = StreamEvent(type=kind, sequence_number=self.seq, **fields)
+        self.seq += 1
+        return sse.data(ev, event=kind)
+
+    @property
+    def index(self) -> int:
+        return len(self.response.output) - 1
+
+    def open(self) -> bytes:
+        return self._emit("response.created", response=self.response.model_dump()) + self._emit(
+            "response.in_progress", response=self.response.model_dump()
+        )
+
+    def keepalive(self, heartbeat_due: bool) -> bytes:
+        # Codex's idle watchdog counts SSE events and never sees comments: a quiet stream
+        # repeats response.in_progress, which clients parse and ignore.
+        if heartbeat_due:
+            return self._emit("response.in_progress", response=self.response.model_dump())
+        return sse.KEEPALIVE
+
+    def _open(self, item, part) -> bytes:
+        out = self._close()
+        self.response.output.append(item)
+        self.item, self.text = item, []
+        return (
+            out
+            + self._emit(
+                "response.output_item.added", output_index=self.index, item=item.model_dump()
+            )
+            + self._emit(
+                "response.content_part.added",
+                item_id=item.id,
+                output_index=self.index,
+                content_index=0,
+                part=part.model_dump(),
+            )
+        )
+
+    def delta(self, d: Delta) -> bytes:
+        if not d.text:
+            return b""
+        out = b""
+        reasoning = d.kind == REASONING
+        if not isinstance(self.item, ReasoningItem if reasoning else MessageItem):
+            if reasoning:
+                out = self._open(ReasoningItem(id=_id("rs")), ReasoningText(text=""))
+            else:
+                out = self._open(
+                    MessageItem(id=_id("msg"), status="in_progress"), OutputText(text="")
+                )
+        self.text.append(d.text)
+        name = "response.reasoning_text.delta" if reasoning else "response.output_text.delta"
+        extra = {} if reasoning else {"logprobs": []}
+        return out + self._emit(
+            name,
+            item_id=self.item.id,
+            output_index=self.index,
+            content_index=0,
+            delta=d.text,
+            **extra,
+        )
+
+    def tool_calls(self, calls: list[ToolCall]) -> bytes:
+        return b"".join(self._call(c) for c in calls)
+
+    def _call(self, call: ToolCall) -> bytes:
+        out = self._close()
+        item = _call_item(call, self.run.job)
+        self.response.output.append(item)
+        custom = isinstance(item, CustomToolCallItem)
+        field = "input" if custom else "arguments"
+        opened = item.model_copy(update={field: "", "status": "in_progress"})
+        at = {"item_id": item.id, "output_index": self.index}
+        out += self._emit(
+            "response.output_item.added", output_index=self.index, item=opened.model_dump()
+        )
+        if custom:
+            out += self._emit("response.custom_tool_call_input.delta", delta=item.input, **at)
+            out += self._emit("response.custom_tool_call_input.done", input=item.input, **at)
+        else:
+            out += self._emit("response.function_call_arguments.delta", delta=item.arguments, **at)
+            out += self._emit(
+                "response.function_call_arguments.done",
+                arguments=item.arguments,
+                name=item.name,
+                **at,
+            )
+        return out + self._emit(
+            "response.output_item.done", output_index=self.index, item=item.model_dump()
+        )
+
+    def _close(self) -> bytes:
+        item, self.item = self.item, None
+        if item is None:
+            return b""
+        text = "".join(self.text)
+        at = {"item_id": item.id, "output_index": self.index, "content_index": 0}
+        if isinstance(item, ReasoningItem):
+            part = ReasoningText(text=text)
+            item.content = [part]
+            out = self._emit("response.reasoning_text.done", text=text, **at)
+        else:
+            part = OutputText(text=text)
+            item.content, item.status = [part], "completed"
+            out = self._emit("response.output_text.done", text=text, logprobs=[], **at)
+        out += self._emit("response.content_part.done", part=part.model_dump(), **at)
+        return out + self._emit(
+            "response.output_item.done", output_index=self.index, item=item.model_dump()
+        )
+
+    def done(self, done: Done, usage: TokenUsage) -> bytes:
+        out = self._close()
+        _finish(self.response, usage, done)
+        kind = _FINAL_EVENTS.get(self.response.status, "response.incomplete")
+        return out + self._emit(kind, response=self.response.model_dump())
+
+    def error(self, err: MlxdError, usage: TokenUsage) -> bytes:
+        # The failed response carries the error (`response.failed`), as the API streams it.
+        return self.done(Done("error", usage.completion, error=err), usage)
+
+    def body(self, out: Collected, usage: TokenUsage) -> Response:
+        self.response.output = _output(out, self.run.job)
+        _finish(self.response, usage, out.done)
+        return self.response
+
+
+RESPONSES = Surface(ResponsesRequest, "resp_", ResponsesWriter)
+
+
+async def responses(request: web.Request) -> web.StreamResponse:
+    return await serve(request, RESPONSES)

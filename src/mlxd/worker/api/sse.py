@@ -1,0 +1,64 @@
+"""Server-sent events over an aiohttp StreamResponse."""
+
+from __future__ import annotations
+
+import time
+
+import orjson
+from aiohttp import web
+from pydantic import BaseModel
+
+SSE_HEADERS = {
+    "Content-Type": "text/event-stream",
+    "Cache-Control": "no-cache",
+    "X-Accel-Buffering": "no",
+}
+KEEPALIVE = b": keep-alive\n\n"
+DONE = b"data: [DONE]\n\n"
+
+
+async def open_stream(
+    request: web.Request, headers: dict[str, str] | None = None
+) -> web.StreamResponse:
+    resp = web.StreamResponse(status=200, headers={**SSE_HEADERS, **(headers or {})})
+    rid = request.get("request_id")
+    if rid:
+        resp.headers["x-request-id"] = rid
+    await resp.prepare(request)
+    return resp
+
+
+def data(body: BaseModel | dict, event: str | None = None) -> bytes:
+    """One SSE event."""
+    payload = orjson.dumps(body.model_dump() if isinstance(body, BaseModel) else body)
+    head = b"event: " + event.encode() + b"\n" if event else b""
+    return head + b"data: " + payload + b"\n\n"
+
+
+class Heartbeat:
+    """When a quiet stream is due a protocol event rather than a comment or a `ping`.
+
+    Coding-agent clients run an idle watchdog that only counts parsed events: Claude Code
+    skips Anthropic `ping`s and Codex never sees SSE comments, so a long prefill looks like a
+    dead stream to them. Writers call `touch()` whenever they send output and `due()` at each
+    keep-alive tick; `due()` is true once `interval_s` passed without output. Ticks come every
+    few seconds (chat/run.py's KEEPALIVE_S), so the interval is rounded up to the next tick.
+    """
+
+    SLACK_S = 0.5
+
+    def __init__(self, interval_s: float, clock=time.monotonic):
+        self.interval_s = interval_s
+        self._clock = clock
+        self._last = clock()
+
+    def touch(self) -> None:
+        self._last = self._clock()
+
+    def due(self) -> bool:
+        # Timer wake-ups run a little early or late: without the slack, a tick that lands
+        # a hair before the interval would double the gap between events.
+        if self._clock() - self._last < self.interval_s - self.SLACK_S:
+            return False
+        self.touch()
+        return True

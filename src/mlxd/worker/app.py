@@ -1,0 +1,217 @@
+"""The worker process: aiohttp on a UNIX socket in front of one engine thread."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+import sys
+import time
+
+import psutil
+from aiohttp import web
+
+from mlxd.shared.exit_codes import EXIT_MODEL_LOAD_ERROR, EXIT_OK, EXIT_PARENT_GONE
+from mlxd.shared.middleware import error_middleware, request_id_middleware
+from mlxd.shared.worker_spec import WorkerSpec
+from mlxd.worker.api import anthropic as anthropic_routes
+from mlxd.worker.api import completions as completions_routes
+from mlxd.worker.api import control
+from mlxd.worker.api import openai as openai_routes
+from mlxd.worker.api import responses as responses_routes
+from mlxd.worker.cache.layout import fingerprint, ssd_folder
+from mlxd.worker.cache.prompt_cache import PromptCache, kv_layout
+from mlxd.worker.engine.loop import Engine
+from mlxd.worker.lifeline import watch_parent
+from mlxd.worker.model import load_model
+from mlxd.worker.state import WorkerState
+
+log = logging.getLogger("mlxd.worker")
+
+
+@web.middleware
+async def access_log(request: web.Request, handler):
+    """One line per request, carrying the id the supervisor passed through.
+
+    A request whose client left (the handler cancelled, or a write to a closed stream)
+    logs status 499, nginx's "client closed request", with how far it got.
+    """
+    t0 = time.monotonic()
+    try:
+        resp = await handler(request)
+    except (asyncio.CancelledError, ConnectionResetError):
+        progress = request.get("progress")  # a ChatRun or RowProgress, once the row began
+        log.info(
+            "%s %s 499 %.3fs request_id=%s cancelled prompt_tokens=%d prompt_done=%d "
+            "completion_tokens=%d",
+            request.method,
+            request.path,
+            time.monotonic() - t0,
+            request.get("request_id"),
+            progress.gen.prompt_tokens if progress and progress.gen else 0,
+            progress.prompt_done if progress else 0,
+            progress.completion_tokens if progress else 0,
+        )
+        raise
+    if request.path != "/health":
+        log.info(
+            "%s %s %d %.3fs request_id=%s",
+            request.method,
+            request.path,
+            resp.status,
+            time.monotonic() - t0,
+            request.get("request_id"),
+        )
+    return resp
+
+
+def build_app(state: WorkerState) -> web.Application:
+    app = web.Application(
+        middlewares=[request_id_middleware, access_log, error_middleware],
+        client_max_size=state.config.max_body_bytes,
+    )
+    app["state"] = state
+    app.router.add_get("/health", control.health)
+    app.router.add_get("/v1/models", control.models)
+    app.router.add_get("/stats", control.stats)
+    app.router.add_post("/admin/drain", control.drain)
+    app.router.add_post("/admin/cache/flush", control.cache_flush)
+    app.router.add_post("/admin/cache/session/close", control.cache_session_close)
+    app.router.add_post("/v1/chat/completions", openai_routes.chat_completions)
+    app.router.add_post("/v1/completions", completions_routes.completions)
+    app.router.add_post("/v1/responses", responses_routes.responses)
+    app.router.add_post("/v1/messages", anthropic_routes.messages)
+    app.router.add_post("/v1/messages/count_tokens", anthropic_routes.count_tokens)
+    return app
+
+
+async def serve(cfg: WorkerSpec) -> int:
+    """Bind the socket, load the model, serve until SIGTERM; return the exit code."""
+    state = WorkerState(config=cfg)
+    runner = web.AppRunner(build_app(state), handler_cancellation=True, access_log=None)
+    await runner.setup()
+    sock = cfg.socket
+    sock.parent.mkdir(parents=True, exist_ok=True)
+    if sock.exists() or sock.is_symlink():
+        sock.unlink()  # a stale socket from a crashed worker
+    old_umask = os.umask(0o177)  # the socket is created 0600
+    try:
+        await web.UnixSite(runner, str(sock)).start()
+    finally:
+        os.umask(old_umask)
+    log.info("listening model=%s socket=%s", cfg.model_id, sock)
+
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    exit_code = EXIT_OK
+    parent_gone = asyncio.Event()
+    if cfg.exit_with_parent:
+        asyncio.create_task(watch_parent(parent_gone.set))
+        asyncio.create_task(_set_when(parent_gone, stop))
+
+    try:
+        state.loaded = await asyncio.to_thread(
+            load_model, cfg.model_path, cfg.model_id, cfg.context_limit
+        )
+    except Exception as exc:
+        log.error("cannot load model=%s path=%s: %s", cfg.model_id, cfg.model_path, exc)
+        await runner.cleanup()
+        _unlink(sock)
+        return EXIT_MODEL_LOAD_ERROR
+    # The SSD scan can take a while on a big folder: off the loop, so /health answers
+    # "loading" meanwhile, and READY (state.started) only once it and the engine are up.
+    state.prompt_cache = await asyncio.to_thread(make_prompt_cache, cfg, state.loaded)
+    state.engine = Engine(
+        state.loaded, batch=cfg.batch, prefill_step=cfg.prefill_step, cache=state.prompt_cache
+    )
+    state.engine.debug_prefill_delay_s = cfg.debug_prefill_delay_s  # test-only (bridge.py)
+    state.engine.start()
+    state.started = True
+    log.info(
+        "ready model=%s context_limit=%d batch=%d",
+        cfg.model_id,
+        state.loaded.context_limit,
+        cfg.batch,
+    )
+
+    await stop.wait()
+    if parent_gone.is_set():
+        exit_code = EXIT_PARENT_GONE
+    await shutdown(state, runner, grace_s=0.0 if parent_gone.is_set() else cfg.grace_s)
+    _unlink(sock)
+    return exit_code
+
+
+async def shutdown(state: WorkerState, runner: web.AppRunner, grace_s: float) -> None:
+    """Stop admitting, let in-flight rows finish within the grace period, then stop."""
+    state.draining = True
+    log.info("stopping: %d rows in flight", state.engine.active_rows + state.engine.queued_rows)
+    await control.wait_rows(state.engine, grace_s)
+    state.engine.cancel_all()  # past the grace period: nothing may keep the engine busy
+    await control.wait_rows(state.engine, 5.0)
+    await control.persist(state)  # the prompt cache outlives the process
+    await runner.shutdown()  # closes idle keep-alive connections and cancels the rest
+    state.engine.stop()
+    # The engine thread must be gone before the interpreter exits (MLX aborts otherwise).
+    await asyncio.to_thread(state.engine.join, 30.0)
+    await runner.cleanup()
+
+
+async def _set_when(trigger: asyncio.Event, target: asyncio.Event) -> None:
+    await trigger.wait()
+    target.set()
+
+
+def _unlink(path) -> None:
+    try:
+        path.unlink()
+    except FileNotFoundError:
+        pass
+
+
+def make_prompt_cache(cfg: WorkerSpec, loaded) -> PromptCache | None:
+    ram = cfg.prompt_cache_bytes
+    if ram is None:
+        ram = min(psutil.virtual_memory().total // 8, 16 * 1024**3)
+    if ram == 0:
+        return None  # --prompt-cache-bytes 0 turns the whole prompt cache off
+    ssd_dir, layout = None, None
+    if cfg.ssd_cache_dir is not None:
+        ssd_dir = cfg.ssd_cache_dir / "unusable"  # where the tier would be if all else fails
+        try:
+            ssd_dir = ssd_folder(
+                cfg.ssd_cache_dir, cfg.model_id, fingerprint(cfg.model_path, "kv-fp")
+            )
+            layout = kv_layout(loaded.model)  # what every SSD entry is checked against
+        except Exception as exc:  # no layout: the tier turns itself off in start()
+            log.warning("SSD prompt cache unusable for model=%s: %s", cfg.model_id, exc)
+    cache = PromptCache(
+        ram,
+        ssd_dir,
+        cfg.ssd_cache_bytes,
+        layout=layout,
+        quiet_s=cfg.cache_quiet_s,
+        idle_s=cfg.cache_idle_s,
+    )
+    cache.start()
+    return cache
+
+
+def main(cfg: WorkerSpec) -> int:
+    """Log at the spec's level (the daemon's `log_level` reaches every worker) and serve."""
+    logging.basicConfig(
+        level=cfg.log_level,
+        format=f"%(asctime)s %(levelname)s [worker {cfg.model_id}] %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+    log.debug("spec %s", cfg.model_dump_json())
+    try:
+        import uvloop
+
+        runner = uvloop.run
+    except ImportError:  # pragma: no cover - uvloop is a dependency on Linux and macOS
+        runner = asyncio.run
+    return runner(serve(cfg))

@@ -1,0 +1,235 @@
+"""The SSD tier's bytes on disk: one safetensors file and one JSON sidecar per entry.
+
+`<key>.safetensors` holds the KV arrays (`<layer>.k`, `<layer>.v`, bfloat16 stored as uint16)
+and the token ids (`__tokens__`); `<key>.json` holds the namespace, token ids, byte size,
+SHA-256, session and format version. The key is a hash of namespace and token ids, so a renamed
+file does not index. Both files are written atomically (a temporary file, fsync, rename, fsync
+of the folder). Everything a format change touches is here; FORMAT_VERSION is also part of the
+folder's fingerprint (layout.py), so entries of another version are never even listed.
+Pure NumPy and file I/O: safe off the engine thread.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import orjson
+import safetensors.numpy as stnp
+
+FORMAT_VERSION = 1
+DATA_SUFFIX = ".safetensors"
+META_SUFFIX = ".json"
+TMP_SUFFIX = ".tmp"  # `<file>.<pid>.tmp`: a write in progress, or one a crash left behind
+TOKENS_TENSOR = "__tokens__"
+BF16_STORED = "uint16"  # NumPy has no bfloat16: its bits travel as uint16
+# Per layer: key heads, key dim, value heads, value dim, stored dtype (see kv_layout).
+Layout = tuple[tuple[int, int, int, int, str], ...]
+
+
+class LayoutMismatch(ValueError):
+    """An entry whose arrays do not fit the model as loaded."""
+
+
+@dataclass(eq=False)
+class SsdEntry:
+    """One entry as the index knows it (from its sidecar and its data file's size)."""
+
+    key: str
+    ns: str
+    tokens: tuple[int, ...]
+    file_bytes: int
+    sha256: str
+    session: str | None
+    last_used: float
+
+
+def entry_key(ns: str, tokens: tuple[int, ...]) -> str:
+    """The file name of the entry for (namespace, token ids)."""
+    h = hashlib.sha256(ns.encode() + b"\0" + np.asarray(tokens, dtype=np.uint32).tobytes())
+    return h.hexdigest()[:32]
+
+
+def data_path(folder: Path, key: str) -> Path:
+    return folder / (key + DATA_SUFFIX)
+
+
+def meta_path(folder: Path, key: str) -> Path:
+    return folder / (key + META_SUFFIX)
+
+
+def entry_paths(folder: Path, key: str) -> tuple[Path, Path]:
+    """An entry's files, data first (the order to delete them in)."""
+    return data_path(folder, key), meta_path(folder, key)
+
+
+# -- the tensors ------------------------------------------------------------------------------
+def pack_kv(pairs: list[tuple[np.ndarray, np.ndarray]], dtype: str) -> tuple[dict, dict]:
+    """(tensors, file metadata) for the (keys, values) of each layer, in layer order."""
+    arrays = {}
+    for i, (k, v) in enumerate(pairs):
+        arrays[f"{i}.k"], arrays[f"{i}.v"] = k, v
+    return arrays, {"dtype": dtype, "layers": str(len(pairs))}
+
+
+def unpack_kv(arrays: dict[str, np.ndarray]) -> tuple[list[tuple[np.ndarray, np.ndarray]], bool]:
+    """((keys, values) per layer, whether they hold bfloat16 bits) of an entry's tensors."""
+    pairs = [(arrays[f"{i}.k"], arrays[f"{i}.v"]) for i in range(len(arrays) // 2)]
+    return pairs, pairs[0][0].dtype.name == BF16_STORED
+
+
+def check_layout(arrays: dict[str, np.ndarray], layout: Layout, n_tokens: int) -> None:
+    """Raise LayoutMismatch unless `arrays` are exactly this model's KV for `n_tokens`."""
+    if len(arrays) != 2 * len(layout):
+        raise LayoutMismatch(f"{len(arrays)} arrays for a model of {len(layout)} layers")
+    for i, (kh, kd, vh, vd, dtype) in enumerate(layout):
+        k, v = arrays.get(f"{i}.k"), arrays.get(f"{i}.v")
+        if k is None or v is None:
+            raise LayoutMismatch(f"layer {i} is missing")
+        if k.shape != (1, kh, n_tokens, kd) or v.shape != (1, vh, n_tokens, vd):
+            raise LayoutMismatch(f"layer {i} has shapes {k.shape} and {v.shape}")
+        if k.dtype.name != dtype or v.dtype.name != dtype:
+            raise LayoutMismatch(f"layer {i} holds {k.dtype.name}, the model makes {dtype}")
+
+
+_ST_DTYPES = {
+    "float32": "F32",
+    "float16": "F16",
+    "uint16": "U16",
+    "uint32": "U32",
+    "int32": "I32",
+    "uint8": "U8",
+    "int8": "I8",
+}
+
+
+def safetensors_parts(tensors: dict[str, np.ndarray], metadata: dict[str, str]) -> list:
+    """A safetensors file as [header, buffer, buffer, ...] without joining the buffers.
+
+    Writing and hashing the parts one by one (both release the GIL on large buffers) keeps the
+    writer thread from stalling the engine thread the way building one big bytes object would.
+    """
+    header: dict = {"__metadata__": metadata}
+    parts, offset = [], 0
+    for name, a in tensors.items():
+        a = np.ascontiguousarray(a)
+        header[name] = {
+            "dtype": _ST_DTYPES[a.dtype.name],
+            "shape": list(a.shape),
+            "data_offsets": [offset, offset + a.nbytes],
+        }
+        parts.append(memoryview(a).cast("B"))
+        offset += a.nbytes
+    head = orjson.dumps(header)
+    head += b" " * (-len(head) % 8)  # the format aligns the data to 8 bytes
+    return [len(head).to_bytes(8, "little") + head, *parts]
+
+
+# -- an entry's two files ---------------------------------------------------------------------
+def encode_entry(
+    ns: str,
+    tokens: tuple[int, ...],
+    arrays: dict[str, np.ndarray],
+    meta: dict[str, str],
+    session: str | None,
+) -> tuple[list, bytes, int, str]:
+    """An entry as (data file parts, sidecar bytes, data bytes, SHA-256 of the data)."""
+    tensors = {**arrays, TOKENS_TENSOR: np.asarray(tokens, dtype=np.uint32)}
+    parts = safetensors_parts(tensors, {**meta, "format": str(FORMAT_VERSION)})
+    size = sum(len(p) for p in parts)
+    h = hashlib.sha256()
+    for part in parts:
+        h.update(part)
+    digest = h.hexdigest()
+    info = {
+        "ns": ns,
+        "tokens": list(tokens),
+        "file_bytes": size,
+        "sha256": digest,
+        "session": session,
+        "format": FORMAT_VERSION,
+    }
+    return parts, orjson.dumps(info), size, digest
+
+
+def decode_entry(data: bytes, e: SsdEntry, layout: Layout | None) -> dict[str, np.ndarray]:
+    """The arrays of `e`'s data file after checking size, hash, token ids and, given the
+    model's layout, shapes and dtype. Raises (LayoutMismatch for a model mismatch) otherwise."""
+    if len(data) != e.file_bytes or hashlib.sha256(data).hexdigest() != e.sha256:
+        raise ValueError("size or hash mismatch")
+    arrays = stnp.load(data)
+    if tuple(arrays.pop(TOKENS_TENSOR).tolist()) != e.tokens:
+        raise ValueError("token ids mismatch")
+    if layout is not None:
+        check_layout(arrays, layout, len(e.tokens))
+    return arrays
+
+
+def entry_from_meta(key: str, meta, data_bytes: int, mtime: float) -> SsdEntry:
+    """An index entry from a metadata file's content; ValueError when it does not add up."""
+    if not isinstance(meta, dict) or not isinstance(meta.get("ns"), str):
+        raise ValueError("not an entry")
+    tokens = meta.get("tokens")
+    if not isinstance(tokens, list) or not all(type(t) is int and 0 <= t < 2**32 for t in tokens):
+        raise ValueError("bad token ids")
+    tokens = tuple(tokens)
+    if data_bytes != meta.get("file_bytes") or not isinstance(meta.get("sha256"), str):
+        raise ValueError("size mismatch")
+    if entry_key(meta["ns"], tokens) != key:
+        raise ValueError("name does not match its tokens")
+    session = meta.get("session")
+    return SsdEntry(
+        key,
+        meta["ns"],
+        tokens,
+        data_bytes,
+        meta["sha256"],
+        session if isinstance(session, str) else None,
+        mtime,
+    )
+
+
+def read_entry(folder: Path, key: str) -> SsdEntry:
+    """The index entry of `key` from its sidecar and its data file's size and time.
+
+    Raises FileNotFoundError or ValueError (orjson's too) for an incomplete or damaged entry,
+    another OSError for one that cannot be read."""
+    meta = orjson.loads(meta_path(folder, key).read_bytes())
+    st = data_path(folder, key).stat()
+    return entry_from_meta(key, meta, st.st_size, st.st_mtime)
+
+
+def write_entry(folder: Path, key: str, parts: list, sidecar: bytes) -> None:
+    """Both files of an entry, atomically and durably: data first, so a sidecar never names
+    data that is not there."""
+    write_atomic(data_path(folder, key), *parts)
+    write_atomic(meta_path(folder, key), sidecar)
+    fsync_dir(folder)
+
+
+def fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def write_atomic(path: Path, *parts) -> None:
+    # The pid keeps two workers of one folder (a hot reload) off each other's temporary files.
+    tmp = path.with_name(f"{path.name}.{os.getpid()}{TMP_SUFFIX}")
+    try:
+        with open(tmp, "wb") as f:
+            for part in parts:
+                f.write(part)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):  # a half-written file must not hold the disk
+            tmp.unlink()
+        raise

@@ -1,0 +1,291 @@
+"""The prompt cache: a RAM tier on the engine thread, backed by an SSD tier that outlives us.
+
+RAM entries reach the SSD through the writer: after a quiet period (write-behind of a settled
+conversation), when they are evicted from RAM (spill), when idle long enough to leave RAM
+(demotion), and on drain (everything). A RAM miss that an SSD entry covers better is served
+by restoring that entry, read and verified off the engine thread (shapes against the model's
+layout included); a restore that still fails drops that entry and the request runs as a miss.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+
+import mlx.core as mx
+import numpy as np
+from mlx_lm.models.cache import KVCache, make_prompt_cache
+
+from mlxd.worker.cache.format import (
+    BF16_STORED,
+    Layout,
+    LayoutMismatch,
+    check_layout,
+    pack_kv,
+    unpack_kv,
+)
+from mlxd.worker.cache.quiet_log import QuietLog
+from mlxd.worker.cache.ram import Entry, RamCache, usable_length, view
+from mlxd.worker.cache.ssd import SsdEntry, SsdStore
+from mlxd.worker.cache.trie import common_prefix
+from mlxd.worker.cache.writer import CacheWriter, WriteJob
+
+log = logging.getLogger("mlxd.worker.cache")
+
+
+def kv_layout(model) -> Layout | None:
+    """Per-layer (key heads, key dim, value heads, value dim, stored dtype) of the KV this
+    model makes, from one token through a fresh cache; None when its caches are not all plain
+    KVCache (the only kind the SSD tier holds)."""
+    caches = make_prompt_cache(model)
+    if not caches or not all(type(c) is KVCache for c in caches):
+        return None
+    model(mx.array([[0]]), cache=caches)
+    mx.eval([c.state for c in caches])
+    out = []
+    for c in caches:
+        k, v = c.keys, c.values
+        # bfloat16 travels as uint16 (NumPy has no bfloat16): what the file holds is checked.
+        stored = BF16_STORED if k.dtype == mx.bfloat16 else str(k.dtype).rsplit(".", 1)[-1]
+        out.append((k.shape[1], k.shape[3], v.shape[1], v.shape[3], stored))
+    return tuple(out)
+
+
+def _to_numpy(layers: list) -> tuple[dict[str, np.ndarray], dict[str, str], list]:
+    """Zero-copy NumPy views of KVCache layers, as the SSD format names and stores them."""
+    keep = []
+    for c in layers:
+        for a in (c.keys, c.values):
+            a = a[..., : c.offset, :]
+            if a.dtype == mx.bfloat16:
+                a = a.view(mx.uint16)
+            keep.append(a)
+    mx.eval(keep)
+    views = [np.asarray(memoryview(a)) for a in keep]
+    arrays, meta = pack_kv(list(zip(views[::2], views[1::2])), str(layers[0].keys.dtype))
+    return arrays, meta, keep
+
+
+def _from_numpy(arrays: dict[str, np.ndarray]) -> list:
+    layers = []
+    pairs, bf16 = unpack_kv(arrays)
+    for k, v in pairs:
+        c = KVCache()
+        k, v = mx.array(k), mx.array(v)
+        if bf16:
+            k, v = k.view(mx.bfloat16), v.view(mx.bfloat16)
+        c.keys, c.values, c.offset = k, v, k.shape[2]
+        layers.append(c)
+    mx.eval([c.state[:2] for c in layers])
+    return layers
+
+
+class PromptCache:
+    """Both tiers and the policy between them."""
+
+    def __init__(
+        self,
+        ram_bytes: int,
+        ssd_dir: Path | None,
+        ssd_bytes: int,
+        *,
+        layout: Layout | None = None,
+        quiet_s: float = 2.0,
+        idle_s: float = 300.0,
+        max_queued_writes: int = 32,
+    ):
+        self.ram = RamCache(ram_bytes, on_evict=self._spill)
+        self.ssd = SsdStore(ssd_dir, ssd_bytes, layout) if ssd_dir is not None else None
+        self.writer = CacheWriter(self.ssd, max_queued_writes) if self.ssd is not None else None
+        self.quiet_s = quiet_s
+        self.idle_s = idle_s
+        self.spills = 0
+        self.demotions = 0
+        self.unsupported = 0
+        self.ssd_hits = 0
+        self._quiet = QuietLog(log)
+
+    def start(self) -> None:
+        """Scan the SSD tier (it may turn itself off) and start its writer. Never raises."""
+        if self.ssd is None:
+            return
+        if self.ssd.layout is None:  # nothing could check an entry's shapes: use none
+            self.ssd.disable(
+                "no KV layout to check entries against (a cache type the SSD"
+                " tier cannot hold, or the probe failed)"
+            )
+        try:
+            found = self.ssd.scan() if self.ssd.disabled is None else 0
+        except Exception as exc:  # a bug in the scan must not cost the worker its start
+            log.exception("SSD prompt cache scan failed")
+            self.ssd.disable(f"scan failed: {exc}")
+            found = 0
+        if self.ssd.disabled is None:
+            log.info(
+                "SSD prompt cache at %s: %d entries, %d bytes", self.ssd.dir, found, self.ssd.nbytes
+            )
+        self.writer.start()  # also when off: queued writes then resolve at once, as failed
+
+    # -- any thread -------------------------------------------------------------------------
+    def ssd_candidate(self, ns: str, prompt: list[int]) -> SsdEntry | None:
+        """An SSD entry that would cover more of `prompt` than RAM does, if any."""
+        if self.ssd is None:
+            return None
+        e, n = self.ssd.best(ns, prompt)
+        return e if e is not None and n > self.ram.peek(ns, prompt) else None
+
+    def read_ssd(self, e: SsdEntry) -> dict[str, np.ndarray] | None:
+        return self.ssd.read(e) if self.ssd is not None else None
+
+    def flush(self, timeout_s: float = 60.0) -> bool:
+        return self.writer.flush(timeout_s) if self.writer is not None else True
+
+    @property
+    def ssd_writable(self) -> bool:
+        """Whether entries can reach the SSD at all (a tier that is on and not read-only)."""
+        return self.ssd is not None and self.ssd.disabled is None and not self.ssd.read_only
+
+    def write_tally(self) -> tuple[int, int]:
+        """(writes landed, writes failed) so far: a drain reports the difference it made."""
+        w = self.writer
+        return (w.written, w.failed) if w is not None else (0, 0)
+
+    # -- engine thread ----------------------------------------------------------------------
+    def fetch(
+        self, ns: str, prompt: list[int], restored: tuple[SsdEntry, dict] | None = None
+    ) -> tuple[list | None, int, str]:
+        """Caches for the longest reusable prefix and where they came from."""
+        if restored is not None and self.ssd is not None:
+            try:
+                hit = self._restore(ns, prompt, *restored)
+            except Exception as exc:  # an entry that cannot be used: drop it, run as a miss
+                self.ssd.discard(restored[0], exc)
+                hit = None
+            if hit is not None:
+                return hit
+        layers, n = self.ram.fetch(ns, prompt)
+        return layers, n, "ram" if layers is not None else "none"
+
+    def _restore(
+        self, ns: str, prompt: list[int], e: SsdEntry, arrays: dict
+    ) -> tuple[list, int, str] | None:
+        if self.ram.peek(ns, prompt) >= len(e.tokens):
+            return None
+        if self.ssd.layout is None:
+            raise LayoutMismatch("no layout to check the entry against")
+        check_layout(arrays, self.ssd.layout, len(e.tokens))  # again: the arrays may be shared
+        layers = _from_numpy(arrays)
+        self.ssd_hits += 1
+        if self.ram.insert(ns, e.tokens, layers, e.session, persisted=True) is None:
+            # Too large to keep in RAM: serve this request straight from the restore.
+            n = usable_length(
+                len(e.tokens), common_prefix(e.tokens, prompt), len(prompt), True, False
+            )
+            return view(layers, n, len(e.tokens)), n, "ssd"
+        return None
+
+    def store(
+        self, ns: str, tokens: tuple[int, ...], layers: list, session: str | None = None
+    ) -> None:
+        if self.ram.cap_bytes <= 0 and self.ssd is None:
+            return
+        mx.eval([c.state for c in layers])
+        if self.ram.insert(ns, tokens, layers, session) is None and self.ssd is not None:
+            # Too large for RAM (or RAM disabled): straight to the SSD tier.
+            self._enqueue(Entry(ns, tokens, layers, sum(c.nbytes for c in layers), session))
+
+    def maintain(self, now: float | None = None) -> None:
+        """Write-behind of settled entries, and demotion of idle ones out of RAM."""
+        if self.ssd is None:
+            return
+        now = time.monotonic() if now is None else now
+        for e in self.ram.entries():
+            if e.ram_only:
+                continue
+            if not e.persisted and not e.queued and now - e.created >= self.quiet_s:
+                self._enqueue(e)
+            elif e.persisted and now - e.last_used >= self.idle_s:
+                self.ram.drop(e)
+                self.demotions += 1
+
+    def persist_all(self) -> int:
+        """Queue every RAM entry not yet on the SSD (drain, flush)."""
+        n = 0
+        for e in self.ram.entries():
+            if not e.persisted and not e.queued and not e.ram_only:
+                self._enqueue(e, block=True)  # a drain must not drop writes
+                n += 1
+        return n
+
+    def close_session(self, session: str) -> int:
+        n = self.ram.drop_session(session)
+        if self.ssd is not None:
+            n += self.ssd.drop_session(session)
+        return n
+
+    def _spill(self, e: Entry) -> None:
+        if self.ssd is not None and not e.persisted and not e.queued and not e.ram_only:
+            self.spills += 1
+            self._enqueue(e)
+
+    def _enqueue(self, e: Entry, block: bool = False) -> None:
+        if not self.ssd_writable:
+            return  # no array copies for a tier that cannot take them
+        if not all(type(c) is KVCache for c in e.layers):
+            # Only plain KV caches travel to the SSD tier for now: such entries stay in RAM
+            # (never demoted) and are not queued again.
+            if not e.ram_only:
+                self.unsupported += 1
+            e.ram_only = True
+            return
+
+        def done(ok: bool, e=e) -> None:
+            e.queued = False
+            e.persisted = ok
+
+        try:
+            arrays, meta, keep = _to_numpy(e.layers)
+            e.queued = True
+            self.writer.put(WriteJob(e.ns, e.tokens, arrays, meta, e.session, keep, done), block)
+        except Exception as exc:  # runs on the engine thread: a hand-off may cost the entry only
+            e.queued = False
+            self.writer.failed += 1
+            self._quiet.warn("SSD prompt cache hand-off to the writer", exc)
+
+    def stats(self) -> dict:
+        r = self.ram
+        out = {
+            "cache_ram_entries": len(r),
+            "cache_ram_bytes": r.nbytes,
+            "cache_ram_cap_bytes": r.cap_bytes,
+            "cache_ram_hits": r.stats["hits"],
+            "cache_ram_misses": r.stats["misses"],
+            "cache_ram_evictions": r.stats["evictions"],
+            "cache_hit_tokens": r.stats["hit_tokens"],
+            "cache_spills": self.spills,
+            "cache_demotions": self.demotions,
+        }
+        if self.ssd is not None:
+            s, w = self.ssd.stats, self.writer
+            out.update(
+                {
+                    "cache_ssd_entries": len(self.ssd),
+                    "cache_ssd_bytes": self.ssd.nbytes,
+                    "cache_ssd_cap_bytes": self.ssd.cap_bytes,
+                    "cache_ssd_hits": self.ssd_hits,
+                    "cache_ssd_restores": s["restores"],
+                    "cache_ssd_writes": s["writes"],
+                    "cache_ssd_corrupt": s["corrupt"],
+                    "cache_ssd_evictions": s["evictions"],
+                    "cache_write_drops": w.dropped,
+                    "cache_write_pending": w.pending,
+                    "cache_write_failed": w.failed,
+                    "cache_ssd_errors": self.ssd.errors,
+                    "cache_ssd_disabled": int(self.ssd.disabled is not None),
+                    "cache_ssd_rejected": s["rejected"],
+                    "cache_ssd_read_errors": s["read_errors"],
+                    "cache_ssd_write_errors": s["write_errors"],
+                }
+            )
+        return out

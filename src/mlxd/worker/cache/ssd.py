@@ -1,0 +1,284 @@
+"""The SSD tier of the prompt cache: the store that scans, reads, writes and evicts entries.
+
+Files live in `<cache root>/<model id>/<fingerprint>/` (layout.py); what their bytes are, how
+they are written and how they are verified on every read is format.py; what is indexed, and
+which entry the byte cap evicts next (LRU), is ssd_index.py. A damaged file or one
+shaped for another model is deleted and counted, never loaded. The tier never stops a worker:
+an OSError listing the folder turns it off for the run, one on a file skips that file; each is
+counted and logged once a minute per kind. NumPy and file I/O only: safe off the engine thread.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+
+from mlxd.worker.cache.format import (
+    DATA_SUFFIX,
+    META_SUFFIX,
+    TMP_SUFFIX,
+    Layout,
+    LayoutMismatch,
+    SsdEntry,
+    data_path,
+    decode_entry,
+    encode_entry,
+    entry_key,
+    entry_paths,
+    fsync_dir,
+    read_entry,
+    write_entry,
+)
+from mlxd.worker.cache.quiet_log import QuietLog
+from mlxd.worker.cache.ssd_index import SsdIndex
+
+log = logging.getLogger("mlxd.worker.ssd")
+
+# A temporary or lone data file younger than this may belong to a live writer (a hot reload
+# runs two workers of one model id for a while): the scan leaves it alone.
+STALE_S = 60.0
+# After a failed write (a full disk, a read-only folder) writes pause this long instead of
+# failing one by one, each after writing most of a file.
+WRITE_PAUSE_S = 30.0
+
+
+class SsdStore:
+    """Index and files of one model's SSD entries. Thread-safe.
+
+    `layout`, when set, is the model's KV signature: an entry that does not match it is a miss
+    and is deleted. `disabled` says why the tier is off for this run (None while it is on).
+    """
+
+    def __init__(self, folder: Path, cap_bytes: int, layout: Layout | None = None):
+        self.dir = folder
+        self.cap_bytes = cap_bytes
+        self.layout = layout
+        self.disabled: str | None = None
+        self.read_only = False
+        self.index = SsdIndex()
+        self._lock = threading.RLock()  # closed sessions against writes landing meanwhile
+        self._closed_sessions: dict[str, float] = {}  # session -> when it was closed
+        self._paused_until = 0.0  # writes skip until then (monotonic), after a failed write
+        self._quiet = QuietLog(log)
+        self.stats = {
+            "hits": 0,
+            "restores": 0,
+            "writes": 0,
+            "corrupt": 0,
+            "evictions": 0,
+            "rejected": 0,
+            "write_errors": 0,
+            "write_skipped": 0,
+            "read_errors": 0,
+            "delete_errors": 0,
+            "scan_errors": 0,
+        }
+
+    def __len__(self) -> int:
+        return len(self.index)
+
+    @property
+    def nbytes(self) -> int:
+        return self.index.nbytes
+
+    @property
+    def errors(self) -> int:
+        """OSErrors met in any part: scan, read, write, delete."""
+        s = self.stats
+        return s["scan_errors"] + s["read_errors"] + s["write_errors"] + s["delete_errors"]
+
+    def disable(self, reason: str) -> None:
+        """Turn the tier off for this run (one log line); the worker serves from RAM."""
+        if self.disabled is None:
+            log.error("SSD prompt cache off for this run, serving from RAM only: %s", reason)
+        self.disabled = reason
+        self.index.clear()
+
+    # -- index ------------------------------------------------------------------------------
+    def scan(self) -> int:
+        """Index what a previous run left (restart survival); drop what is incomplete.
+
+        A folder that cannot be made or listed turns the tier off; a file that cannot be read
+        or removed is skipped. Neither stops the worker."""
+        try:
+            self.dir.mkdir(parents=True, exist_ok=True)
+            names = os.listdir(self.dir)
+        except OSError as exc:
+            self.stats["scan_errors"] += 1
+            self.disable(f"cannot use {self.dir}: {exc}")
+            return 0
+        if not os.access(self.dir, os.W_OK | os.X_OK):
+            self.read_only = True
+            log.warning("SSD prompt cache folder %s is read-only: no writes", self.dir)
+        now = time.time()
+        for name in names:
+            if name.endswith(TMP_SUFFIX):
+                self._remove_stale(name, now)
+        for name in sorted(names):
+            if name.endswith(META_SUFFIX):
+                self._index(name[: -len(META_SUFFIX)])
+        for name in names:  # data without its metadata
+            if name.endswith(DATA_SUFFIX) and name[: -len(DATA_SUFFIX)] not in self.index:
+                self._remove_stale(name, now)
+        self._enforce_cap()
+        return len(self.index)
+
+    def _index(self, key: str) -> None:
+        try:
+            e = read_entry(self.dir, key)
+        except (FileNotFoundError, ValueError):  # incomplete or damaged (orjson's error too)
+            self.stats["corrupt"] += 1
+        except OSError as exc:  # unreadable, or a folder under an entry's name
+            self.stats["scan_errors"] += 1
+            self._quiet.warn("SSD prompt cache scan", exc)
+        else:
+            self.index.add(e)
+            return
+        self._delete_files(key)
+
+    def _remove_stale(self, name: str, now: float) -> None:
+        path = self.dir / name
+        try:
+            if now - path.lstat().st_mtime >= STALE_S:
+                path.unlink()
+        except FileNotFoundError:
+            pass
+        except OSError as exc:
+            self.stats["delete_errors"] += 1
+            self._quiet.warn("SSD prompt cache delete", exc)
+
+    def _remove(self, e: SsdEntry) -> None:
+        if self.index.forget(e):
+            self._delete_files(e.key)
+
+    def _delete_files(self, key: str) -> None:
+        for path in entry_paths(self.dir, key):
+            try:
+                path.unlink(missing_ok=True)
+            except OSError as exc:  # a folder under that name, a read-only folder
+                self.stats["delete_errors"] += 1
+                self._quiet.warn("SSD prompt cache delete", exc)
+
+    def best(self, ns: str, prompt: list[int]) -> tuple[SsdEntry | None, int]:
+        """The entry covering most of `prompt`, and how many tokens it covers."""
+        return self.index.best(ns, prompt)
+
+    def drop_session(self, session: str) -> int:
+        with self._lock:
+            # Writes queued for it before now must not land; later use of the id starts afresh.
+            self._closed_sessions[session] = time.monotonic()
+            victims = self.index.of_session(session)
+        for e in victims:
+            self._remove(e)
+        return len(victims)
+
+    def discard(self, e: SsdEntry, why: BaseException) -> None:
+        """Drop an entry that failed after it was read (its restore raised): never again."""
+        self.stats["rejected"] += 1
+        self._quiet.warn("SSD prompt cache restore", why)
+        self._remove(e)
+
+    # -- data -------------------------------------------------------------------------------
+    def read(self, e: SsdEntry) -> dict[str, np.ndarray] | None:
+        """The entry's arrays after checking size, hash, token ids and (with a layout) shapes;
+        None, and the entry dropped, when anything is off."""
+        if self.disabled is not None:
+            return None
+        path = data_path(self.dir, e.key)
+        try:
+            data = path.read_bytes()
+        except FileNotFoundError:  # evicted meanwhile, or removed by hand: a plain miss
+            self.index.forget(e)
+            return None
+        except OSError as exc:
+            self.stats["read_errors"] += 1
+            self._quiet.warn("SSD prompt cache read", exc)
+            self._remove(e)
+            return None
+        try:
+            arrays = decode_entry(data, e, self.layout)
+        except LayoutMismatch as exc:
+            log.warning(
+                "discarding SSD cache entry %s made for another model shape: %s", e.key, exc
+            )
+            self.stats["rejected"] += 1
+            self._remove(e)
+            return None
+        except Exception as exc:  # the file is untrusted: any parse failure is damage
+            log.warning("discarding corrupt SSD cache entry %s: %s", e.key, exc)
+            self.stats["corrupt"] += 1
+            self._remove(e)
+            return None
+        e.last_used = time.time()
+        with contextlib.suppress(OSError):  # on-disk recency is a hint for the next scan
+            os.utime(path)
+        self.stats["restores"] += 1
+        return arrays
+
+    def write(
+        self,
+        ns: str,
+        tokens: tuple[int, ...],
+        arrays: dict[str, np.ndarray],
+        meta: dict[str, str],
+        session: str | None,
+        queued_at: float | None = None,
+    ) -> bool | None:
+        """Persist one entry atomically, then keep the folder under its byte cap.
+
+        True: the entry is on disk. False: it is not (an I/O error, no room, the tier off).
+        None: it was not wanted any more (its session closed while the write was queued)."""
+        if self.disabled is not None or self.read_only or time.monotonic() < self._paused_until:
+            self.stats["write_skipped"] += 1
+            return False
+        key = entry_key(ns, tokens)
+        parts, sidecar, size, digest = encode_entry(ns, tokens, arrays, meta, session)
+        if size > self.cap_bytes:
+            self.stats["write_skipped"] += 1
+            return False
+        try:
+            self.dir.mkdir(parents=True, exist_ok=True)  # it may have been removed by hand
+            write_entry(self.dir, key, parts, sidecar)
+        except OSError as exc:
+            self.stats["write_errors"] += 1
+            self._paused_until = time.monotonic() + WRITE_PAUSE_S
+            self._quiet.warn("SSD prompt cache write (writes paused a while)", exc)
+            self._delete_files(key)
+            return False
+        with self._lock:
+            closed_at = self._closed_sessions.get(session) if session is not None else None
+            if closed_at is not None and (queued_at is None or queued_at <= closed_at):
+                self._delete_files(key)  # the session was closed while this write was queued
+                return None
+            self.index.add(SsdEntry(key, ns, tokens, size, digest, session, time.time()))
+        self.stats["writes"] += 1
+        self._enforce_cap()
+        return True
+
+    def sync(self) -> bool:
+        """Make renames durable (fsync of the folder); False when that failed."""
+        if self.disabled is not None:
+            return False
+        try:
+            fsync_dir(self.dir)
+        except FileNotFoundError:  # nothing was ever written
+            return True
+        except OSError as exc:
+            self.stats["write_errors"] += 1
+            self._quiet.warn("SSD prompt cache sync", exc)
+            return False
+        return True
+
+    def _enforce_cap(self) -> None:
+        while self.nbytes > self.cap_bytes:
+            victim = self.index.least_recent()
+            if victim is None:
+                return
+            self._remove(victim)
+            self.stats["evictions"] += 1

@@ -1,0 +1,244 @@
+"""Run one ChatJob and yield typed output (events.py): the generation path of every surface.
+
+A chat is rendered through the model's template and its output read for stop strings,
+reasoning and tool calls; a job with a `RawPrompt` (legacy completions) is tokenized as given
+and its text passed through. Both then share the Generation, the keep-alive ticks, the
+progress the access log reads and the non-streamed collection.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+from dataclasses import replace
+
+from mlxd.shared.chat_job import ChatJob, fold_system_messages, late_system_indexes
+from mlxd.shared.errors import BadRequest, Unavailable
+from mlxd.shared.structured_output import GuidedSpec
+from mlxd.worker.api.generation import Generation
+from mlxd.worker.cache.keys import make_cache_key, stable_boundary
+from mlxd.worker.chat.events import (
+    ChatOutput,
+    Collected,
+    Delta,
+    Done,
+    Keepalive,
+    RawOutput,
+    RowProgress,
+    TokenUsage,
+    ToolCalls,
+)
+from mlxd.worker.chat.output import REASONING
+from mlxd.worker.chat.prompts import (
+    ChatPrompt,
+    chat_prompt,
+    check_params,
+    completion_prompt,
+    resolve_params,
+)
+from mlxd.worker.chat.tool_calls import forced_call_spec
+from mlxd.worker.grammar.processor import (
+    GuidedProcessor,
+    GuidedUnavailable,
+    compile_spec,
+    row_processors,
+    warning_header,
+)
+from mlxd.worker.state import WorkerState
+
+log = logging.getLogger("mlxd.worker.chat")
+
+KEEPALIVE_S = 5.0
+SUFFIX_WARNING = warning_header(
+    "suffix", "this server does not fill in the middle", "it was ignored"
+)
+
+
+class ChatRun:
+    """Prepare with `await ChatRun.prepare(...)`, then `with run:` and iterate `run.events()`.
+
+    Leaving the block early cancels the row. `warning` is set when a structured-output
+    constraint could not be compiled and was asked for in the system prompt instead.
+    """
+
+    def __init__(self, state: WorkerState, job: ChatJob, rid: str):
+        self.state = state
+        self.m, self.engine = state.ready()
+        self.job = job
+        self.rid = rid
+        self.warning: str | None = None
+        self.prompt: ChatPrompt | None = None  # a chat's rendered conversation
+        self.echo = ""  # a raw prompt's text, when the job asks for it back
+        self.gen: Generation | None = None
+        self.completion_tokens = 0
+        self._output: ChatOutput | RawOutput | None = None
+
+    @classmethod
+    async def prepare(cls, state: WorkerState, job: ChatJob, rid: str) -> ChatRun:
+        run = cls(state, job, rid)
+        await (run._prepare_raw() if job.raw is not None else run._prepare_chat())
+        return run
+
+    async def _prepare_chat(self) -> None:
+        m, job = self.m, self.job
+        check_params(m, job.params)  # a bad parameter is a 400 before any grammar compiles
+        spec = job.guided
+        try:
+            forced = forced_call_spec(m.tokenizer, job)
+        except ValueError as exc:  # a parameters schema that outlines-core cannot express
+            forced = None
+            self._warn("tool_choice", str(exc), "the model was left to choose")
+        if forced is None and job.tool_mode in ("required", "function") and job.tools:
+            self._warn(
+                "tool_choice",
+                "no grammar for this model's tool-call format",
+                "the model was left to choose",
+            )
+        spec = forced or spec
+        compiled = None
+        if spec is not None:
+            try:
+                compiled = await compile_spec(m, spec, self.state.config)
+            except GuidedUnavailable as exc:
+                self._degrade(spec, str(exc))
+        self.prompt = render_job(m, job, self.state.config.enable_thinking)
+        if self.prompt.warning:  # tools described as text: the template has no format
+            job.warnings.append(self.prompt.warning)
+        ids = self.prompt.ids
+        params = resolve_params(m, job.params, len(ids), job.surface)
+        # The engine cuts stop strings itself; when the API must name the one that matched,
+        # they are cut here instead (the row is then cancelled as the block ends).
+        stops = params.stop if job.report_stop else ()
+        self._output = ChatOutput(m.tokenizer, job, self.prompt.in_reasoning, stops)
+        if job.report_stop:
+            params = replace(params, stop=())
+        processors = []
+        if compiled is not None:
+            after = m.tokenizer.think_end_tokens if self.prompt.in_reasoning else None
+            processors.append(GuidedProcessor(*compiled, after=after))
+        boundary = (
+            0
+            if self.engine.trimmable
+            else stable_boundary(m.tokenizer, job.messages, self.prompt.kwargs, ids)
+        )
+        key = await make_cache_key(self.state, ids, job.session, boundary)
+        self.gen = Generation(
+            self.engine, self.rid, ids, params, processors=processors, cache_key=key
+        )
+        self.params = params
+
+    async def _prepare_raw(self) -> None:
+        """A completion of the prompt as given: no template, no output parsing."""
+        m, job, raw = self.m, self.job, self.job.raw
+        ids = completion_prompt(m, raw.value)
+        self.params = resolve_params(m, job.params, len(ids), job.surface)
+        self.echo = m.tokenizer.decode(ids) if raw.echo else ""
+        key = await make_cache_key(self.state, ids, job.session)
+        processors, warning = await row_processors(m, job.guided, self.state.config)
+        if warning:
+            job.warnings.append(warning)
+        if raw.suffix:  # no fill-in-the-middle here: say so, as for other ignored constraints
+            job.warnings.append(SUFFIX_WARNING)
+        self._output = RawOutput()
+        self.gen = Generation(
+            self.engine, self.rid, ids, self.params, processors=processors, cache_key=key
+        )
+
+    def _warn(self, param: str, why: str, outcome: str) -> None:
+        log.info("cannot enforce %s (%s): %s", param, why, outcome)
+        self.warning = warning_header(param, why, outcome)
+
+    def _degrade(self, spec: GuidedSpec, why: str) -> None:
+        """Ask in words for what the grammar could not enforce."""
+        self._warn(spec.param, why, "it was requested in the system prompt instead")
+        msgs = self.job.messages
+        if msgs and msgs[0].get("role") == "system":
+            msgs[0] = {
+                **msgs[0],
+                "content": f"{msgs[0].get('content') or ''}\n\n{spec.instruction()}".lstrip(),
+            }
+        else:
+            msgs.insert(0, {"role": "system", "content": spec.instruction()})
+
+    @property
+    def headers(self) -> dict[str, str]:
+        """`Warning` values (RFC 7234 allows a list): what the request asked for in vain."""
+        values = [*self.job.warnings, *([self.warning] if self.warning else [])]
+        return {"Warning": ", ".join(values)} if values else {}
+
+    prompt_done = RowProgress.prompt_done
+
+    def usage(self, done: Done) -> TokenUsage:
+        """The row's token counts (cache hits are known once its first event arrived)."""
+        return TokenUsage(self.gen.prompt_tokens, done.completion_tokens, self.gen.cached_tokens)
+
+    def __enter__(self) -> ChatRun:
+        self.gen.__enter__()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.gen.__exit__(*exc)
+
+    async def events(self) -> AsyncIterator[Delta | ToolCalls | Keepalive | Done]:
+        while True:
+            ev = await self.gen.next(KEEPALIVE_S)
+            if ev is None:
+                yield Keepalive()
+                continue
+            self.completion_tokens = ev.completion_tokens  # for the access log
+            if ev.error is not None:
+                yield Done("error", ev.completion_tokens, error=ev.error)
+                return
+            out, ending = self._output.feed(ev)
+            for item in out:
+                yield item
+            if ending:
+                yield self._output.done(ev.finish_reason, ev.completion_tokens)
+                return
+
+    async def collect(self) -> Collected:
+        """The whole completion; raises the row's error (a 503) if it failed."""
+        out = Collected()
+        text, reasoning = [], []
+        async for ev in self.events():
+            if isinstance(ev, Delta):
+                (reasoning if ev.kind == REASONING else text).append(ev.text)
+                out.logprobs.extend(ev.logprobs or ())
+            elif isinstance(ev, ToolCalls):
+                out.calls.extend(ev.calls)
+            elif isinstance(ev, Done):
+                out.done = ev
+        if out.done.error is not None:
+            err = out.done.error
+            raise err if isinstance(err, Unavailable) else Unavailable(err.message)
+        out.text, out.reasoning = "".join(text), "".join(reasoning)
+        return out
+
+
+def render_job(m, job: ChatJob, enable_thinking: bool | None) -> ChatPrompt:
+    """Render `job` through the chat template, keeping every system message's text.
+
+    A system message after the first turn (Claude Code's mid-conversation reminders, a
+    Responses `developer` item) stays in place where the template renders it there; where
+    the template refuses it, or renders the conversation without its text, it is folded
+    into a user turn as a delimited note (`fold_system_messages`).
+    """
+    late = late_system_indexes(job.messages)
+    if late:
+        try:
+            prompt = chat_prompt(
+                m, job.messages, job.rendered_tools, job.template_kwargs, enable_thinking
+            )
+        except BadRequest:
+            prompt = None
+        if prompt is not None and all(
+            str(job.messages[i].get("content") or "").strip() in prompt.text for i in late
+        ):
+            return prompt
+        log.debug(
+            "folding %d later system message(s) into user turns: the template %s",
+            len(late),
+            "refused them" if prompt is None else "left their text out",
+        )
+        job.messages = fold_system_messages(job.messages)
+    return chat_prompt(m, job.messages, job.rendered_tools, job.template_kwargs, enable_thinking)

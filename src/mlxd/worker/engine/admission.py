@@ -1,0 +1,61 @@
+"""Admission: a submission becomes a row of the batch.
+
+Its sampler and logits processors (each guarded, so its failure stays its own), the longest
+prefix the prompt cache holds for it, and the prompt tokens left to prefill. How those tokens
+are cut into segments is `prompt_segments`: the place a prefill planner takes over.
+"""
+
+from __future__ import annotations
+
+from mlx_lm.sample_utils import greedy_sampler
+
+from mlxd.worker.engine.batch import Batch
+from mlxd.worker.engine.recovery import guard_processor, guard_sampler
+from mlxd.worker.engine.rows import Row, Submission
+from mlxd.worker.engine.sampling import make_row_processors, make_row_sampler
+from mlxd.worker.engine.textstream import TextStream, make_detokenizer
+
+
+def admit(batch: Batch, sub: Submission, tokenizer) -> Row:
+    """Insert `sub` into the batch; raises on a bad restore or an MLX error (this row only)."""
+    p = sub.params
+    sampler = make_row_sampler(p)
+    if sampler is not greedy_sampler:  # the shared greedy sampler runs once per batch
+        sampler = guard_sampler(sub, sampler, batch.broken)
+    processors = make_row_processors(p) + [
+        guard_processor(sub, f, batch.broken) for f in sub.processors
+    ]
+    layers, n = None, 0
+    if batch.cache is not None:
+        layers, n, _ = batch.cache.fetch(sub.ns, sub.prompt, sub.restored)
+        sub.restored = None  # let the arrays go
+    sub.prompt_cached = n
+    uid = batch.gen.insert_segments(
+        [prompt_segments(sub, n, batch.trimmable)],
+        caches=[layers],
+        all_tokens=[list(sub.prompt[:n])],
+        max_tokens=[p.max_tokens],
+        samplers=[sampler],
+        logits_processors=[processors],
+        stop_sequences=[batch.eos],
+    )[0]
+    row = Row(
+        sub=sub,
+        uid=uid,
+        text=TextStream(make_detokenizer(tokenizer), p.stop),
+        sampler=sampler,
+        processors=processors,
+    )
+    batch.add(row)
+    return row
+
+
+def prompt_segments(sub: Submission, cached: int, trimmable: bool) -> list[list[int]]:
+    """The prompt tokens past the `cached` prefix, as segments the batch prefills in order.
+
+    A cache that cannot be trimmed is only reusable at exact prompt ends, so the prompt is cut
+    at its stable boundary (where the next turn's prompt still matches) to snapshot it there.
+    """
+    if not trimmable and cached < sub.boundary < len(sub.prompt):
+        return [sub.prompt[cached : sub.boundary], sub.prompt[sub.boundary :]]
+    return [sub.prompt[cached:]]

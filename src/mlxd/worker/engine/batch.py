@@ -1,0 +1,133 @@
+"""The rows in flight: mlx-lm's BatchGenerator and the Row each of its uids stands for.
+
+Lives on the engine thread. Every way out of the batch goes through here (finished, cancelled,
+failed, carried over a rebuild), and a row that leaves hands its prompt state to the prompt
+cache on the way out, so the next request with that prefix skips its prefill.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from mlx_lm.generate import BatchGenerator, StopSequences
+
+from mlxd.shared.errors import MlxdError
+from mlxd.worker.cache.prompt_cache import PromptCache
+from mlxd.worker.engine.recovery import Broken, generation_failed
+from mlxd.worker.engine.rows import Event, Row, Submission
+
+log = logging.getLogger("mlxd.worker.engine.loop")
+
+
+class Batch:
+    """Rows by generator uid (and by submission), plus the counters of how they ended."""
+
+    def __init__(self, cache: PromptCache | None, trimmable: bool):
+        self.cache = cache
+        # Trimmable caches (plain KV) serve any shared prefix, so one snapshot per request at
+        # its end suffices; other cache types need snapshots at exact prompt boundaries.
+        self.trimmable = trimmable
+        self.gen: BatchGenerator | None = None  # made on the engine thread (its MLX stream)
+        self.eos: StopSequences | None = None
+        self.rows: dict[int, Row] = {}
+        self._by_sub: dict[int, Row] = {}
+        self.broken: Broken = []  # rows whose own code raised during this step (the guards)
+        self.requests_done = 0
+        self.cancellations = 0
+        self.recoveries = 0  # failed steps after which the batch was rebuilt (recovery.py)
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def add(self, row: Row) -> None:
+        self.rows[row.uid] = row
+        self._by_sub[id(row.sub)] = row
+
+    def resume(self, row: Row) -> None:
+        """Put `row` into a fresh batch where it was: prompt plus the tokens already sent."""
+        left = row.sub.params.max_tokens - row.generated
+        row.uid = self.gen.insert_segments(
+            [[list(row.sub.prompt) + row.tokens]],
+            max_tokens=[max(1, left)],
+            samplers=[row.sampler],
+            logits_processors=[row.processors],
+            stop_sequences=[self.eos],
+        )[0]
+        row.resumed = True
+        self.rows[row.uid] = row
+
+    def drop(self, sub: Submission) -> None:
+        """A cancelled request leaves; with a `cancel_reason`, it hears why."""
+        row = self._by_sub.pop(id(sub), None)
+        if row is None:
+            return
+        self.remove_keeping_cache(row)
+        del self.rows[row.uid]
+        self.cancellations += 1
+        if sub.cancel_reason is not None:
+            sub.sink(Event.failure(sub.cancel_reason, row.generated))
+
+    def finish(self, row: Row) -> None:
+        self.rows.pop(row.uid, None)
+        self._by_sub.pop(id(row.sub), None)
+        self.requests_done += 1
+
+    def fail(self, uid: int, err: MlxdError) -> None:
+        """End one row in error; the rest of the batch goes on."""
+        row = self.rows.get(uid)
+        if row is None:
+            return
+        try:
+            self.gen.remove([uid])
+        except Exception:
+            log.exception("removing row %s failed", uid)
+        self.finish(row)
+        row.sub.sink(Event.failure(err, row.generated))
+
+    def fail_broken(self) -> None:
+        """Fail the rows a guard caught during the step that just ran."""
+        for sub, _ in self.broken:
+            if (row := self._by_sub.get(id(sub))) is not None:
+                self.fail(row.uid, generation_failed(sub.rid))
+        self.broken.clear()
+
+    def fail_all(self, err: MlxdError) -> None:
+        """The engine thread is stopping unexpectedly: every row hears `err`."""
+        rows = list(self.rows.values())
+        if rows and self.gen is not None:
+            try:
+                self.gen.remove([row.uid for row in rows])
+            except Exception:
+                log.exception("clearing the batch failed")
+        for row in rows:
+            self.finish(row)
+            try:
+                row.sub.sink(Event.failure(err))
+            except RuntimeError:  # the event loop is already closed: nobody is waiting
+                pass
+
+    # -- the prompt cache -----------------------------------------------------------------
+    def remove_keeping_cache(self, row: Row) -> None:
+        """Take a row out of the batch; its prompt state goes to the cache on the way out."""
+        if self.cache is None:
+            self.gen.remove([row.uid])
+            return
+        for cache, tokens in self.gen.remove([row.uid], return_prompt_caches=True).values():
+            self.store(row, tokens, cache)
+
+    def store(self, row: Row, tokens, layers) -> None:
+        # A row cancelled before its prefill holds only what it was given from the cache.
+        if self.cache is not None and layers and len(tokens) > row.sub.prompt_cached:
+            self.cache.store(row.sub.ns, tuple(tokens), layers, row.sub.session)
+
+    def snapshot(self, prompt_responses) -> None:
+        """Non-trimmable caches: keep the state at each prompt segment's end."""
+        uids = [
+            r.uid
+            for r in prompt_responses
+            if r.end_of_segment and not r.end_of_prompt and r.uid in self.rows
+        ]
+        if not uids or self.cache is None:
+            return
+        for uid, (cache, tokens) in self.gen.extract_cache(uids).items():
+            self.store(self.rows[uid], tokens, cache)

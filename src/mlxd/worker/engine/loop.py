@@ -1,0 +1,260 @@
+"""The engine thread: the one thread that owns every MLX object of the worker.
+
+Requests arrive as typed commands through a thread-safe inbox (inbox.py) and are admitted
+between decode steps, at every step, into mlx-lm's BatchGenerator (continuous batching: prefill
+in chunks interleaved with decode, rows leave as soon as they finish). One step's rooms:
+admission.py (a submission becomes a row), batch.py (the rows in flight and their prompt-cache
+hand-offs), emit.py (tokens become each row's events), recovery.py (a step that failed).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+
+import mlx.core as mx
+from mlx_lm.generate import BatchGenerator, StopSequences
+from mlx_lm.generate_utils import BatchStats
+from mlx_lm.models.cache import can_trim_prompt_cache, make_prompt_cache
+
+from mlxd.shared.errors import MlxdError, Unavailable
+from mlxd.worker.cache.prompt_cache import PromptCache
+from mlxd.worker.engine.admission import admit
+from mlxd.worker.engine.batch import Batch
+from mlxd.worker.engine.emit import emit
+from mlxd.worker.engine.inbox import (
+    Cancel,
+    CloseSession,
+    Command,
+    Inbox,
+    PersistCache,
+    Stop,
+    Submit,
+)
+from mlxd.worker.engine.recovery import generation_failed, rebuild
+from mlxd.worker.engine.rows import Event, Submission
+from mlxd.worker.model import LoadedModel
+
+log = logging.getLogger("mlxd.worker.engine.loop")
+
+# Clients hear this; why the thread stopped is in the log and in /health (`dead`).
+ENGINE_STOPPED = "The engine of this worker stopped; the worker log has the details"
+# Cache upkeep (write-behind, demotion) hands arrays to the SSD writer, which costs the engine
+# a synchronisation: do it when idle, or at most this often under load.
+UPKEEP_IDLE_S = 1.0
+UPKEEP_BUSY_S = 30.0
+
+
+class Engine:
+    """Owns the model's BatchGenerator on a dedicated thread."""
+
+    def __init__(
+        self,
+        loaded: LoadedModel,
+        *,
+        batch: int,
+        prefill_step: int = 512,
+        cache: PromptCache | None = None,
+    ):
+        self.m = loaded
+        self.cache = cache
+        self.trimmable = can_trim_prompt_cache(make_prompt_cache(loaded.model))
+        self.batch_size = batch
+        self.prefill_step = prefill_step
+        self._inbox = Inbox()
+        self._batch = Batch(cache, self.trimmable)
+        self.dead: str | None = None  # why the engine thread stopped unexpectedly
+        self.closing = False  # a drain passed its deadline: admit nothing more
+        self._stopping = False  # a Stop arrived: exit once the rows in flight are done
+        self.debug_prefill_delay_s = 0.0  # test-only slow prefill, read by api.generation
+        self._totals = BatchStats()
+        self._thread = threading.Thread(target=self._run, name="mlxd-engine", daemon=True)
+        self._stopped = threading.Event()
+
+    # -- called from the event loop -------------------------------------------------------
+    def start(self) -> None:
+        self._thread.start()
+
+    def submit(self, sub: Submission) -> None:
+        if self.dead is not None:
+            sub.sink(Event.failure(Unavailable(ENGINE_STOPPED)))
+            return
+        self._inbox.put(Submit(sub))
+
+    def cancel(self, sub: Submission, reason: MlxdError | None = None) -> None:
+        """Drop `sub`'s row at the next step; with a `reason`, its request hears why."""
+        sub.cancelled = True
+        sub.cancel_reason = reason
+        self._inbox.put(Cancel(sub))
+
+    def cancel_all(self) -> int:
+        """Cancel every row still running or queued (a drain deadline passed)."""
+        self.closing = True  # submissions still on their way get refused, not admitted
+        subs = [row.sub for row in list(self._batch.rows.values())]
+        for sub in subs:
+            self.cancel(sub, Unavailable("The model is being unloaded; this request was cancelled"))
+        return len(subs)
+
+    def persist_cache(self) -> threading.Event:
+        """Queue every RAM cache entry for the SSD tier; the event is set once queued."""
+        done = threading.Event()
+        self._inbox.put(PersistCache(done))
+        return done
+
+    def close_session(self, session: str) -> threading.Event:
+        """Forget `session`'s prompt-cache entries; the event is set once they are gone."""
+        done = threading.Event()
+        self._inbox.put(CloseSession(session, done))
+        return done
+
+    def stop(self) -> None:
+        """Ask the thread to exit once in-flight rows are done or cancelled."""
+        self._inbox.put(Stop())
+
+    def join(self, timeout_s: float | None = None) -> bool:
+        self._thread.join(timeout_s)
+        return not self._thread.is_alive()
+
+    @property
+    def active_rows(self) -> int:
+        return len(self._batch)
+
+    @property
+    def queued_rows(self) -> int:
+        return self._inbox.queued
+
+    @property
+    def cancellations(self) -> int:
+        return self._batch.cancellations
+
+    @property
+    def requests_done(self) -> int:
+        return self._batch.requests_done
+
+    @property
+    def recoveries(self) -> int:
+        """Failed steps after which the batch state was rebuilt."""
+        return self._batch.recoveries
+
+    def stats(self) -> dict:
+        t = self._totals
+        return {
+            "rows_active": self.active_rows,
+            "rows_queued": self.queued_rows,
+            "batch_size": self.batch_size,
+            "prompt_tokens": t.prompt_tokens,
+            "generation_tokens": t.generation_tokens,
+            "prompt_tps": round(t.prompt_tokens / t.prompt_time, 2) if t.prompt_time else 0.0,
+            "decode_tps": round(t.generation_tokens / t.decode_time, 2) if t.decode_time else 0.0,
+            "requests_done": self.requests_done,
+            "cancellations": self.cancellations,
+            "engine_recoveries": self.recoveries,
+            "memory_active_bytes": mx.get_active_memory(),
+            "memory_peak_bytes": mx.get_peak_memory(),
+            **(self.cache.stats() if self.cache else {}),
+        }
+
+    # -- the engine thread ----------------------------------------------------------------
+    def _run(self) -> None:
+        try:
+            self._loop()
+        except BaseException as exc:  # never leave requests waiting on a dead thread
+            log.exception("engine thread stopped")
+            self.dead = f"{type(exc).__name__}: {exc}"
+            self._batch.fail_all(Unavailable(ENGINE_STOPPED))
+            self._fail_queued()
+        finally:
+            self._stopped.set()
+
+    def _fail_queued(self) -> None:
+        for cmd in self._inbox.take(block=False):
+            if isinstance(cmd, Submit):
+                cmd.sub.sink(Event.failure(Unavailable(ENGINE_STOPPED)))
+            elif isinstance(cmd, PersistCache | CloseSession):
+                cmd.done.set()
+
+    def _loop(self) -> None:
+        # Streams belong to the thread that creates them: make ours here.
+        self._stream = mx.new_stream(mx.default_device())
+        batch = self._batch
+        batch.gen = self._new_generator()
+        batch.eos = StopSequences([(t,) for t in self.m.eos_ids])
+        last_upkeep = time.monotonic()
+        while True:
+            for cmd in self._inbox.take(block=not batch.rows and not self._stopping):
+                self._handle(cmd)
+            last_upkeep = self._upkeep(last_upkeep)
+            if self._stopping and not batch.rows:
+                break
+            if batch.rows:
+                self._step()
+        batch.gen.close()
+
+    def _upkeep(self, last_s: float) -> float:
+        """Prompt-cache upkeep (write-behind, demotion) when due; returns when it last ran."""
+        since = time.monotonic() - last_s
+        due = since >= UPKEEP_IDLE_S and not self._batch.rows or since >= UPKEEP_BUSY_S
+        if self.cache is None or not due:
+            return last_s
+        now = time.monotonic()
+        try:
+            self.cache.maintain(now)
+        except Exception:  # the cache is an optimisation: never a reason to stop
+            log.exception("prompt-cache upkeep failed")
+        return now
+
+    def _step(self) -> None:
+        """One step of the batch: prefill chunks and decode, then each row's events."""
+        batch = self._batch
+        try:
+            with batch.gen.stats() as st:
+                prompt_responses, responses = batch.gen.next()
+        except Exception:  # the batch state is now unusable: rebuild it
+            log.exception(
+                "engine step failed (rows %s)", ", ".join(r.sub.rid for r in batch.rows.values())
+            )
+            rebuild(batch, self._new_generator)
+            return
+        self._totals += st
+        if not self.trimmable:
+            try:
+                batch.snapshot(prompt_responses)
+            except Exception:  # a missed snapshot is a cache miss later, nothing more
+                log.exception("prompt-boundary snapshot failed")
+        batch.fail_broken()
+        emit(batch, responses)
+
+    def _handle(self, cmd: Command) -> None:
+        """Dispatch one inbox command (on the engine thread, between steps)."""
+        match cmd:
+            case Submit(sub):
+                if self.closing:
+                    sub.sink(Event.failure(Unavailable("This worker is draining")))
+                elif not sub.cancelled:
+                    try:
+                        admit(self._batch, sub, self.m.tokenizer)
+                    except Exception:  # a bad restore or an MLX error: this row only
+                        log.exception("admitting %s failed", sub.rid)
+                        sub.sink(Event.failure(generation_failed(sub.rid)))
+            case Cancel(sub):
+                self._batch.drop(sub)
+            case PersistCache(done):
+                if self.cache is not None:
+                    self.cache.persist_all()
+                done.set()
+            case CloseSession(session, done):
+                if self.cache is not None:
+                    self.cache.close_session(session)
+                done.set()
+            case Stop():
+                self._stopping = True
+
+    def _new_generator(self) -> BatchGenerator:
+        return BatchGenerator(
+            self.m.model,
+            completion_batch_size=self.batch_size,
+            prefill_batch_size=self.batch_size,
+            prefill_step_size=self.prefill_step,
+            stream=self._stream,
+        )

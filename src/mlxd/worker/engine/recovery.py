@@ -1,0 +1,124 @@
+"""Keep one row's failure that row's: per-row guards, and who to blame when a step fails.
+
+The engine runs every row of the batch in one step, so an exception from a row's own code
+(its sampler, a grammar) would fail the step for all of them. The guards catch such an
+exception inside the step, note the row, and let the step finish. What escapes them anyway
+(an MLX error at evaluation time) fails the step; `rebuild` then makes a fresh batch, and
+`blame` says which rows to fail and which to carry over into it.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from mlxd.shared.errors import Unavailable
+from mlxd.worker.engine.rows import Event, Row, Submission
+
+if TYPE_CHECKING:  # no MLX at import time: `blame` is unit-tested without it
+    from mlxd.worker.engine.batch import Batch
+
+log = logging.getLogger("mlxd.worker.engine.loop")
+
+# (submission, exception) pairs the guards noted during a step; the engine fails those rows.
+Broken = list[tuple[Submission, Exception]]
+
+
+def generation_failed(rid: str) -> Unavailable:
+    """What the client hears: a plain sentence; the exception itself goes to the log only."""
+    return Unavailable(
+        f"Generation failed for this request; the worker log has the details (request {rid})"
+    )
+
+
+def guard_processor(sub: Submission, processor: Callable, broken: Broken) -> Callable:
+    """A request's own logits processor (a grammar) that raises fails that row only."""
+
+    def run(tokens, logits):
+        try:
+            return processor(tokens, logits)
+        except Exception as exc:
+            log.exception("logits processor of %s failed", sub.rid)
+            broken.append((sub, exc))
+            return logits
+
+    return run
+
+
+def guard_sampler(sub: Submission, sampler: Callable, broken: Broken) -> Callable:
+    """A row's sampler that raises fails that row only; the step gets a greedy token."""
+
+    def run(logprobs):
+        try:
+            return sampler(logprobs)
+        except Exception as exc:
+            log.exception("sampler of %s failed", sub.rid)
+            broken.append((sub, exc))
+            return logprobs.argmax(axis=-1)
+
+    return run
+
+
+def blame(rows: list[Row], broken: Broken) -> tuple[list[Row], list[Row]]:
+    """(rows to fail, rows to resume) after a step failed with an exception.
+
+    A row a guard caught is to blame. Otherwise the suspects are the rows that have produced
+    no token yet: rows already decoding went through sampling at least once, while a new row
+    meets its parameters and its first sampling in this step. When every row is decoding the
+    cause cannot be told apart and all of them fail (resuming them could fail the same way).
+    Rows with their own logits processors cannot be resumed (a grammar's state cannot be
+    rewound to the tokens the client has seen) and fail with the culprits, as do rows
+    resumed once already: a row present at two failed steps is not carried over again, so
+    a row that keeps failing the batch cannot keep getting newcomers blamed.
+    """
+    noted = {id(sub) for sub, _ in broken}
+    culprits = [r for r in rows if id(r.sub) in noted] or [r for r in rows if r.generated == 0]
+    if not culprits:
+        return list(rows), []
+    blamed = {id(r) for r in culprits}
+    others = [r for r in rows if id(r) not in blamed]
+    stay = [r for r in others if not r.sub.processors and not r.resumed]
+    kept = {id(r) for r in stay}
+    return culprits + [r for r in others if id(r) not in kept], stay
+
+
+def rebuild(batch: Batch, make_generator: Callable) -> None:
+    """A step failed: start a fresh batch, fail the rows to blame, resume the others.
+
+    A failed step leaves mlx-lm's batch half-updated (every later step fails with "eval
+    an array without a primitive"), so nothing of it is kept: resumed rows prefill their
+    prompt and the tokens already sent again. If even a fresh batch cannot be made, the
+    exception stops the engine thread and /health reports the engine dead.
+    """
+    fail, resume = blame(list(batch.rows.values()), batch.broken)
+    batch.broken.clear()
+    # Close first: a generator restores the wired-memory limit it found at creation, so the
+    # new one must be made after the old one put the system's back.
+    try:
+        batch.gen.close()
+    except Exception:
+        log.exception("closing the failed batch failed")
+    batch.gen = make_generator()
+    batch.recoveries += 1
+    log.warning(
+        "rebuilt the batch after a failed step: failing %s; resuming %s",
+        [r.sub.rid for r in fail] or "none",
+        [r.sub.rid for r in resume] or "none",
+    )
+    batch.rows.clear()  # the old uids mean nothing to the new batch
+    for row in fail:
+        batch.finish(row)
+        row.sub.sink(failure(row))
+    for row in resume:
+        try:
+            batch.resume(row)
+        except Exception:
+            log.exception("resuming %s failed", row.sub.rid)
+            batch.finish(row)
+            row.sub.sink(failure(row))
+
+
+def failure(row: Row) -> Event:
+    """The last event of a row that failed with the step."""
+    return Event.failure(generation_failed(row.sub.rid), row.generated)

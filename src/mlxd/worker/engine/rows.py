@@ -1,0 +1,65 @@
+"""What passes between a request and the engine thread: submissions in, events out, and the
+Row a submission becomes in the batch. The commands that carry submissions are in inbox.py."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from mlxd.shared.errors import MlxdError
+from mlxd.shared.params import GenerationParams
+
+if TYPE_CHECKING:  # no MLX at import time: the inbox and recovery are unit-tested without it
+    from mlxd.worker.engine.textstream import TextStream
+
+
+@dataclass
+class Event:
+    """What the engine tells a request after a step: new text, and maybe the end."""
+
+    text: str = ""
+    completion_tokens: int = 0
+    finish_reason: str | None = None
+    logprobs: list[dict] | None = None
+    error: MlxdError | None = None
+
+    @classmethod
+    def failure(cls, err: MlxdError, completion_tokens: int = 0) -> Event:
+        """The last event of a row that ends in error."""
+        return cls(completion_tokens=completion_tokens, finish_reason="error", error=err)
+
+
+@dataclass(eq=False)
+class Submission:
+    """One request handed to the engine. `sink` is called on the engine thread."""
+
+    rid: str
+    prompt: list[int]
+    params: GenerationParams
+    sink: Callable[[Event], None]
+    prompt_cached: int = 0  # set by the engine when the row is admitted
+    ns: str = ""  # prompt-cache namespace (what changes the KV)
+    session: str | None = None  # session affinity for the prompt cache
+    boundary: int = 0  # stable prompt boundary (multi-turn snapshot point), 0: none
+    restored: tuple | None = None  # (SsdEntry, arrays) read from the SSD tier for this prompt
+    # Extra per-row logits processors (e.g. a grammar), run after penalties and bias.
+    processors: list = field(default_factory=list)
+    cancelled: bool = False
+    cancel_reason: MlxdError | None = None
+
+
+@dataclass(eq=False)
+class Row:
+    """A submission admitted into the batch, with what it takes to resume it elsewhere."""
+
+    sub: Submission
+    uid: int
+    text: TextStream
+    sampler: Callable | None = None
+    processors: list = field(default_factory=list)  # everything the batch runs for this row
+    tokens: list[int] = field(default_factory=list)  # generated so far, as the client saw them
+    generated: int = 0
+    resumed: bool = False  # carried over a failed step once already
+    admitted_at: float = field(default_factory=time.monotonic)

@@ -1,0 +1,109 @@
+"""Load a model folder with mlx-lm (no network) and gather what the worker needs to know."""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass
+from functools import cached_property
+from pathlib import Path
+from typing import Any
+
+import mlx.core as mx
+from mlx.utils import tree_flatten
+from mlx_lm import load
+
+log = logging.getLogger("mlxd.worker.model")
+
+# Used when the vocabulary cannot be read: longer than any piece of the tokenizers we know.
+FALLBACK_TOKEN_BYTES = 1024
+
+
+@dataclass
+class SamplingDefaults:
+    """The model's own defaults (generation_config.json), used when a request is silent."""
+
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    min_p: float = 0.0
+
+
+@dataclass
+class LoadedModel:
+    model: Any
+    tokenizer: Any
+    config: dict
+    model_id: str
+    path: Path
+    context_limit: int
+    defaults: SamplingDefaults
+
+    @property
+    def eos_ids(self) -> list[int]:
+        return sorted(self.tokenizer.eos_token_ids)
+
+    @property
+    def vocab_size(self) -> int:
+        return int(self.config.get("vocab_size") or len(self.tokenizer))
+
+    @cached_property
+    def max_token_bytes(self) -> int:
+        """An upper bound on the UTF-8 bytes of text one token can stand for.
+
+        The longest vocabulary string, added tokens included, measured in UTF-8: byte-level
+        BPE writes each byte as one character (1 or 2 UTF-8 bytes), SentencePiece writes a
+        space as the 3-byte "▁" and a fallback byte as "<0xNN>", so a piece's string is never
+        shorter than the text it matches.
+        """
+        try:
+            return max(1, max(len(piece.encode()) for piece in self.tokenizer.get_vocab()))
+        except Exception:  # an unusual tokenizer: a bound that is still far from unbounded
+            log.warning(
+                "cannot read the vocabulary; assuming %d bytes per token at most",
+                FALLBACK_TOKEN_BYTES,
+            )
+            return FALLBACK_TOKEN_BYTES
+
+
+def _has_half_floats(model) -> bool:
+    return any(v.dtype in (mx.float16, mx.bfloat16) for _, v in tree_flatten(model.parameters()))
+
+
+def load_model(
+    path: Path, model_id: str, context_limit: int | None = None, upcast_on_cpu: bool = True
+) -> LoadedModel:
+    """Load `path`; raises on any problem with the folder (the caller maps it to an exit code)."""
+    model, tokenizer, config = load(str(path), return_config=True)
+    if upcast_on_cpu and mx.default_device() == mx.cpu and _has_half_floats(model):
+        # MLX's CPU backend has no fast float16/bfloat16 kernels (a 4-bit matmul with float16
+        # scales runs ~100x slower than with float32): compute in float32 on the CPU.
+        model.set_dtype(mx.float32)
+        mx.eval(model.parameters())  # here: lazy arrays belong to this thread's stream
+    native = int(config.get("max_position_embeddings") or 0) or 32768
+    limit = min(context_limit, native) if context_limit else native
+    loaded = LoadedModel(
+        model=model,
+        tokenizer=tokenizer,
+        config=config,
+        model_id=model_id,
+        path=path,
+        context_limit=limit,
+        defaults=_read_defaults(path),
+    )
+    _ = loaded.max_token_bytes  # read the vocabulary now, not on the first request
+    return loaded
+
+
+def _read_defaults(path: Path) -> SamplingDefaults:
+    d = SamplingDefaults()
+    try:
+        gen = json.loads((path / "generation_config.json").read_text())
+    except (OSError, ValueError):
+        return d
+    if gen.get("do_sample") is False:
+        d.temperature = 0.0
+    for key, cast in (("temperature", float), ("top_p", float), ("top_k", int), ("min_p", float)):
+        if isinstance(gen.get(key), (int, float)):
+            setattr(d, key, cast(gen[key]))
+    return d

@@ -1,0 +1,36 @@
+"""The daemon's log level reaches its workers (it travels in their WorkerSpec)."""
+
+from __future__ import annotations
+
+MSG = [{"role": "user", "content": "hello"}]
+
+
+def _worker_log_after_a_request(d) -> str:
+    r = d.openai().chat.completions.create(model="a", messages=MSG, max_tokens=2)
+    assert r.usage.completion_tokens == 2
+    log = d.home / "logs" / "a.log"
+    # The access line comes through the log pipe after the response: wait for it.
+    d.wait_for(
+        lambda: log.is_file() and "POST /v1/chat/completions 200" in log.read_text(),
+        what="the worker's access line",
+    )
+    return log.read_text()
+
+
+def test_log_level_debug_reaches_the_worker(make_daemon):
+    d = make_daemon(args=["--log-level", "DEBUG"])
+    text = _worker_log_after_a_request(d)
+    assert " DEBUG [worker a] " in text
+    assert '"log_level":"DEBUG"' in text  # the worker logs the spec it was started with
+
+
+def test_default_info_keeps_debug_lines_out(make_daemon):
+    d = make_daemon()
+    text = _worker_log_after_a_request(d)
+    assert " INFO [worker a] " in text
+    assert " DEBUG " not in text
+
+
+def test_the_flag_wins_over_the_environment_for_workers_too(make_daemon):
+    d = make_daemon(env={"MLXD_LOG_LEVEL": "DEBUG"}, args=["--log-level", "INFO"])
+    assert " DEBUG " not in _worker_log_after_a_request(d)
