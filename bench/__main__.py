@@ -49,6 +49,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     r.add_argument("--quick", action="store_true", help="small prompts and outputs, 3 runs")
     r.add_argument("--repeats", type=int, help="runs per figure (median is reported; min 3)")
+    ints = lambda v: tuple(int(x) for x in v.split(",") if x.strip())  # noqa: E731
+    r.add_argument("--levels", type=ints, help="concurrency levels, e.g. 1,8,16,32")
+    r.add_argument("--long-prompts", type=ints, help="longprompt sizes in tokens, e.g. 2048,8192")
     r.add_argument("--only", help="comma-separated workloads: " + ",".join(workloads.WORKLOADS))
     r.add_argument("--out", type=Path, help="results folder (default bench/results/<time>/)")
     r.add_argument(
@@ -132,6 +135,10 @@ async def run_suite(
     sizes = workloads.QUICK if a.quick else workloads.FULL
     if a.repeats:
         sizes = workloads.Sizes(**{**sizes.__dict__, "repeats": a.repeats})
+    if a.levels:
+        sizes = workloads.Sizes(**{**sizes.__dict__, "levels": a.levels})
+    if a.long_prompts:
+        sizes = workloads.Sizes(**{**sizes.__dict__, "long_prompts": a.long_prompts})
     session = Session(model_a, model_b, work, out / "logs", swap_runs=sizes.repeats)
     figures: list[workloads.Figure] = []
     notes: list[str] = []
@@ -160,9 +167,22 @@ async def run_suite(
             except Exception as exc:  # one broken workload must not lose the others' results
                 notes.append(f"{name}: failed: {type(exc).__name__}: {exc}")
                 print(f"  {name} failed: {exc}", file=sys.stderr, flush=True)
+            # Written after every workload: a run cut short keeps what it measured.
+            report.write(out, figures, _meta(a, sizes, session, gpu, model_label, notes))
     finally:
         session.stop()
-    meta = {
+    md, _ = report.write(out, figures, _meta(a, sizes, session, gpu, model_label, notes))
+    return md
+
+
+def _exit_on_sigterm(signum, frame) -> None:
+    # SystemExit unwinds through the `finally` blocks that stop the servers.
+    raise SystemExit(128 + signum)
+
+
+def _meta(a, sizes, session, gpu: bool, model_label: str, notes: list[str]) -> dict:
+    """What the report says about this run besides the figures."""
+    return {
         **environment(gpu),
         "date": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
         "model": model_label,
@@ -170,8 +190,10 @@ async def run_suite(
         "sizes": sizes.__dict__,
         "sizes_text": (
             f"{'quick' if a.quick else 'full'}, {sizes.repeats} runs "
-            f"(single and proxy {max(sizes.repeats, 5)}), "
+            f"(single {max(sizes.repeats, 5)}, proxy {max(sizes.repeats, 9)} pairs), "
             f"single {sizes.single_prompt}+{sizes.single_tokens} tok, "
+            f"long prompts {'/'.join(map(str, sizes.long_prompts))} tok "
+            f"(×{sizes.long_clients} at once), levels {'/'.join(map(str, sizes.levels))}, "
             f"concurrency {sizes.conc_prompt}+{sizes.conc_tokens} tok × "
             f"{sizes.conc_requests}/client, {sizes.turns} turns"
         ),
@@ -179,13 +201,6 @@ async def run_suite(
         "servers_text": session.servers_text,
         "notes": notes,
     }
-    md, _ = report.write(out, figures, meta)
-    return md
-
-
-def _exit_on_sigterm(signum, frame) -> None:
-    # SystemExit unwinds through the `finally` blocks that stop the servers.
-    raise SystemExit(128 + signum)
 
 
 def main(argv: list[str] | None = None) -> int:

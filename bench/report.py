@@ -62,6 +62,8 @@ def summarize(fig: Figure) -> dict:
 def _value(v: float | None, unit: str) -> str:
     if v is None:
         return "n/a"
+    if unit == "B":
+        return f"{v / 1e6:.2f} MB" if v >= 1e5 else f"{v:.0f} B"
     if unit == "s":
         return f"{v * 1000:.1f} ms" if v < 1 else f"{v:.2f} s"
     return f"{v:.1f} {unit}"

@@ -215,9 +215,28 @@ async def longprompt(ctx: Context) -> list[Figure]:
     return figs
 
 
+async def ssd_written_bytes(target: Target) -> float | None:
+    """What the supervisor's workers wrote to their SSD tier so far (None: not reported)."""
+    async with target.session() as session:
+        async with session.get("/metrics") as resp:
+            if resp.status != 200:
+                return None
+            text = await resp.text()
+    values = [
+        float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if line.startswith("mlxd_prompt_cache_ssd_written_bytes_total")
+    ]
+    return sum(values) if values else None
+
+
 async def concurrency(ctx: Context) -> list[Figure]:
-    """Aggregate tokens/s and TTFT p50/p95 with 1, 4, 8, 16 concurrent clients."""
+    """Aggregate tokens/s and TTFT p50/p95 at each level of concurrent clients, and what
+    mlxd wrote to its SSD tier per request meanwhile (unique prompts should write nothing)."""
     figs: list[Figure] = []
+    supervised = ctx.worker is not None
+    written_before = await ssd_written_bytes(ctx.mlxd) if supervised else None
+    requests = 0
     for c in ctx.sizes.levels:
         agg = Figure(
             "concurrency", f"aggregate tok/s @{c}", "tok/s", True, goal=1.2 if c >= 16 else None
@@ -227,10 +246,24 @@ async def concurrency(ctx: Context) -> list[Figure]:
         for run in range(ctx.sizes.repeats):
             for t in _order([ctx.mlxd, ctx.mlx_lm], run):
                 rate, ttfts = await _level(ctx, t, c, agg)
+                requests += len(ttfts) if t is ctx.mlxd else 0
                 agg.add(t.name, rate)
                 p50.add(t.name, _percentile(ttfts, 0.5))
                 p95.add(t.name, _percentile(ttfts, 0.95))
         figs += [agg, p50, p95]
+    written_after = await ssd_written_bytes(ctx.mlxd) if supervised else None
+    if written_before is not None and written_after is not None and requests:
+        ssd = Figure(
+            "concurrency",
+            "SSD bytes written per request",
+            "B",
+            False,
+            base="",
+            note="mlxd only (mlx_lm.server has no SSD tier), from "
+            "mlxd_prompt_cache_ssd_written_bytes_total; 2026-11-29: ~80 MB per request.",
+        )
+        ssd.add("mlxd", (written_after - written_before) / requests)
+        figs.append(ssd)
     return figs
 
 

@@ -121,3 +121,35 @@ def test_log_file_is_json_lines_with_request_id_and_model(make_daemon):
     records = [json.loads(line) for line in (d.home / "logs" / "mlxd.log").read_text().splitlines()]
     stopped = [r for r in records if "to=stopped" in r["msg"]]
     assert stopped and "request_id" not in stopped[-1]
+
+
+def on_disk(folder) -> int:
+    return sum(f.stat().st_size for f in folder.rglob("*") if f.is_file())
+
+
+def test_ssd_write_counters_move_when_the_ssd_is_written(make_daemon):
+    d = make_daemon()
+    chat(d, "a")  # a unique prompt: it has not earned an SSD write
+    m = scrape(d)
+    assert value(m, "mlxd_prompt_cache_ssd_written_bytes_total", model="a") == 0
+    session = (("model", "a"), ("reason", "session"))
+    assert ("mlxd_prompt_cache_ssd_written_entries_total", session) in m
+
+    def written(reason: str) -> float:
+        return value(
+            scrape(d), "mlxd_prompt_cache_ssd_written_entries_total", model="a", reason=reason
+        )
+
+    # A session's entry is written once it has been quiet a moment (write-behind).
+    body = {"model": "a", "messages": [{"role": "user", "content": "mine"}], "max_tokens": 4}
+    r = d.http.post("/v1/chat/completions", json=body, headers={"x-session-affinity": "s-m"})
+    assert r.status_code == 200
+    d.wait_for(lambda: written("session") >= 1, 30, "the session entry's write-behind")
+    folder = d.home / "cache"
+    first = value(scrape(d), "mlxd_prompt_cache_ssd_written_bytes_total", model="a")
+    assert first == on_disk(folder) > 0 and written("drain") == 0
+    # A flush writes what RAM still holds (the unique prompt); the counters follow.
+    assert d.http.post("/admin/cache/flush").status_code == 200
+    assert written("drain") == 1
+    after = value(scrape(d), "mlxd_prompt_cache_ssd_written_bytes_total", model="a")
+    assert after == on_disk(folder) > first

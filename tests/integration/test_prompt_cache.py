@@ -4,8 +4,10 @@ restores across restarts, corruption handling and byte caps."""
 from __future__ import annotations
 
 import shutil
+import time
 from concurrent.futures import ThreadPoolExecutor
 
+import orjson
 import pytest
 
 from procs import start_worker, stop, uds_client, uds_openai
@@ -22,6 +24,18 @@ def ask(oai, messages, n=12, **kw):
 def stats(sock) -> dict:
     with uds_client(sock) as c:
         return c.get("/stats").json()
+
+
+def wait_stats(sock, done, timeout_s: float = 60.0) -> dict:
+    """The worker's stats once `done(stats)` holds (or at the deadline: the caller asserts)."""
+    deadline = time.monotonic() + timeout_s
+    while not done(s := stats(sock)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return s
+
+
+def on_disk(folder) -> int:
+    return sum(f.stat().st_size for f in folder.rglob("*") if f.is_file())
 
 
 @pytest.fixture
@@ -184,8 +198,11 @@ def test_byte_caps_hold_under_distinct_prompts(tiny_model_dir, short_tmp, cache_
     )
     try:
         oai = uds_openai(sock)
+        # One session: its entries earn SSD writes (write-behind, spill on eviction), which
+        # distinct prompts alone no longer do before a flush.
         for i in range(12):
-            ask(oai, [{"role": "user", "content": f"Distinct prompt {i}: " + LONG[: 600 + i]}], 4)
+            content = f"Distinct prompt {i}: " + LONG[: 600 + i]
+            ask(oai, [{"role": "user", "content": content}], 4, extra_body={"session_id": "caps"})
             s = stats(sock)
             assert s["cache_ram_bytes"] <= ram_cap
             assert s["cache_ssd_bytes"] <= ssd_cap
@@ -214,5 +231,59 @@ def test_session_close_drops_its_entries(tiny_model_dir, short_tmp, cache_dir):
             )
             assert c.post("/admin/cache/session/close", json={}).status_code == 400
         assert ask(oai, msgs).usage.prompt_tokens_details.cached_tokens == 0
+    finally:
+        stop(proc)
+
+
+def test_unique_prompts_stay_off_the_ssd_while_a_sessions_turns_reach_it(
+    tiny_model_dir, short_tmp, cache_dir
+):
+    sock = short_tmp / "earn.sock"
+    # No quiet time and a RAM tier of about one long entry: before issue 14 each prompt below
+    # reached the SSD, by write-behind or by spill on eviction.
+    proc = start_worker(
+        tiny_model_dir,
+        sock,
+        "tiny",
+        "--ssd-cache-dir",
+        str(cache_dir),
+        "--cache-quiet-s",
+        "0",
+        "--prompt-cache-bytes",
+        "4000000",
+    )
+    try:
+        oai = uds_openai(sock)
+        for i in range(6):
+            ask(oai, [{"role": "user", "content": f"Unique prompt {i}. " + LONG}], 4)
+        msgs = [{"role": "system", "content": "You answer briefly."}]
+        for turn in range(3):
+            msgs.append({"role": "user", "content": f"Turn {turn}: tell me about stone {turn}."})
+            r = ask(oai, msgs, 4, extra_body={"session_id": "s-earn"})
+            msgs.append({"role": "assistant", "content": r.choices[0].message.content})
+        # A long prompt sent twice: the second request reuses the first for real.
+        repeated = [{"role": "user", "content": "Once more. " + LONG}]
+        ask(oai, repeated, 4)
+        assert ask(oai, repeated, 4).usage.prompt_tokens_details.cached_tokens >= 256
+        # Write-behind runs while the worker is idle; by the time the reused entry is on disk
+        # it has had every chance to write the unique ones too.
+        s = wait_stats(
+            sock, lambda s: s["cache_ssd_written_reused"] and s["cache_ssd_written_session"]
+        )
+        assert s["cache_ssd_written_reused"] >= 1 and s["cache_ssd_written_session"] >= 1
+        assert s["cache_ssd_written_drain"] == 0
+        assert s["cache_ram_evictions"] >= 4 and s["cache_spills"] == 0
+        sidecars = [orjson.loads(f.read_bytes()) for f in cache_dir.rglob("*.json")]
+        assert {m["session"] for m in sidecars} == {"s-earn", None}
+        unique = [m for m in sidecars if m["session"] is None]
+        assert len(unique) == s["cache_ssd_written_reused"] <= 2  # the repeated prompt only
+        assert s["cache_ssd_written_bytes"] == on_disk(cache_dir)
+        # A flush still writes everything RAM holds, earned or not.
+        ask(oai, [{"role": "user", "content": "One last unique question."}], 4)
+        with uds_client(sock) as c:
+            assert c.post("/admin/cache/flush").json()["cache_persisted"] is True
+        s = stats(sock)
+        assert s["cache_ssd_written_drain"] >= 1
+        assert s["cache_ssd_written_bytes"] == on_disk(cache_dir)
     finally:
         stop(proc)

@@ -251,7 +251,8 @@ def test_health_says_ok_only_after_the_ssd_scan(tiny_model_dir, short_tmp, root)
 
 def test_a_restore_that_raises_drops_the_entry_and_runs_as_a_miss(tmp_path):
     layout = ((1, 4, 1, 4, "float32"),)
-    cache = PromptCache(1 << 20, tmp_path / "fp", 1 << 20, layout=layout)
+    # A two-token entry: any reuse counts here (restores normally need EARN_TOKENS saved).
+    cache = PromptCache(1 << 20, tmp_path / "fp", 1 << 20, layout=layout, earn_tokens=1)
     cache.start()
     good = {"0.k": np.ones((1, 1, 2, 4), np.float32), "0.v": np.ones((1, 1, 2, 4), np.float32)}
     assert cache.ssd.write("", (1, 2), good, {}, None)

@@ -96,9 +96,14 @@ class Settings(BaseSettings):
     stop_timeout_s: float = Field(10.0, gt=0)
 
     # Worker defaults
-    batch: int = Field(8, ge=1)
+    batch: int = Field(32, ge=1)
     context_limit: int | None = Field(None, ge=16)
-    prefill_step: int = Field(512, ge=16)
+    # Prefill tokens per step: prefill_step while nothing decodes (None: 4096 on a GPU, 512
+    # on the CPU), prefill_budget while rows decode or a new row joins a running prefill.
+    prefill_step: int | None = Field(None, ge=16)
+    prefill_budget: int = Field(1024, ge=16)
+    kv_budget_bytes: int | None = Field(None, ge=0)  # None: from memory; 0: rows bound by batch
+    warmup: bool = True  # run the engine's shapes once before READY
     # A quiet stream (a long prefill) sends a protocol event this often, not just a comment:
     # coding agents' idle watchdogs count only events (docs/coding-agents.md).
     stream_heartbeat_s: float = Field(10.0, gt=0)

@@ -30,6 +30,9 @@ GRAMMAR_FIELDS = (
 # Spec fields that are daemon-wide settings of the same name and meaning, copied as they are.
 SAME_AS_SETTINGS = (
     "prefill_step",
+    "prefill_budget",
+    "kv_budget_bytes",
+    "warmup",
     "max_body_bytes",
     "prompt_cache_bytes",
     "ssd_cache_bytes",
@@ -48,9 +51,12 @@ class WorkerSpec(BaseModel):
     model_path: Path
     model_id: str
     socket: Path
-    batch: int = Field(8, ge=1)
+    batch: int = Field(32, ge=1)
     context_limit: int | None = None  # None: the model's own
-    prefill_step: int = 512
+    prefill_step: int | None = Field(None, ge=16)  # ... while nothing decodes; None: by device
+    prefill_budget: int = Field(1024, ge=16)  # prefill tokens per step while rows decode
+    kv_budget_bytes: int | None = Field(None, ge=0)  # None: from memory; 0: no KV bound
+    warmup: bool = True  # run the engine's shapes once before READY
     max_body_bytes: int = 32 * 1024 * 1024
     grace_s: float = 30.0
     exit_with_parent: bool = True

@@ -9,6 +9,7 @@ import signal
 import sys
 import time
 
+import mlx.core as mx
 import psutil
 from aiohttp import web
 
@@ -22,12 +23,18 @@ from mlxd.worker.api import openai as openai_routes
 from mlxd.worker.api import responses as responses_routes
 from mlxd.worker.cache.layout import fingerprint, ssd_folder
 from mlxd.worker.cache.prompt_cache import PromptCache, kv_layout
+from mlxd.worker.engine.kvbudget import auto_budget, padded
 from mlxd.worker.engine.loop import Engine
+from mlxd.worker.engine.planner import MIN_CHUNK, PlanConfig
 from mlxd.worker.lifeline import watch_parent
-from mlxd.worker.model import load_model
+from mlxd.worker.model import LoadedModel, device_memory_bytes, load_model
 from mlxd.worker.state import WorkerState
 
 log = logging.getLogger("mlxd.worker")
+
+# The default idle prefill chunk (`prefill_step` unset), by device: default_prefill_step().
+GPU_PREFILL_STEP = 4096
+CPU_PREFILL_STEP = 512
 
 
 @web.middleware
@@ -124,11 +131,13 @@ async def serve(cfg: WorkerSpec) -> int:
     # The SSD scan can take a while on a big folder: off the loop, so /health answers
     # "loading" meanwhile, and READY (state.started) only once it and the engine are up.
     state.prompt_cache = await asyncio.to_thread(make_prompt_cache, cfg, state.loaded)
-    state.engine = Engine(
-        state.loaded, batch=cfg.batch, prefill_step=cfg.prefill_step, cache=state.prompt_cache
-    )
-    state.engine.debug_prefill_delay_s = cfg.debug_prefill_delay_s  # test-only (bridge.py)
+    state.engine = make_engine(cfg, state.loaded, state.prompt_cache)
+    # test-only slow prefill, read by api/generation.py
+    state.engine.debug_prefill_delay_s = cfg.debug_prefill_delay_s
     state.engine.start()
+    # The warm-up runs on the engine thread; READY only after it, so no user pays for it
+    # (the supervisor's load time includes it).
+    await asyncio.to_thread(state.engine.warmed.wait)
     state.started = True
     log.info(
         "ready model=%s context_limit=%d batch=%d",
@@ -172,10 +181,56 @@ def _unlink(path) -> None:
         pass
 
 
+def make_engine(cfg: WorkerSpec, loaded: LoadedModel, cache: PromptCache | None) -> Engine:
+    """The engine with the spec's batch, prefill plan and KV budget (docs/configuration.md)."""
+    idle = cfg.prefill_step or default_prefill_step()
+    budget_tokens = min(cfg.prefill_budget, idle)  # a busy step never prefills more than idle
+    plan = PlanConfig(idle, budget_tokens, min(MIN_CHUNK, budget_tokens))
+    budget = cfg.kv_budget_bytes
+    bpt = loaded.kv_bytes_per_token
+    if budget is None and bpt:
+        budget = auto_budget(
+            device_memory_bytes(),
+            mx.get_active_memory(),
+            ram_cache_bytes(cfg),
+            floor=padded(loaded.context_limit) * bpt,
+        )
+    log.info(
+        "batch=%d prefill_step=%d prefill_budget=%d kv_budget=%s (%s bytes per token) warmup=%s",
+        cfg.batch,
+        plan.idle_chunk,
+        plan.step_budget,
+        "none" if not budget else f"{budget / 1024**3:.2f} GiB",
+        bpt,
+        cfg.warmup,
+    )
+    return Engine(
+        loaded,
+        batch=cfg.batch,
+        plan=plan,
+        kv_budget_bytes=budget or None,  # 0: rows bounded by `batch` only
+        cache=cache,
+        warmup=cfg.warmup,
+    )
+
+
+def default_prefill_step() -> int:
+    """The idle prefill chunk by device. On a GPU, large chunks win (fewer forwards, syncs
+    and KV copies; attention is one fused kernel). MLX's CPU attention scores the whole
+    chunk-by-context square, masked part included: there a 2k prompt in one chunk took 1.6x
+    as long as in 512-token chunks."""
+    return CPU_PREFILL_STEP if mx.default_device() == mx.cpu else GPU_PREFILL_STEP
+
+
+def ram_cache_bytes(cfg: WorkerSpec) -> int:
+    """The RAM prompt-cache cap: the spec's, else 1/8 of RAM and at most 16 GiB."""
+    if cfg.prompt_cache_bytes is not None:
+        return cfg.prompt_cache_bytes
+    return min(psutil.virtual_memory().total // 8, 16 * 1024**3)
+
+
 def make_prompt_cache(cfg: WorkerSpec, loaded) -> PromptCache | None:
-    ram = cfg.prompt_cache_bytes
-    if ram is None:
-        ram = min(psutil.virtual_memory().total // 8, 16 * 1024**3)
+    ram = ram_cache_bytes(cfg)
     if ram == 0:
         return None  # --prompt-cache-bytes 0 turns the whole prompt cache off
     ssd_dir, layout = None, None

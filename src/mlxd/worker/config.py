@@ -77,7 +77,27 @@ def _flag_parser(log_level: str) -> argparse.ArgumentParser:
         default=None,
         help="most tokens per row, prompt plus output (default: the model's)",
     )
-    _opt(p, "prefill_step", int, "prompt tokens per prefill chunk between decode steps")
+    p.add_argument(
+        "--prefill-step",
+        type=int,
+        default=None,
+        help="prompt tokens per prefill step while nothing decodes (default: 4096 on a GPU,"
+        " 512 on the CPU)",
+    )
+    _opt(p, "prefill_budget", int, "prompt tokens per step while rows decode")
+    p.add_argument(
+        "--kv-budget-bytes",
+        type=int,
+        default=None,
+        help="KV cache bytes the rows in flight may hold; more rows wait (default: from"
+        " memory; 0: rows bounded by --batch only)",
+    )
+    p.add_argument(
+        "--warmup",
+        action=argparse.BooleanOptionalAction,
+        default=_default("warmup"),
+        help="run the prefill and decode shapes once before serving (default on)",
+    )
     p.add_argument("--max-body-bytes", type=int, default=_default("max_body_bytes"))
     _opt(p, "grace_s", float, "on SIGTERM, how long in-flight rows may run before cancel")
     p.add_argument(

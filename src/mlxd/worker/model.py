@@ -4,14 +4,18 @@ from __future__ import annotations
 
 import json
 import logging
+from collections import Counter
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
 from typing import Any
 
 import mlx.core as mx
+import psutil
 from mlx.utils import tree_flatten
 from mlx_lm import load
+
+from mlxd.worker.engine.kvbudget import kv_bytes_per_token
 
 log = logging.getLogger("mlxd.worker.model")
 
@@ -64,6 +68,35 @@ class LoadedModel:
                 FALLBACK_TOKEN_BYTES,
             )
             return FALLBACK_TOKEN_BYTES
+
+    @cached_property
+    def kv_bytes_per_token(self) -> int | None:
+        """K and V bytes one token of a row holds (None: the config does not say)."""
+        return kv_bytes_per_token(self.config, _float_bytes(self.model))
+
+
+def _float_bytes(model) -> int:
+    """Bytes of the model's floating-point dtype (the KV's): the most common among its
+    parameters (a quantized model's scales and norms carry it)."""
+    kinds = Counter(
+        v.dtype for _, v in tree_flatten(model.parameters()) if mx.issubdtype(v.dtype, mx.floating)
+    )
+    return kinds.most_common(1)[0][0].size if kinds else 2
+
+
+def device_memory_bytes() -> int:
+    """Memory the default device may use: the GPU's (Metal's recommended working set, CUDA's
+    total), else the machine's RAM."""
+    info = {}
+    if mx.default_device() != mx.cpu:
+        try:
+            info = mx.device_info()
+        except Exception:  # an older MLX: fall back to RAM
+            info = {}
+    for key in ("max_recommended_working_set_size", "total_memory", "memory_size"):
+        if isinstance(info.get(key), int) and info[key] > 0:
+            return info[key]
+    return psutil.virtual_memory().total
 
 
 def _has_half_floats(model) -> bool:

@@ -56,6 +56,8 @@ CACHE_EVENTS = (  # (event label, key in the worker's /stats)
     ("ssd_rejected", "cache_ssd_rejected"),
     ("write_failed", "cache_write_failed"),
 )
+# Why entries were written to the SSD tier: a session's, reused, or only by a drain or flush.
+SSD_WRITE_REASONS = ("session", "reused", "drain")
 
 
 class Metrics:
@@ -179,7 +181,20 @@ class ScrapeCollector:
             " demotions, writes, dropped writes, corrupt files, evictions",
             labels=["model", "event"],
         )
+        ssd_bytes = CounterMetricFamily(
+            "mlxd_prompt_cache_ssd_written_bytes",
+            "Bytes written to the SSD prompt-cache tier (data files and sidecars)",
+            labels=["model"],
+        )
+        ssd_writes = CounterMetricFamily(
+            "mlxd_prompt_cache_ssd_written_entries",
+            "Entries written to the SSD prompt-cache tier by reason: session, reused, drain",
+            labels=["model", "reason"],
+        )
         for model, st in sorted(self.workers.items()):
+            ssd_bytes.add_metric([model], _num(st, "cache_ssd_written_bytes"))
+            for reason in SSD_WRITE_REASONS:
+                ssd_writes.add_metric([model, reason], _num(st, f"cache_ssd_written_{reason}"))
             prompt.add_metric([model], _num(st, "prompt_tokens"))
             gen.add_metric([model], _num(st, "generation_tokens"))
             hit_tokens.add_metric([model], _num(st, "cache_hit_tokens"))
@@ -191,6 +206,7 @@ class ScrapeCollector:
             for event, key in CACHE_EVENTS:
                 events.add_metric([model, event], _num(st, key))
         yield from (prompt, gen, hits, misses, size, hit_tokens, entries, events)
+        yield from (ssd_bytes, ssd_writes)
 
 
 def _num(stats: dict, key: str) -> float:

@@ -1,10 +1,14 @@
 """The prompt cache: a RAM tier on the engine thread, backed by an SSD tier that outlives us.
 
-RAM entries reach the SSD through the writer: after a quiet period (write-behind of a settled
-conversation), when they are evicted from RAM (spill), when idle long enough to leave RAM
-(demotion), and on drain (everything). A RAM miss that an SSD entry covers better is served
-by restoring that entry, read and verified off the engine thread (shapes against the model's
-layout included); a restore that still fails drops that entry and the request runs as a miss.
+Before a drain only entries that earned it reach the SSD: a session's (`session_id`, ...), or
+one reused for real (a prefix of at least `earn_tokens` served from it or from a prefix it
+replaced, so turn N+1 of a conversation inherits turn N's hit). They go through the writer
+after a quiet period (write-behind) or when RAM evicts them (spill); other evicted entries are
+dropped, so a run of unique prompts writes nothing. Drain, flush and shutdown write every RAM
+entry. Persisted entries idle long enough leave RAM (demotion). A RAM miss that an SSD entry
+covers by at least `earn_tokens` more is served by restoring that entry, read and verified off
+the engine thread (shapes against the model's layout included); a restore that still fails
+drops that entry and the request runs as a miss.
 """
 
 from __future__ import annotations
@@ -17,21 +21,17 @@ import mlx.core as mx
 import numpy as np
 from mlx_lm.models.cache import KVCache, make_prompt_cache
 
-from mlxd.worker.cache.format import (
-    BF16_STORED,
-    Layout,
-    LayoutMismatch,
-    check_layout,
-    pack_kv,
-    unpack_kv,
-)
+from mlxd.worker.cache.format import BF16_STORED, Layout, LayoutMismatch, check_layout
+from mlxd.worker.cache.kv_arrays import from_numpy, to_numpy
 from mlxd.worker.cache.quiet_log import QuietLog
-from mlxd.worker.cache.ram import Entry, RamCache, usable_length, view
+from mlxd.worker.cache.ram import EARN_TOKENS, Entry, RamCache, usable_length, view
 from mlxd.worker.cache.ssd import SsdEntry, SsdStore
 from mlxd.worker.cache.trie import common_prefix
 from mlxd.worker.cache.writer import CacheWriter, WriteJob
 
 log = logging.getLogger("mlxd.worker.cache")
+
+WRITE_REASONS = ("session", "reused", "drain")
 
 
 def kv_layout(model) -> Layout | None:
@@ -52,33 +52,11 @@ def kv_layout(model) -> Layout | None:
     return tuple(out)
 
 
-def _to_numpy(layers: list) -> tuple[dict[str, np.ndarray], dict[str, str], list]:
-    """Zero-copy NumPy views of KVCache layers, as the SSD format names and stores them."""
-    keep = []
-    for c in layers:
-        for a in (c.keys, c.values):
-            a = a[..., : c.offset, :]
-            if a.dtype == mx.bfloat16:
-                a = a.view(mx.uint16)
-            keep.append(a)
-    mx.eval(keep)
-    views = [np.asarray(memoryview(a)) for a in keep]
-    arrays, meta = pack_kv(list(zip(views[::2], views[1::2])), str(layers[0].keys.dtype))
-    return arrays, meta, keep
-
-
-def _from_numpy(arrays: dict[str, np.ndarray]) -> list:
-    layers = []
-    pairs, bf16 = unpack_kv(arrays)
-    for k, v in pairs:
-        c = KVCache()
-        k, v = mx.array(k), mx.array(v)
-        if bf16:
-            k, v = k.view(mx.bfloat16), v.view(mx.bfloat16)
-        c.keys, c.values, c.offset = k, v, k.shape[2]
-        layers.append(c)
-    mx.eval([c.state[:2] for c in layers])
-    return layers
+def write_reason(e: Entry) -> str:
+    """Why an entry is on its way to the SSD tier, as the stats count it."""
+    if e.session is not None:
+        return "session"
+    return "reused" if e.hits else "drain"  # the rest only a drain, flush or shutdown writes
 
 
 class PromptCache:
@@ -94,8 +72,10 @@ class PromptCache:
         quiet_s: float = 2.0,
         idle_s: float = 300.0,
         max_queued_writes: int = 32,
+        earn_tokens: int = EARN_TOKENS,
     ):
-        self.ram = RamCache(ram_bytes, on_evict=self._spill)
+        self.earn_tokens = earn_tokens
+        self.ram = RamCache(ram_bytes, on_evict=self._spill, earn_tokens=earn_tokens)
         self.ssd = SsdStore(ssd_dir, ssd_bytes, layout) if ssd_dir is not None else None
         self.writer = CacheWriter(self.ssd, max_queued_writes) if self.ssd is not None else None
         self.quiet_s = quiet_s
@@ -104,6 +84,7 @@ class PromptCache:
         self.demotions = 0
         self.unsupported = 0
         self.ssd_hits = 0
+        self.written = dict.fromkeys(WRITE_REASONS, 0)  # entries that landed on the SSD, by why
         self._quiet = QuietLog(log)
 
     def start(self) -> None:
@@ -129,11 +110,12 @@ class PromptCache:
 
     # -- any thread -------------------------------------------------------------------------
     def ssd_candidate(self, ns: str, prompt: list[int]) -> SsdEntry | None:
-        """An SSD entry that would cover more of `prompt` than RAM does, if any."""
+        """An SSD entry covering at least `earn_tokens` more of `prompt` than RAM does, if any:
+        a restore reads a whole file, worth it to save a real prefill, not a shared template."""
         if self.ssd is None:
             return None
         e, n = self.ssd.best(ns, prompt)
-        return e if e is not None and n > self.ram.peek(ns, prompt) else None
+        return e if e is not None and n - self.ram.peek(ns, prompt) >= self.earn_tokens else None
 
     def read_ssd(self, e: SsdEntry) -> dict[str, np.ndarray] | None:
         return self.ssd.read(e) if self.ssd is not None else None
@@ -175,7 +157,7 @@ class PromptCache:
         if self.ssd.layout is None:
             raise LayoutMismatch("no layout to check the entry against")
         check_layout(arrays, self.ssd.layout, len(e.tokens))  # again: the arrays may be shared
-        layers = _from_numpy(arrays)
+        layers = from_numpy(arrays)
         self.ssd_hits += 1
         if self.ram.insert(ns, e.tokens, layers, e.session, persisted=True) is None:
             # Too large to keep in RAM: serve this request straight from the restore.
@@ -186,31 +168,41 @@ class PromptCache:
         return None
 
     def store(
-        self, ns: str, tokens: tuple[int, ...], layers: list, session: str | None = None
+        self,
+        ns: str,
+        tokens: tuple[int, ...],
+        layers: list,
+        session: str | None = None,
+        cached: int = 0,
     ) -> None:
+        """Keep a row's state. `cached` of its prompt tokens came from the cache: at least
+        `earn_tokens` is a real reuse, which earns the entry its SSD write."""
         if self.ram.cap_bytes <= 0 and self.ssd is None:
             return
         mx.eval([c.state for c in layers])
-        if self.ram.insert(ns, tokens, layers, session) is None and self.ssd is not None:
-            # Too large for RAM (or RAM disabled): straight to the SSD tier.
-            self._enqueue(Entry(ns, tokens, layers, sum(c.nbytes for c in layers), session))
+        hits = int(cached >= self.earn_tokens)
+        if self.ram.insert(ns, tokens, layers, session, hits=hits) is None and self.ssd is not None:
+            # Too large for RAM (or RAM disabled): straight to the SSD tier, if it earned that.
+            e = Entry(ns, tokens, layers, sum(c.nbytes for c in layers), session, hits=hits)
+            if e.earned:
+                self._enqueue(e)
 
     def maintain(self, now: float | None = None) -> None:
-        """Write-behind of settled entries, and demotion of idle ones out of RAM."""
+        """Write-behind of settled entries that earned it, and demotion of idle ones."""
         if self.ssd is None:
             return
         now = time.monotonic() if now is None else now
         for e in self.ram.entries():
             if e.ram_only:
                 continue
-            if not e.persisted and not e.queued and now - e.created >= self.quiet_s:
+            if e.earned and not e.persisted and not e.queued and now - e.created >= self.quiet_s:
                 self._enqueue(e)
             elif e.persisted and now - e.last_used >= self.idle_s:
                 self.ram.drop(e)
                 self.demotions += 1
 
     def persist_all(self) -> int:
-        """Queue every RAM entry not yet on the SSD (drain, flush)."""
+        """Queue every RAM entry not yet on the SSD, earned or not (drain, flush, shutdown)."""
         n = 0
         for e in self.ram.entries():
             if not e.persisted and not e.queued and not e.ram_only:
@@ -225,6 +217,8 @@ class PromptCache:
         return n
 
     def _spill(self, e: Entry) -> None:
+        if not e.earned:  # evicted from RAM without having earned the SSD: dropped
+            return
         if self.ssd is not None and not e.persisted and not e.queued and not e.ram_only:
             self.spills += 1
             self._enqueue(e)
@@ -240,12 +234,16 @@ class PromptCache:
             e.ram_only = True
             return
 
-        def done(ok: bool, e=e) -> None:
+        reason = write_reason(e)
+
+        def done(ok: bool, e=e) -> None:  # on the writer thread, the only one counting
             e.queued = False
             e.persisted = ok
+            if ok:
+                self.written[reason] += 1
 
         try:
-            arrays, meta, keep = _to_numpy(e.layers)
+            arrays, meta, keep = to_numpy(e.layers)
             e.queued = True
             self.writer.put(WriteJob(e.ns, e.tokens, arrays, meta, e.session, keep, done), block)
         except Exception as exc:  # runs on the engine thread: a hand-off may cost the entry only
@@ -276,6 +274,8 @@ class PromptCache:
                     "cache_ssd_hits": self.ssd_hits,
                     "cache_ssd_restores": s["restores"],
                     "cache_ssd_writes": s["writes"],
+                    "cache_ssd_written_bytes": s["bytes_written"],
+                    **{f"cache_ssd_written_{r}": n for r, n in self.written.items()},
                     "cache_ssd_corrupt": s["corrupt"],
                     "cache_ssd_evictions": s["evictions"],
                     "cache_write_drops": w.dropped,

@@ -17,6 +17,10 @@ from mlx_lm.models.cache import KVCache, can_trim_prompt_cache, trim_prompt_cach
 
 from mlxd.worker.cache.trie import TokenTrie
 
+# A reuse at least this long saves a real prefill: it earns an entry its SSD write, and an SSD
+# restore must save this much. Unrelated prompts share ~10 chat-template tokens, never this many.
+EARN_TOKENS = 256
+
 
 @dataclass(eq=False)
 class Entry:
@@ -32,6 +36,7 @@ class Entry:
     persisted: bool = False  # durable on the SSD tier
     queued: bool = False  # a write to the SSD tier is pending
     ram_only: bool = False  # a cache type the SSD tier cannot hold
+    hits: int = 0  # reuses of at least EARN_TOKENS, its own or those of prefixes it replaced
 
     @property
     def key(self) -> tuple[str, tuple[int, ...]]:
@@ -40,6 +45,11 @@ class Entry:
     @property
     def trimmable(self) -> bool:
         return can_trim_prompt_cache(self.layers)
+
+    @property
+    def earned(self) -> bool:
+        """Worth an SSD write before any drain: it belongs to a session, or it was reused."""
+        return self.session is not None or self.hits > 0
 
 
 def usable_length(
@@ -69,15 +79,19 @@ def view(layers: list, length: int, full: int) -> list:
 
 
 class RamCache:
-    """Token-trie index over entries, with a byte cap and LRU (session entries kept longest)."""
+    """Token-trie index over entries, with a byte cap and LRU (session entries kept longest).
+
+    A fetch reusing at least `earn_tokens` counts as a hit of the entry it came from."""
 
     def __init__(
         self,
         cap_bytes: int,
         on_evict: Callable[[Entry], None] | None = None,
         clock: Callable[[], float] = time.monotonic,
+        earn_tokens: int = EARN_TOKENS,
     ):
         self.cap_bytes = cap_bytes
+        self.earn_tokens = earn_tokens
         self.on_evict = on_evict or (lambda e: None)
         self.clock = clock
         self.nbytes = 0
@@ -125,6 +139,8 @@ class RamCache:
             if e.key in self._lru:
                 self._lru.move_to_end(e.key)
         e.last_used = self.clock()
+        if n >= self.earn_tokens:
+            e.hits += 1
         self.stats["hits"] += 1
         self.stats["hit_tokens"] += n
         return view(e.layers, n, len(e.tokens)), n
@@ -136,12 +152,16 @@ class RamCache:
         layers: list,
         session: str | None = None,
         persisted: bool = False,
+        hits: int = 0,
     ) -> Entry | None:
-        """Store a compact cache for `tokens`; strict prefixes a trimmable entry covers go."""
+        """Store a compact cache for `tokens`; strict prefixes a trimmable entry covers go.
+
+        The new entry inherits the hits of the entries it replaces: turn N+1 of a conversation
+        extends a prefix that was reused."""
         nbytes = sum(c.nbytes for c in layers)
         if self.cap_bytes <= 0 or nbytes > self.cap_bytes or not tokens:
             return None
-        entry = Entry(ns, tokens, layers, nbytes, session, persisted=persisted)
+        entry = Entry(ns, tokens, layers, nbytes, session, persisted=persisted, hits=hits)
         with self._lock:
             trie = self._tries.setdefault(ns, TokenTrie())
             old = trie.insert(tokens, entry)
@@ -149,12 +169,14 @@ class RamCache:
                 self._forget(old)
                 entry.persisted = entry.persisted or old.persisted
                 entry.session = entry.session or old.session
+                entry.hits += old.hits
             self._lru[entry.key] = entry
             self.nbytes += nbytes
             covered = trie.prefixes_of(tokens) if entry.trimmable else []
             for _, p in covered:
                 trie.remove(p.tokens)
                 self._forget(p)
+                entry.hits += p.hits
         self._enforce_cap()
         return entry
 

@@ -70,6 +70,7 @@ class SsdStore:
             "hits": 0,
             "restores": 0,
             "writes": 0,
+            "bytes_written": 0,  # data files and sidecars that reached the disk
             "corrupt": 0,
             "evictions": 0,
             "rejected": 0,
@@ -245,6 +246,7 @@ class SsdStore:
         try:
             self.dir.mkdir(parents=True, exist_ok=True)  # it may have been removed by hand
             write_entry(self.dir, key, parts, sidecar)
+            self.stats["bytes_written"] += size + len(sidecar)
         except OSError as exc:
             self.stats["write_errors"] += 1
             self._paused_until = time.monotonic() + WRITE_PAUSE_S

@@ -1,8 +1,8 @@
 """Admission: a submission becomes a row of the batch.
 
 Its sampler and logits processors (each guarded, so its failure stays its own), the longest
-prefix the prompt cache holds for it, and the prompt tokens left to prefill. How those tokens
-are cut into segments is `prompt_segments`: the place a prefill planner takes over.
+prefix the prompt cache holds for it, and the prompt tokens left to prefill, cut into segments
+by `prompt_segments`; how many of them each step prefills is the planner's (planner.py).
 """
 
 from __future__ import annotations
@@ -45,6 +45,8 @@ def admit(batch: Batch, sub: Submission, tokenizer) -> Row:
         text=TextStream(make_detokenizer(tokenizer), p.stop),
         sampler=sampler,
         processors=processors,
+        pos=n,
+        todo=len(sub.prompt) - n - 1,
     )
     batch.add(row)
     return row

@@ -54,6 +54,7 @@ class Batch:
             stop_sequences=[self.eos],
         )[0]
         row.resumed = True
+        row.pos, row.todo, row.started = 0, len(row.sub.prompt) + len(row.tokens) - 1, False
         self.rows[row.uid] = row
 
     def drop(self, sub: Submission) -> None:
@@ -118,7 +119,9 @@ class Batch:
     def store(self, row: Row, tokens, layers) -> None:
         # A row cancelled before its prefill holds only what it was given from the cache.
         if self.cache is not None and layers and len(tokens) > row.sub.prompt_cached:
-            self.cache.store(row.sub.ns, tuple(tokens), layers, row.sub.session)
+            self.cache.store(
+                row.sub.ns, tuple(tokens), layers, row.sub.session, cached=row.sub.prompt_cached
+            )
 
     def snapshot(self, prompt_responses) -> None:
         """Non-trimmable caches: keep the state at each prompt segment's end."""

@@ -1,10 +1,13 @@
 """The engine thread: the one thread that owns every MLX object of the worker.
 
-Requests arrive as typed commands through a thread-safe inbox (inbox.py) and are admitted
-between decode steps, at every step, into mlx-lm's BatchGenerator (continuous batching: prefill
-in chunks interleaved with decode, rows leave as soon as they finish). One step's rooms:
-admission.py (a submission becomes a row), batch.py (the rows in flight and their prompt-cache
-hand-offs), emit.py (tokens become each row's events), recovery.py (a step that failed).
+Requests arrive as typed commands through a thread-safe inbox (inbox.py), wait in the
+scheduler's queue until the batch has room (schedule.py: `batch` rows and the KV budget), and
+are admitted between steps into mlx-lm's BatchGenerator (continuous batching: prefill in
+chunks the planner sizes, interleaved with decode; rows leave as soon as they finish). Before
+the first request, a warm-up runs the shapes the engine will use (warmup.py). One step's
+rooms: admission.py (a submission becomes a row), batch.py (the rows in flight and their
+prompt-cache hand-offs), emit.py (tokens become each row's events), recovery.py (a step that
+failed), trace.py (what a step did, for tests).
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable
 
 import mlx.core as mx
 from mlx_lm.generate import BatchGenerator, StopSequences
@@ -20,7 +24,6 @@ from mlx_lm.models.cache import can_trim_prompt_cache, make_prompt_cache
 
 from mlxd.shared.errors import MlxdError, Unavailable
 from mlxd.worker.cache.prompt_cache import PromptCache
-from mlxd.worker.engine.admission import admit
 from mlxd.worker.engine.batch import Batch
 from mlxd.worker.engine.emit import emit
 from mlxd.worker.engine.inbox import (
@@ -32,8 +35,14 @@ from mlxd.worker.engine.inbox import (
     Stop,
     Submit,
 )
-from mlxd.worker.engine.recovery import generation_failed, rebuild
-from mlxd.worker.engine.rows import Event, Submission
+from mlxd.worker.engine.kvbudget import KvBudget
+from mlxd.worker.engine.planner import PlanConfig
+from mlxd.worker.engine.recovery import rebuild
+from mlxd.worker.engine.rows import Event, Row, Submission
+from mlxd.worker.engine.schedule import Scheduler
+from mlxd.worker.engine.stats import engine_stats
+from mlxd.worker.engine.trace import StepTrace
+from mlxd.worker.engine.warmup import timed_warm_up
 from mlxd.worker.model import LoadedModel
 
 log = logging.getLogger("mlxd.worker.engine.loop")
@@ -47,27 +56,42 @@ UPKEEP_BUSY_S = 30.0
 
 
 class Engine:
-    """Owns the model's BatchGenerator on a dedicated thread."""
+    """Owns the model's BatchGenerator on a dedicated thread.
+
+    `plan` sizes the prefill chunks; `kv_budget_bytes` (None: no bound but `batch`) bounds
+    the KV the batch's rows may hold; `warmup` runs the shapes once before the first request
+    (`warmed` is set after it); `trace`, when given, hears a StepTrace after every step.
+    """
 
     def __init__(
         self,
         loaded: LoadedModel,
         *,
         batch: int,
-        prefill_step: int = 512,
+        plan: PlanConfig | None = None,
+        kv_budget_bytes: int | None = None,
         cache: PromptCache | None = None,
+        warmup: bool = True,
+        trace: Callable[[StepTrace], None] | None = None,
     ):
         self.m = loaded
         self.cache = cache
         self.trimmable = can_trim_prompt_cache(make_prompt_cache(loaded.model))
         self.batch_size = batch
-        self.prefill_step = prefill_step
+        self.plan = plan or PlanConfig()
         self._inbox = Inbox()
         self._batch = Batch(cache, self.trimmable)
+        budget = KvBudget.of(loaded.kv_bytes_per_token, kv_budget_bytes, batch)
+        self._sched = Scheduler(self._batch, batch, self.plan, budget)
         self.dead: str | None = None  # why the engine thread stopped unexpectedly
         self.closing = False  # a drain passed its deadline: admit nothing more
         self._stopping = False  # a Stop arrived: exit once the rows in flight are done
         self.debug_prefill_delay_s = 0.0  # test-only slow prefill, read by api.generation
+        self._warmup = warmup
+        self.warmup_s: float | None = None  # how long the warm-up took (None: not run)
+        self.warmed = threading.Event()  # set once the warm-up is over (or skipped)
+        self._trace = trace
+        self._steps = 0
         self._totals = BatchStats()
         self._thread = threading.Thread(target=self._run, name="mlxd-engine", daemon=True)
         self._stopped = threading.Event()
@@ -77,9 +101,12 @@ class Engine:
         self._thread.start()
 
     def submit(self, sub: Submission) -> None:
+        """Queue `sub`; raises PayloadTooLarge (413, before any work) for a row that could
+        never fit the KV budget."""
         if self.dead is not None:
             sub.sink(Event.failure(Unavailable(ENGINE_STOPPED)))
             return
+        self._sched.check(sub)
         self._inbox.put(Submit(sub))
 
     def cancel(self, sub: Submission, reason: MlxdError | None = None) -> None:
@@ -91,7 +118,7 @@ class Engine:
     def cancel_all(self) -> int:
         """Cancel every row still running or queued (a drain deadline passed)."""
         self.closing = True  # submissions still on their way get refused, not admitted
-        subs = [row.sub for row in list(self._batch.rows.values())]
+        subs = [row.sub for row in list(self._batch.rows.values())] + list(self._sched.waiting)
         for sub in subs:
             self.cancel(sub, Unavailable("The model is being unloaded; this request was cancelled"))
         return len(subs)
@@ -122,7 +149,8 @@ class Engine:
 
     @property
     def queued_rows(self) -> int:
-        return self._inbox.queued
+        """Rows not in the batch yet: on their way to the engine thread, or waiting for room."""
+        return self._inbox.queued + len(self._sched)
 
     @property
     def cancellations(self) -> int:
@@ -138,22 +166,8 @@ class Engine:
         return self._batch.recoveries
 
     def stats(self) -> dict:
-        t = self._totals
-        return {
-            "rows_active": self.active_rows,
-            "rows_queued": self.queued_rows,
-            "batch_size": self.batch_size,
-            "prompt_tokens": t.prompt_tokens,
-            "generation_tokens": t.generation_tokens,
-            "prompt_tps": round(t.prompt_tokens / t.prompt_time, 2) if t.prompt_time else 0.0,
-            "decode_tps": round(t.generation_tokens / t.decode_time, 2) if t.decode_time else 0.0,
-            "requests_done": self.requests_done,
-            "cancellations": self.cancellations,
-            "engine_recoveries": self.recoveries,
-            "memory_active_bytes": mx.get_active_memory(),
-            "memory_peak_bytes": mx.get_peak_memory(),
-            **(self.cache.stats() if self.cache else {}),
-        }
+        """What /stats reports of the engine (stats.py)."""
+        return engine_stats(self)
 
     # -- the engine thread ----------------------------------------------------------------
     def _run(self) -> None:
@@ -165,9 +179,11 @@ class Engine:
             self._batch.fail_all(Unavailable(ENGINE_STOPPED))
             self._fail_queued()
         finally:
+            self.warmed.set()
             self._stopped.set()
 
     def _fail_queued(self) -> None:
+        self._sched.fail_waiting(Unavailable(ENGINE_STOPPED))
         for cmd in self._inbox.take(block=False):
             if isinstance(cmd, Submit):
                 cmd.sub.sink(Event.failure(Unavailable(ENGINE_STOPPED)))
@@ -177,18 +193,26 @@ class Engine:
     def _loop(self) -> None:
         # Streams belong to the thread that creates them: make ours here.
         self._stream = mx.new_stream(mx.default_device())
+        if self._warmup:
+            m = self.m
+            self.warmup_s = timed_warm_up(
+                m.model, self._stream, self.plan, self.batch_size, m.context_limit
+            )
+        self.warmed.set()
         batch = self._batch
         batch.gen = self._new_generator()
         batch.eos = StopSequences([(t,) for t in self.m.eos_ids])
         last_upkeep = time.monotonic()
         while True:
-            for cmd in self._inbox.take(block=not batch.rows and not self._stopping):
+            idle = not batch.rows and not self._sched.waiting and not self._stopping
+            for cmd in self._inbox.take(block=idle):
                 self._handle(cmd)
             last_upkeep = self._upkeep(last_upkeep)
-            if self._stopping and not batch.rows:
+            admitted = self._sched.admit(self.m.tokenizer)
+            if self._stopping and not batch.rows and not self._sched.waiting:
                 break
             if batch.rows:
-                self._step()
+                self._step(admitted)
         batch.gen.close()
 
     def _upkeep(self, last_s: float) -> float:
@@ -204,9 +228,10 @@ class Engine:
             log.exception("prompt-cache upkeep failed")
         return now
 
-    def _step(self) -> None:
+    def _step(self, admitted: list[Row]) -> None:
         """One step of the batch: prefill chunks and decode, then each row's events."""
         batch = self._batch
+        chunk = self._sched.plan()
         try:
             with batch.gen.stats() as st:
                 prompt_responses, responses = batch.gen.next()
@@ -217,13 +242,26 @@ class Engine:
             rebuild(batch, self._new_generator)
             return
         self._totals += st
+        self._steps += 1
+        chunks = self._sched.progress(prompt_responses)
         if not self.trimmable:
             try:
                 batch.snapshot(prompt_responses)
             except Exception:  # a missed snapshot is a cache miss later, nothing more
                 log.exception("prompt-boundary snapshot failed")
+        before = {uid: row.sub.rid for uid, row in batch.rows.items()}
         batch.fail_broken()
         emit(batch, responses)
+        if self._trace is not None:
+            done = [rid for uid, rid in before.items() if uid not in batch.rows]
+            decoded = [before[r.uid] for r in responses if r.uid in before]
+            names = [row.sub.rid for row in admitted]
+            try:
+                self._trace(
+                    StepTrace(self._steps, chunk, names, chunks, decoded, done, len(self._sched))
+                )
+            except Exception:  # a test's observer: never a reason to stop the engine
+                log.exception("step trace callback failed")
 
     def _handle(self, cmd: Command) -> None:
         """Dispatch one inbox command (on the engine thread, between steps)."""
@@ -232,13 +270,10 @@ class Engine:
                 if self.closing:
                     sub.sink(Event.failure(Unavailable("This worker is draining")))
                 elif not sub.cancelled:
-                    try:
-                        admit(self._batch, sub, self.m.tokenizer)
-                    except Exception:  # a bad restore or an MLX error: this row only
-                        log.exception("admitting %s failed", sub.rid)
-                        sub.sink(Event.failure(generation_failed(sub.rid)))
+                    self._sched.add(sub)
             case Cancel(sub):
-                self._batch.drop(sub)
+                if not self._sched.cancel(sub):
+                    self._batch.drop(sub)
             case PersistCache(done):
                 if self.cache is not None:
                     self.cache.persist_all()
@@ -255,6 +290,6 @@ class Engine:
             self.m.model,
             completion_batch_size=self.batch_size,
             prefill_batch_size=self.batch_size,
-            prefill_step_size=self.prefill_step,
+            prefill_step_size=self.plan.idle_chunk,
             stream=self._stream,
         )

@@ -63,3 +63,8 @@ class Row:
     generated: int = 0
     resumed: bool = False  # carried over a failed step once already
     admitted_at: float = field(default_factory=time.monotonic)
+    # Prefill progress in this batch, for the planner (schedule.py) and the trace.
+    pos: int = 0  # prompt position the next prefill chunk starts at
+    todo: int = 0  # prompt tokens left to prefill (the last one goes with the first decode)
+    started: bool = False  # it has had a prefill chunk (or went straight to decode)
+    kv_tokens: int = 0  # positions the KV budget counts it at (kvbudget.row_tokens)

@@ -1,0 +1,88 @@
+"""Prefill planning: how many prompt tokens each prefilling row gets in the coming step.
+
+Pure (no MLX), so its rules are unit-tested alone. mlx-lm's BatchGenerator prefills every row
+of its prompt batch by the same chunk in one right-padded forward, so a step costs about
+`rows x chunk` prompt tokens, padding included; the plan is that one chunk size:
+
+- idle (nothing decodes, and no new row waits behind a running prefill): large chunks, the
+  idle chunk (a prompt shorter than that is prefilled whole), for few forwards and syncs;
+- busy (rows decode, or a new row joins a prefill already running): the step budget, so every
+  decoding row gets its token each step after a bounded prefill, and a short newcomer is
+  prefilled in the step it is admitted instead of waiting behind the long prompt.
+
+The budget is shared among the prefilling rows (right padding makes every row cost the
+longest chunk), never below `min_chunk` each so a crowded step still makes progress.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+# The smallest share of a crowded step's budget a prefilling row gets, in tokens.
+MIN_CHUNK = 64
+SMALL_CHUNK = 16  # the warm-up's prefill chunk on the CPU
+
+
+@dataclass(frozen=True)
+class PlanConfig:
+    """Prefill sizes in tokens: `idle_chunk` when nothing decodes, `step_budget` otherwise."""
+
+    idle_chunk: int = 4096
+    step_budget: int = 1024
+    min_chunk: int = MIN_CHUNK
+
+    def __post_init__(self):
+        if not 1 <= self.min_chunk <= self.step_budget:
+            raise ValueError("min_chunk must be between 1 and step_budget")
+        if self.idle_chunk < 1:
+            raise ValueError("idle_chunk must be at least 1")
+
+
+@dataclass(frozen=True)
+class Prefilling:
+    """The planner's view of one row with prompt tokens left to prefill."""
+
+    todo: int  # prompt tokens still to prefill (the last one goes with the first decode)
+    started: bool  # it has had a chunk already (False: admitted for this step)
+
+
+def is_busy(decoding: int, rows: Sequence[Prefilling]) -> bool:
+    """Whether the step must stay short: rows decode, or a newcomer joins a running prefill."""
+    if decoding > 0:
+        return True
+    return any(r.started for r in rows) and any(not r.started for r in rows)
+
+
+def plan_chunk(decoding: int, rows: Sequence[Prefilling], cfg: PlanConfig) -> int:
+    """The prefill chunk, in tokens per row, for a step with `decoding` rows decoding and
+    `rows` still prefilling (rows with nothing left to prefill are not counted)."""
+    rows = [r for r in rows if r.todo > 0]
+    if not rows:
+        return cfg.idle_chunk
+    budget = cfg.step_budget if is_busy(decoding, rows) else cfg.idle_chunk
+    # The longest row's need caps the chunk: a larger one would only be padding.
+    need = max(r.todo for r in rows)
+    return max(1, min(need, max(budget // len(rows), cfg.min_chunk)))
+
+
+def warmup_shapes(
+    cfg: PlanConfig, batch: int, context_limit: int, small: bool
+) -> tuple[list[int], list[int]]:
+    """(prefill chunk sizes, decode batch sizes) a warm-up runs once before READY.
+
+    The chunks the planner uses (idle, budget, the smallest), at most a quarter of the
+    context, and decode batches 1, 2, 4, ... up to `batch`. `small` (the CPU: no GPU kernels
+    to compile, and every token costs real time) runs one 16-token chunk and decode batches
+    1 and 2: the same code paths, once, cheaply.
+    """
+    if small:
+        return [min(SMALL_CHUNK, cfg.min_chunk)], sorted({1, min(2, batch)})
+    cap = max(1, context_limit // 4)
+    sizes = {cfg.idle_chunk, cfg.step_budget, cfg.min_chunk}
+    chunks = sorted({min(c, cap) for c in sizes}, reverse=True)
+    buckets, b = [], 1
+    while b < batch:
+        buckets.append(b)
+        b *= 2
+    return chunks, [*buckets, batch]

@@ -1,0 +1,126 @@
+"""Who runs, and how much of their prompts each step prefills.
+
+Submissions wait in our own FIFO queue until the batch has room: a free row (`batch`) and,
+with a KV budget, room for the KV bytes the row would hold (kvbudget.py). Only then are they
+handed to mlx-lm's BatchGenerator, whose own queue so stays empty. Before each step the
+planner (planner.py) picks the prefill chunk, set on the generator; after it, the prompt
+progress mlx-lm reports becomes each row's position, for the next plan and the trace.
+
+mlx-lm 0.32 internals used (pinned in pyproject.toml): `BatchGenerator.prefill_step_size`
+(the chunk each prefilling row gets in `_next`) and `_prompt_batch.prefill_step_size` (the
+forward size inside `PromptProcessingBatch.prompt`); both are set to the plan's chunk.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import deque
+
+from mlxd.worker.engine.admission import admit
+from mlxd.worker.engine.batch import Batch
+from mlxd.worker.engine.kvbudget import KvBudget, row_tokens
+from mlxd.worker.engine.planner import PlanConfig, Prefilling, plan_chunk
+from mlxd.worker.engine.recovery import generation_failed
+from mlxd.worker.engine.rows import Event, Row, Submission
+
+log = logging.getLogger("mlxd.worker.engine.loop")
+
+
+class Scheduler:
+    """The waiting queue, admission under `batch` and the KV budget, and the step's plan."""
+
+    def __init__(self, batch: Batch, max_rows: int, plan: PlanConfig, budget: KvBudget | None):
+        self.batch = batch
+        self.max_rows = max_rows
+        self.plan_cfg = plan
+        self.budget = budget
+        self.waiting: deque[Submission] = deque()
+
+    def __len__(self) -> int:
+        return len(self.waiting)
+
+    # -- the queue ------------------------------------------------------------------------
+    def check(self, sub: Submission) -> None:
+        """Any thread: refuse (413) a row that could never fit the KV budget, even alone."""
+        if self.budget is not None:
+            self.budget.check_alone(len(sub.prompt), sub.params.max_tokens)
+
+    def add(self, sub: Submission) -> None:
+        self.waiting.append(sub)
+
+    def cancel(self, sub: Submission) -> bool:
+        """Take a waiting `sub` out of the queue; False when it is not waiting."""
+        try:
+            self.waiting.remove(sub)
+        except ValueError:
+            return False
+        self.batch.cancellations += 1
+        if sub.cancel_reason is not None:
+            sub.sink(Event.failure(sub.cancel_reason))
+        return True
+
+    def fail_waiting(self, err) -> None:
+        while self.waiting:
+            self.waiting.popleft().sink(Event.failure(err))
+
+    def admit(self, tokenizer) -> list[Row]:
+        """Hand waiting rows to the batch, first come first served, while they fit."""
+        admitted = []
+        while self.waiting and self._room_for(self.waiting[0]):
+            sub = self.waiting.popleft()
+            if sub.cancelled:
+                continue
+            try:
+                row = admit(self.batch, sub, tokenizer)
+            except Exception:  # a bad restore or an MLX error: this row only
+                log.exception("admitting %s failed", sub.rid)
+                sub.sink(Event.failure(generation_failed(sub.rid)))
+                continue
+            row.kv_tokens = row_tokens(len(sub.prompt), sub.params.max_tokens)
+            admitted.append(row)
+        return admitted
+
+    def _room_for(self, sub: Submission) -> bool:
+        rows = self.batch.rows.values()
+        if len(rows) >= self.max_rows:
+            return False
+        if self.budget is None or not rows:  # an empty batch takes any row that passed check()
+            return True
+        running = [max(r.kv_tokens, len(r.sub.prompt) + r.generated) for r in rows]
+        return self.budget.admits(running, row_tokens(len(sub.prompt), sub.params.max_tokens))
+
+    def kv_reserved(self) -> int:
+        """Bytes the KV budget counts for the rows in the batch now (any thread)."""
+        if self.budget is None:
+            return 0
+        rows = list(self.batch.rows.values())  # one C-level copy: safe beside the engine thread
+        return self.budget.footprint([r.kv_tokens for r in rows])
+
+    # -- the step -------------------------------------------------------------------------
+    def plan(self) -> int:
+        """Pick this step's prefill chunk and set it on the generator."""
+        rows = self.batch.rows.values()
+        decoding = sum(1 for r in rows if r.todo == 0)
+        pre = [Prefilling(r.todo, r.started) for r in rows if r.todo > 0]
+        chunk = plan_chunk(decoding, pre, self.plan_cfg)
+        gen = self.batch.gen
+        gen.prefill_step_size = chunk
+        gen._prompt_batch.prefill_step_size = chunk  # the forward size inside prompt()
+        return chunk
+
+    def progress(self, prompt_responses) -> dict[str, tuple[int, int]]:
+        """Rows' prompt progress after a step: {rid: (start, tokens)} prefilled in it."""
+        chunks = {}
+        for r in prompt_responses:
+            row = self.batch.rows.get(r.uid)
+            if row is None:
+                continue
+            done, total = r.progress
+            todo = 0 if r.end_of_prompt else max(0, total - done - 1)
+            n = row.todo - todo
+            if n > 0 and not r.end_of_prompt:
+                chunks[row.sub.rid] = (row.pos, n)
+                row.pos += n
+            row.todo = todo
+            row.started = True
+        return chunks

@@ -1,0 +1,40 @@
+"""What /stats reports of the engine: rows, the prefill plan, the KV budget, token rates.
+
+Read from the event loop while the engine thread runs: every value is one counter or one
+attribute read (a figure may be a step old, never torn).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import mlx.core as mx
+
+if TYPE_CHECKING:
+    from mlxd.worker.engine.loop import Engine
+
+
+def engine_stats(engine: Engine) -> dict:
+    """The engine's figures, plus the prompt cache's."""
+    t = engine._totals
+    budget = engine._sched.budget
+    return {
+        "rows_active": engine.active_rows,
+        "rows_queued": engine.queued_rows,
+        "batch_size": engine.batch_size,
+        "prefill_step": engine.plan.idle_chunk,
+        "prefill_budget": engine.plan.step_budget,
+        "kv_budget_bytes": budget.budget_bytes if budget else None,
+        "kv_reserved_bytes": engine._sched.kv_reserved(),
+        "warmup_s": None if engine.warmup_s is None else round(engine.warmup_s, 3),
+        "prompt_tokens": t.prompt_tokens,
+        "generation_tokens": t.generation_tokens,
+        "prompt_tps": round(t.prompt_tokens / t.prompt_time, 2) if t.prompt_time else 0.0,
+        "decode_tps": round(t.generation_tokens / t.decode_time, 2) if t.decode_time else 0.0,
+        "requests_done": engine.requests_done,
+        "cancellations": engine.cancellations,
+        "engine_recoveries": engine.recoveries,
+        "memory_active_bytes": mx.get_active_memory(),
+        "memory_peak_bytes": mx.get_peak_memory(),
+        **(engine.cache.stats() if engine.cache else {}),
+    }

@@ -1,0 +1,22 @@
+"""The engine's step trace: what each step did, for tests that prove order, never timing.
+
+`Engine(..., trace=callback)` calls `callback(StepTrace)` on the engine thread after every
+step; None (the default) costs nothing. Rows are named by their request id.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class StepTrace:
+    """One engine step."""
+
+    step: int  # 1, 2, ... (warm-up steps are not counted)
+    chunk: int  # the planned prefill chunk (tokens per prefilling row)
+    admitted: list[str] = field(default_factory=list)  # rows handed to the batch before it
+    chunks: dict[str, tuple[int, int]] = field(default_factory=dict)  # rid: (start, tokens)
+    decoded: list[str] = field(default_factory=list)  # rows that got a token
+    finished: list[str] = field(default_factory=list)  # rows that left the batch
+    queued: int = 0  # rows still waiting for room after it

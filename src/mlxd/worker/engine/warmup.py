@@ -1,0 +1,80 @@
+"""Warm-up before READY: the prefill and decode shapes the engine will use run once.
+
+MLX compiles a GPU kernel the first time it meets a shape family, so without this the first
+users pay for it (a first 512-token request took seconds more than the next one). Runs on the
+engine thread (the streams are its own) with a throwaway generator: nothing reaches the prompt
+cache or the engine's counters.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import mlx.core as mx
+from mlx_lm.generate import BatchGenerator
+
+from mlxd.shared.params import GenerationParams
+from mlxd.worker.engine.planner import PlanConfig, warmup_shapes
+from mlxd.worker.engine.sampling import make_row_sampler
+
+log = logging.getLogger("mlxd.worker.engine.loop")
+
+# A sampled row beside greedy ones: the per-row sampling path and the filters' kernels.
+SAMPLED = GenerationParams(max_tokens=2, temperature=0.7, top_p=0.9, top_k=20, min_p=0.05, seed=0)
+MAX_STEPS = 10_000  # a bound on one shape's loop, whatever the generator does
+
+
+def warm_up(model, stream, plan: PlanConfig, batch: int, context_limit: int) -> int:
+    """Run every shape once; returns the steps it took. The CPU runs small shapes only: it
+    has no GPU kernels to compile, and the code paths are the same."""
+    chunks, buckets = warmup_shapes(plan, batch, context_limit, mx.default_device() == mx.cpu)
+    gen = BatchGenerator(
+        model,
+        completion_batch_size=batch,
+        prefill_batch_size=batch,
+        prefill_step_size=max(chunks),
+        stream=stream,
+    )
+    steps = 0
+    try:
+        for c in chunks:
+            # One row in two chunks (a causal mask, then one at an offset), then two rows of
+            # unequal lengths (right padding, an array mask).
+            steps += _run(gen, [2 * c + 1], c)
+            steps += _run(gen, [c + 1, c // 2 + 1], c)
+        for b in buckets:
+            samplers = [None] * b
+            if b > 1:
+                samplers[-1] = make_row_sampler(SAMPLED)
+            steps += _run(gen, [4] * b, max(chunks), max_tokens=2, samplers=samplers)
+    finally:
+        gen.close()
+        mx.clear_cache()
+    return steps
+
+
+def _run(gen, lengths: list[int], chunk: int, max_tokens: int = 1, samplers=None) -> int:
+    prompts = [[(7 * i + j) % 100 + 1 for j in range(n)] for i, n in enumerate(lengths)]
+    gen.insert(prompts, max_tokens=[max_tokens] * len(prompts), samplers=samplers)
+    left, steps = len(prompts), 0
+    while left and steps < MAX_STEPS:
+        gen.prefill_step_size = chunk
+        gen._prompt_batch.prefill_step_size = chunk
+        _, responses = gen.next()
+        left -= sum(1 for r in responses if r.finish_reason is not None)
+        steps += 1
+    return steps
+
+
+def timed_warm_up(model, stream, plan: PlanConfig, batch: int, context_limit: int) -> float:
+    """warm_up, logged; a failure is logged and skipped (warm-up only saves time later)."""
+    t0 = time.monotonic()
+    try:
+        steps = warm_up(model, stream, plan, batch, context_limit)
+    except Exception:
+        log.exception("warm-up failed; serving without it")
+        return 0.0
+    took = time.monotonic() - t0
+    log.info("warm-up %.2fs (%d steps, batch %d)", took, steps, batch)
+    return took

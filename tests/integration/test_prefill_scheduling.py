@@ -1,0 +1,200 @@
+"""Prefill scheduling by order of events (the engine in process, a worker for READY).
+
+No timing anywhere: the engine's step trace says which step admitted, prefilled and decoded
+which row, and the tests assert the order of those events.
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+
+import pytest
+
+from mlxd.shared.errors import PayloadTooLarge
+from mlxd.shared.params import GenerationParams
+from mlxd.worker.engine.kvbudget import padded, row_tokens
+from mlxd.worker.engine.loop import Engine
+from mlxd.worker.engine.planner import PlanConfig
+from mlxd.worker.engine.rows import Submission
+from mlxd.worker.model import load_model
+
+from procs import start_worker, stop, uds_client
+
+
+@pytest.fixture(scope="module")
+def loaded(tiny_model_dir):
+    return load_model(tiny_model_dir, "tiny")
+
+
+class Rows:
+    """Submissions whose events are recorded, and the engine's trace."""
+
+    def __init__(self):
+        self.steps = []
+        self.events: dict[str, list] = {}
+        self.done: dict[str, threading.Event] = {}
+        self.on_step = None  # called with each StepTrace on the engine thread
+
+    def trace(self, st):
+        self.steps.append(st)
+        if self.on_step is not None:
+            self.on_step(st)
+
+    def sub(self, rid: str, n_prompt: int, max_tokens: int) -> Submission:
+        rng = random.Random(rid)
+        self.events[rid], self.done[rid] = [], threading.Event()
+
+        def sink(ev):
+            self.events[rid].append(ev)
+            if ev.finish_reason is not None:
+                self.done[rid].set()
+
+        params = GenerationParams(max_tokens=max_tokens, temperature=0.0, top_p=1.0, top_k=0)
+        prompt = [rng.randrange(10, 2000) for _ in range(n_prompt)]
+        return Submission(rid, prompt, params, sink)
+
+    def wait(self, *rids: str) -> None:
+        for rid in rids:
+            assert self.done[rid].wait(120), rid
+            assert self.events[rid][-1].error is None, self.events[rid][-1].error
+
+    def first(self, rid: str, field: str) -> int:
+        """The first step whose `field` names `rid`."""
+        return next(st.step for st in self.steps if rid in getattr(st, field))
+
+
+def _engine(loaded, rows: Rows, **kw) -> Engine:
+    engine = Engine(loaded, trace=rows.trace, **kw)
+    engine.start()
+    return engine
+
+
+def _close(engine: Engine) -> None:
+    engine.stop()
+    assert engine.join(30)
+
+
+def test_a_short_request_during_a_long_prefill_decodes_before_the_long_one_is_prefilled(loaded):
+    rows = Rows()
+    long, short = rows.sub("long", 600, 2), rows.sub("short", 5, 4)
+    plan = PlanConfig(idle_chunk=64, step_budget=32, min_chunk=8)
+    engine = _engine(loaded, rows, batch=4, plan=plan)
+
+    def submit_short_at_step_2(st):
+        if st.step == 2:
+            engine.submit(short)
+
+    rows.on_step = submit_short_at_step_2
+    engine.submit(long)
+    rows.wait("long", "short")
+    _close(engine)
+
+    by_step = {st.step: st for st in rows.steps}
+    # Idle: the long prompt alone goes in large chunks.
+    assert [by_step[s].chunks["long"][1] for s in (1, 2)] == [64, 64]
+    a = rows.first("short", "admitted")
+    joined = by_step[a]
+    # The newcomer is prefilled whole in the step that admits it; the long row's chunk
+    # there is the busy budget's share, not an idle chunk.
+    assert joined.chunks["short"] == (0, 4)
+    assert joined.chunks["long"][1] <= 32
+    # Its first token comes two steps later (the last prompt token runs with the decode)...
+    first_token = rows.first("short", "decoded")
+    assert first_token == a + 2
+    # ...while the long row is still prefilling, and it decodes at every step until done.
+    long_prefill_end = max(st.step for st in rows.steps if "long" in st.chunks)
+    assert first_token < long_prefill_end
+    finished = rows.first("short", "finished")
+    assert all("short" in by_step[s].decoded for s in range(first_token, finished + 1))
+    assert len(rows.events["short"]) == 4 and rows.events["short"][-1].completion_tokens == 4
+    # Busy steps stay within the budget while the short row is in; then idle chunks again.
+    assert all(by_step[s].chunks["long"][1] <= 32 for s in range(a, finished + 1))
+    assert finished < long_prefill_end and by_step[finished + 1].chunks["long"][1] == 64
+    # The long prompt was prefilled exactly once, in order, with no gaps.
+    spans = [st.chunks["long"] for st in rows.steps if "long" in st.chunks]
+    assert spans[0][0] == 0 and all(a_ + n == b_ for (a_, n), (b_, _) in zip(spans, spans[1:]))
+    assert spans[-1][0] + spans[-1][1] == 599
+
+
+def test_an_idle_batch_prefills_a_long_prompt_in_large_chunks(loaded):
+    rows = Rows()
+    engine = _engine(loaded, rows, batch=4, plan=PlanConfig(idle_chunk=256, step_budget=128))
+    engine.submit(rows.sub("long", 600, 1))
+    rows.wait("long")
+    _close(engine)
+    assert [st.chunks["long"] for st in rows.steps if "long" in st.chunks] == [
+        (0, 256),
+        (256, 256),
+        (512, 87),
+    ]
+
+
+def test_rows_beyond_the_kv_budget_queue_then_all_complete(loaded):
+    rows = Rows()
+    bpt = loaded.kv_bytes_per_token
+    one = padded(row_tokens(256, 4))  # 512 positions
+    # Room for two such rows (2 x 512), not three.
+    engine = Engine(loaded, batch=8, kv_budget_bytes=bpt * (2 * one + 100), trace=rows.trace)
+    subs = [rows.sub(f"r{i}", 256, 4) for i in range(3)]
+    for sub in subs:  # queued before the engine runs: one admission pass sees all three
+        engine.submit(sub)
+    engine.start()
+    rows.wait("r0", "r1", "r2")
+    _close(engine)
+
+    assert rows.steps[0].admitted == ["r0", "r1"] and rows.steps[0].queued == 1
+    a2 = rows.first("r2", "admitted")
+    assert a2 > min(rows.first("r0", "finished"), rows.first("r1", "finished"))
+    assert all(st.queued == 1 for st in rows.steps if st.step < a2)
+    assert all(len(rows.events[r]) == 4 for r in ("r0", "r1", "r2"))
+    assert engine.stats()["rows_queued"] == 0
+
+
+def test_a_row_that_could_never_fit_is_refused_before_any_work(loaded):
+    rows = Rows()
+    engine = Engine(loaded, batch=4, kv_budget_bytes=loaded.kv_bytes_per_token * 300)
+    with pytest.raises(PayloadTooLarge) as exc:
+        engine.submit(rows.sub("huge", 1000, 8))
+    assert exc.value.status == 413 and "1000 prompt tokens" in exc.value.message
+    assert engine.queued_rows == 0 and not rows.events["huge"]
+
+
+def test_warm_up_runs_before_ready_and_an_impossible_row_gets_413(tiny_model_dir, short_tmp):
+    sock, log = short_tmp / "prefill.sock", short_tmp / "prefill.log"
+    budget = 4 * 2 * 64 * 2 * 4 * 768  # the tiny model (float32 on the CPU): 768 positions
+    proc = start_worker(
+        tiny_model_dir,
+        sock,
+        "tiny",
+        "--context-limit",
+        "2048",
+        "--kv-budget-bytes",
+        str(budget),
+        log=log,
+    )
+    try:
+        with uds_client(sock) as c:
+            stats = c.get("/stats").json()
+            assert stats["warmup_s"] is not None and stats["kv_budget_bytes"] == budget
+            lines = log.read_text().splitlines()
+            warm = next(i for i, line in enumerate(lines) if "warm-up" in line)
+            ready = next(i for i, line in enumerate(lines) if "ready model=tiny" in line)
+            assert warm < ready
+            small = {
+                "model": "tiny",
+                "max_tokens": 4,
+                "messages": [{"role": "user", "content": "hi"}],
+            }
+            assert c.post("/v1/chat/completions", json=small).status_code == 200
+            long_text = " ".join(f"w{i}" for i in range(300))  # ~840 tokens
+            big = {**small, "messages": [{"role": "user", "content": long_text}]}
+            r = c.post("/v1/chat/completions", json=big)
+            assert r.status_code == 413
+            err = r.json()["error"]
+            assert err["code"] == "kv_budget_exceeded" and "prompt tokens" in err["message"]
+            r = c.post("/v1/messages", json=big)
+            assert r.status_code == 413 and r.json()["error"]["type"] == "request_too_large"
+            assert c.get("/stats").json()["rows_queued"] == 0
+    finally:
+        stop(proc)

@@ -1,0 +1,60 @@
+"""The prefill planner's rules: large chunks when idle, a shared budget when busy."""
+
+import pytest
+
+from mlxd.worker.engine.planner import PlanConfig, Prefilling, is_busy, plan_chunk, warmup_shapes
+
+CFG = PlanConfig(idle_chunk=4096, step_budget=1024, min_chunk=64)
+LONG = Prefilling(todo=20_000, started=True)
+
+
+def test_an_idle_batch_prefills_in_large_chunks():
+    assert plan_chunk(0, [LONG], CFG) == 4096
+    assert plan_chunk(0, [Prefilling(20_000, started=False)], CFG) == 4096
+    # A prompt shorter than the idle chunk is prefilled whole, in one forward.
+    assert plan_chunk(0, [Prefilling(2100, started=False)], CFG) == 2100
+
+
+def test_decoding_rows_bound_the_step_to_the_budget():
+    assert plan_chunk(1, [LONG], CFG) == 1024
+    assert plan_chunk(31, [LONG], CFG) == 1024
+    assert is_busy(1, [LONG]) and not is_busy(0, [LONG])
+
+
+def test_a_newcomer_behind_a_running_prefill_makes_the_step_short():
+    new = Prefilling(todo=4, started=False)
+    assert is_busy(0, [LONG, new])
+    # Right padding makes every row cost the longest chunk: the budget is shared.
+    assert plan_chunk(0, [LONG, new], CFG) == 512
+    # Several new prompts at once on an idle batch: still one large batched forward.
+    assert not is_busy(0, [Prefilling(9000, False), Prefilling(9000, False)])
+    assert plan_chunk(0, [Prefilling(9000, False), Prefilling(9000, False)], CFG) == 2048
+
+
+def test_the_share_never_drops_below_min_chunk():
+    rows = [Prefilling(5000, True) for _ in range(32)]
+    assert plan_chunk(1, rows, CFG) == 64
+    assert plan_chunk(0, rows, CFG) == 128
+
+
+def test_the_chunk_is_no_longer_than_the_longest_prompt_left():
+    assert plan_chunk(3, [Prefilling(10, True), Prefilling(200, True)], CFG) == 200
+    assert plan_chunk(3, [Prefilling(0, True), Prefilling(7, True)], CFG) == 7  # 0: decoding
+    assert plan_chunk(2, [], CFG) == 4096  # nothing to prefill: the value is not used
+
+
+def test_plan_config_bounds():
+    with pytest.raises(ValueError):
+        PlanConfig(step_budget=32, min_chunk=64)
+    with pytest.raises(ValueError):
+        PlanConfig(idle_chunk=0)
+
+
+def test_warmup_shapes_follow_the_plan_and_the_context():
+    chunks, buckets = warmup_shapes(CFG, 32, 32768, small=False)
+    assert chunks == [4096, 1024, 64] and buckets == [1, 2, 4, 8, 16, 32]
+    chunks, buckets = warmup_shapes(CFG, 12, 2048, small=False)
+    assert chunks == [512, 64] and buckets == [1, 2, 4, 8, 12]  # a quarter of the context
+    assert warmup_shapes(CFG, 32, 4096, small=True) == ([16], [1, 2])
+    assert warmup_shapes(CFG, 1, 4096, small=True) == ([16], [1])
+    assert warmup_shapes(PlanConfig(step_budget=8, min_chunk=8), 4, 64, True) == ([8], [1, 2])
