@@ -52,9 +52,9 @@ def test_plan_config_bounds():
 
 def test_warmup_shapes_follow_the_plan_and_the_context():
     chunks, buckets = warmup_shapes(CFG, 32, 32768, small=False)
-    assert chunks == [4096, 1024, 64] and buckets == [1, 2, 4, 8, 16, 32]
-    chunks, buckets = warmup_shapes(CFG, 12, 2048, small=False)
-    assert chunks == [512, 64] and buckets == [1, 2, 4, 8, 12]  # a quarter of the context
+    assert chunks == [512, 64] and buckets == [1, 2, 4, 8, 16, 32]  # bounded for big models
+    chunks, buckets = warmup_shapes(CFG, 12, 1024, small=False)
+    assert chunks == [256, 64] and buckets == [1, 2, 4, 8, 12]  # a quarter of the context
     assert warmup_shapes(CFG, 32, 4096, small=True) == ([16], [1, 2])
     assert warmup_shapes(CFG, 1, 4096, small=True) == ([16], [1])
     assert warmup_shapes(PlanConfig(step_budget=8, min_chunk=8), 4, 64, True) == ([8], [1, 2])

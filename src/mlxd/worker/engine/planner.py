@@ -66,19 +66,24 @@ def plan_chunk(decoding: int, rows: Sequence[Prefilling], cfg: PlanConfig) -> in
     return max(1, min(need, max(budget // len(rows), cfg.min_chunk)))
 
 
+# The largest prefill chunk a warm-up runs: its cost is bounded whatever the model's size.
+WARMUP_MAX_CHUNK = 512
+
+
 def warmup_shapes(
     cfg: PlanConfig, batch: int, context_limit: int, small: bool
 ) -> tuple[list[int], list[int]]:
     """(prefill chunk sizes, decode batch sizes) a warm-up runs once before READY.
 
     The chunks the planner uses (idle, budget, the smallest), at most a quarter of the
-    context, and decode batches 1, 2, 4, ... up to `batch`. `small` (the CPU: no GPU kernels
-    to compile, and every token costs real time) runs one 16-token chunk and decode batches
-    1 and 2: the same code paths, once, cheaply.
+    context and at most WARMUP_MAX_CHUNK (a warm-up of 4096-token chunks on a 70B model would
+    take minutes of its load timeout), and decode batches 1, 2, 4, ... up to `batch`.
+    `small` (the CPU: no GPU kernels to compile, and every token costs real time) runs one
+    16-token chunk and decode batches 1 and 2: the same code paths, once, cheaply.
     """
     if small:
         return [min(SMALL_CHUNK, cfg.min_chunk)], sorted({1, min(2, batch)})
-    cap = max(1, context_limit // 4)
+    cap = max(1, min(context_limit // 4, WARMUP_MAX_CHUNK))
     sizes = {cfg.idle_chunk, cfg.step_budget, cfg.min_chunk}
     chunks = sorted({min(c, cap) for c in sizes}, reverse=True)
     buckets, b = [], 1

@@ -68,7 +68,10 @@ class Scheduler:
         admitted = []
         while self.waiting and self._room_for(self.waiting[0]):
             sub = self.waiting.popleft()
-            if sub.cancelled:
+            if sub.cancelled:  # its Cancel command is still in the inbox: answer it here
+                self.batch.cancellations += 1
+                if sub.cancel_reason is not None:
+                    sub.sink(Event.failure(sub.cancel_reason))
                 continue
             try:
                 row = admit(self.batch, sub, tokenizer)
