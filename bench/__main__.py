@@ -19,7 +19,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from . import report, workloads
+from . import context, report, workloads
 from .client import BenchError
 from .models import SHAPE_NAMES, alias_model, build_model, load_text_tokenizer, no_eos_bias
 from .servers import StartError
@@ -132,20 +132,20 @@ async def run_suite(
     a, model_a: Path, model_b: Path, model_label: str, out: Path, work: Path, gpu: bool
 ) -> str:
     """Start every server, run the chosen workloads, write and return the markdown."""
-    sizes = workloads.QUICK if a.quick else workloads.FULL
+    sizes = context.QUICK if a.quick else context.FULL
     if a.repeats:
-        sizes = workloads.Sizes(**{**sizes.__dict__, "repeats": a.repeats})
+        sizes = context.Sizes(**{**sizes.__dict__, "repeats": a.repeats})
     if a.levels:
-        sizes = workloads.Sizes(**{**sizes.__dict__, "levels": a.levels})
+        sizes = context.Sizes(**{**sizes.__dict__, "levels": a.levels})
     if a.long_prompts:
-        sizes = workloads.Sizes(**{**sizes.__dict__, "long_prompts": a.long_prompts})
+        sizes = context.Sizes(**{**sizes.__dict__, "long_prompts": a.long_prompts})
     session = Session(model_a, model_b, work, out / "logs", swap_runs=sizes.repeats)
-    figures: list[workloads.Figure] = []
+    figures: list[context.Figure] = []
     notes: list[str] = []
     try:
         await session.start()
         notes += session.notes
-        ctx = workloads.Context(
+        ctx = context.Context(
             sizes=sizes,
             model_a=model_a,
             model_b=model_b,

@@ -7,7 +7,7 @@ import json
 import statistics
 from pathlib import Path
 
-from .workloads import Figure
+from .context import Figure
 
 BASE_LABELS = {
     "mlx_lm": "mlx_lm.server",
