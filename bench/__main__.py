@@ -3,6 +3,7 @@
     python -m bench run --quick                      # tiny random model, a few minutes on CPU
     python -m bench run --model ~/models/Qwen3-8B    # a real model folder
     python -m bench run --shape qwen3-8b --only single,concurrency
+    python -m bench profile --shape qwen3-8b --batches 1,8,32   # where a decode step goes
 
 See docs/benchmarks.md for what each workload measures and the goals.
 """
@@ -31,6 +32,7 @@ ROOT = Path(__file__).resolve().parents[1]
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m bench", description=__doc__.splitlines()[0])
     sub = p.add_subparsers(dest="command", required=True)
+    sub.add_parser("profile", help="split a decode step's time (bench/profile.py)", add_help=False)
     r = sub.add_parser("run", help="run the side-by-side benchmark")
     r.add_argument(
         "--model", type=Path, help="mlx-lm model folder (default: a random model built for --shape)"
@@ -204,6 +206,11 @@ def _meta(a, sizes, session, gpu: bool, model_label: str, notes: list[str]) -> d
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["profile"]:  # one process with MLX in it: see bench/profile.py
+        from . import profile
+
+        return profile.main(argv[1:])
     a = parse_args(argv)
     signal.signal(signal.SIGTERM, _exit_on_sigterm)
     gpu = _accelerated()

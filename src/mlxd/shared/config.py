@@ -99,9 +99,10 @@ class Settings(BaseSettings):
     batch: int = Field(32, ge=1)
     context_limit: int | None = Field(None, ge=16)
     # Prefill tokens per step: prefill_step while nothing decodes (None: 4096 on a GPU, 512
-    # on the CPU), prefill_budget while rows decode or a new row joins a running prefill.
+    # on the CPU), prefill_budget while rows decode or a new row joins a running prefill
+    # (None: 4096 on a GPU, 1024 on the CPU).
     prefill_step: int | None = Field(None, ge=16)
-    prefill_budget: int = Field(1024, ge=16)
+    prefill_budget: int | None = Field(None, ge=16)
     kv_budget_bytes: int | None = Field(None, ge=0)  # None: from memory; 0: rows bound by batch
     warmup: bool = True  # run the engine's shapes once before READY
     # A quiet stream (a long prefill) sends a protocol event this often, not just a comment:

@@ -54,7 +54,7 @@ class WorkerSpec(BaseModel):
     batch: int = Field(32, ge=1)
     context_limit: int | None = None  # None: the model's own
     prefill_step: int | None = Field(None, ge=16)  # ... while nothing decodes; None: by device
-    prefill_budget: int = Field(1024, ge=16)  # prefill tokens per step while rows decode
+    prefill_budget: int | None = Field(None, ge=16)  # ... while rows decode; None: by device
     kv_budget_bytes: int | None = Field(None, ge=0)  # None: from memory; 0: no KV bound
     warmup: bool = True  # run the engine's shapes once before READY
     max_body_bytes: int = 32 * 1024 * 1024

@@ -3,12 +3,51 @@
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
+import weakref
 
 from mlxd.shared.params import GenerationParams
 from mlxd.worker.cache.keys import CacheKey
 from mlxd.worker.engine.loop import Engine
 from mlxd.worker.engine.rows import Event, Submission
+
+
+class Handoff:
+    """Engine thread to event loop: events wait under a lock, and the loop is woken once for
+    all the events of a step (a wake-up is a syscall; one per token per row added up)."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop):
+        self._loop = loop
+        self._lock = threading.Lock()
+        self._pending: list[tuple[asyncio.Queue, Event]] = []
+
+    def send(self, queue: asyncio.Queue, ev: Event) -> None:
+        """Any thread; raises RuntimeError once the loop is closed (nobody is waiting)."""
+        with self._lock:
+            self._pending.append((queue, ev))
+            if len(self._pending) > 1:  # a wake-up is already on its way
+                return
+        self._loop.call_soon_threadsafe(self._deliver)
+
+    def _deliver(self) -> None:
+        with self._lock:
+            items, self._pending = self._pending, []
+        for queue, ev in items:
+            queue.put_nowait(ev)
+
+
+_handoffs: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Handoff] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def handoff_for(loop: asyncio.AbstractEventLoop) -> Handoff:
+    """The loop's one Handoff (made on first use)."""
+    h = _handoffs.get(loop)
+    if h is None:
+        h = _handoffs[loop] = Handoff(loop)
+    return h
 
 
 class Generation:
@@ -29,12 +68,12 @@ class Generation:
     ):
         self._engine = engine
         self._queue: asyncio.Queue[Event] = asyncio.Queue()
-        loop = asyncio.get_running_loop()
+        handoff, queue = handoff_for(asyncio.get_running_loop()), self._queue
         self._sub = Submission(
             rid=rid,
             prompt=prompt,
             params=params,
-            sink=lambda ev: loop.call_soon_threadsafe(self._queue.put_nowait, ev),
+            sink=lambda ev: handoff.send(queue, ev),
             processors=processors or [],
         )
         if cache_key is not None:
@@ -73,10 +112,13 @@ class Generation:
                 if timeout_s is not None:  # the caller's keep-alive ticks keep their pace
                     timeout_s -= left_s
             self._hold_until = None
-        try:
-            ev = await asyncio.wait_for(self._queue.get(), timeout_s)
-        except asyncio.TimeoutError:
-            return None
+        if not self._queue.empty():  # the common case while streaming: no wait, no timer
+            ev = self._queue.get_nowait()
+        else:
+            try:
+                ev = await asyncio.wait_for(self._queue.get(), timeout_s)
+            except asyncio.TimeoutError:
+                return None
         if ev.finish_reason is not None:
             self.done = True
         return ev

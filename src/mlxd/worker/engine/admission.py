@@ -7,24 +7,21 @@ by `prompt_segments`; how many of them each step prefills is the planner's (plan
 
 from __future__ import annotations
 
-from mlx_lm.sample_utils import greedy_sampler
-
 from mlxd.worker.engine.batch import Batch
 from mlxd.worker.engine.recovery import guard_processor, guard_sampler
 from mlxd.worker.engine.rows import Row, Submission
-from mlxd.worker.engine.sampling import make_row_processors, make_row_sampler
+from mlxd.worker.engine.sampling import RowSampling, make_row_processors
 from mlxd.worker.engine.textstream import TextStream, make_detokenizer
 
 
 def admit(batch: Batch, sub: Submission, tokenizer) -> Row:
     """Insert `sub` into the batch; raises on a bad restore or an MLX error (this row only)."""
     p = sub.params
-    sampler = make_row_sampler(p)
-    if sampler is not greedy_sampler:  # the shared greedy sampler runs once per batch
-        sampler = guard_sampler(sub, sampler, batch.broken)
-    processors = make_row_processors(p) + [
-        guard_processor(sub, f, batch.broken) for f in sub.processors
-    ]
+    sampling = RowSampling(p)
+    sampler = guard_sampler(sub, sampling, batch.broken)
+    processors = make_row_processors(
+        sampling, [guard_processor(sub, f, batch.broken) for f in sub.processors]
+    )
     layers, n = None, 0
     if batch.cache is not None:
         layers, n, _ = batch.cache.fetch(sub.ns, sub.prompt, sub.restored)

@@ -25,7 +25,9 @@ from mlx_lm.models.cache import can_trim_prompt_cache, make_prompt_cache
 from mlxd.shared.errors import MlxdError, Unavailable
 from mlxd.worker.cache.prompt_cache import PromptCache
 from mlxd.worker.engine.batch import Batch
+from mlxd.worker.engine.decode import Clock
 from mlxd.worker.engine.emit import emit
+from mlxd.worker.engine.generator import decode_batch, make_generator
 from mlxd.worker.engine.inbox import (
     Cancel,
     CloseSession,
@@ -91,6 +93,7 @@ class Engine:
         self.warmup_s: float | None = None  # how long the warm-up took (None: not run)
         self.warmed = threading.Event()  # set once the warm-up is over (or skipped)
         self._trace = trace
+        self.clock: Clock | None = None  # set before start(): where step time goes (profile)
         self._steps = 0
         self._totals = BatchStats()
         self._thread = threading.Thread(target=self._run, name="mlxd-engine", daemon=True)
@@ -232,6 +235,7 @@ class Engine:
         """One step of the batch: prefill chunks and decode, then each row's events."""
         batch = self._batch
         chunk = self._sched.plan()
+        t0 = time.perf_counter()
         try:
             with batch.gen.stats() as st:
                 prompt_responses, responses = batch.gen.next()
@@ -251,7 +255,11 @@ class Engine:
                 log.exception("prompt-boundary snapshot failed")
         before = {uid: row.sub.rid for uid, row in batch.rows.items()}
         batch.fail_broken()
+        t1 = time.perf_counter()
         emit(batch, responses)
+        if self.clock is not None:
+            self.clock["step"] += t1 - t0
+            self.clock["emit"] += time.perf_counter() - t1
         if self._trace is not None:
             done = [rid for uid, rid in before.items() if uid not in batch.rows]
             decoded = [before[r.uid] for r in responses if r.uid in before]
@@ -286,10 +294,8 @@ class Engine:
                 self._stopping = True
 
     def _new_generator(self) -> BatchGenerator:
-        return BatchGenerator(
-            self.m.model,
-            completion_batch_size=self.batch_size,
-            prefill_batch_size=self.batch_size,
-            prefill_step_size=self.plan.idle_chunk,
-            stream=self._stream,
+        gen = make_generator(
+            self.m.model, batch=self.batch_size, chunk=self.plan.idle_chunk, stream=self._stream
         )
+        decode_batch(gen).clock = self.clock
+        return gen

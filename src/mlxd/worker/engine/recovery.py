@@ -57,6 +57,7 @@ def guard_sampler(sub: Submission, sampler: Callable, broken: Broken) -> Callabl
             broken.append((sub, exc))
             return logprobs.argmax(axis=-1)
 
+    run.sampling = getattr(sampler, "sampling", sampler)  # what the decode batch reads
     return run
 
 

@@ -12,16 +12,28 @@ import logging
 import time
 
 import mlx.core as mx
-from mlx_lm.generate import BatchGenerator
 
 from mlxd.shared.params import GenerationParams
+from mlxd.worker.engine.generator import make_generator
 from mlxd.worker.engine.planner import PlanConfig, warmup_shapes
-from mlxd.worker.engine.sampling import make_row_sampler
+from mlxd.worker.engine.sampling import RowSampling, make_row_processors
 
 log = logging.getLogger("mlxd.worker.engine.loop")
 
-# A sampled row beside greedy ones: the per-row sampling path and the filters' kernels.
-SAMPLED = GenerationParams(max_tokens=2, temperature=0.7, top_p=0.9, top_k=20, min_p=0.05, seed=0)
+# A sampled, seeded, penalised row beside greedy ones: the batched sampler's filters, seeded
+# noise, bias and penalty kernels.
+SAMPLED = GenerationParams(
+    max_tokens=2,
+    temperature=0.7,
+    top_p=0.9,
+    top_k=20,
+    min_p=0.05,
+    seed=0,
+    repetition_penalty=1.1,
+    presence_penalty=0.1,
+    frequency_penalty=0.1,
+    logit_bias={0: -1.0},
+)
 MAX_STEPS = 10_000  # a bound on one shape's loop, whatever the generator does
 
 
@@ -29,13 +41,7 @@ def warm_up(model, stream, plan: PlanConfig, batch: int, context_limit: int) -> 
     """Run every shape once; returns the steps it took. The CPU runs small shapes only: it
     has no GPU kernels to compile, and the code paths are the same."""
     chunks, buckets = warmup_shapes(plan, batch, context_limit, mx.default_device() == mx.cpu)
-    gen = BatchGenerator(
-        model,
-        completion_batch_size=batch,
-        prefill_batch_size=batch,
-        prefill_step_size=max(chunks),
-        stream=stream,
-    )
+    gen = make_generator(model, batch=batch, chunk=max(chunks), stream=stream)
     steps = 0
     try:
         for c in chunks:
@@ -44,19 +50,21 @@ def warm_up(model, stream, plan: PlanConfig, batch: int, context_limit: int) -> 
             steps += _run(gen, [2 * c + 1], c)
             steps += _run(gen, [c + 1, c // 2 + 1], c)
         for b in buckets:
-            samplers = [None] * b
+            samplers = [RowSampling(GenerationParams(temperature=0.0)) for _ in range(b)]
             if b > 1:
-                samplers[-1] = make_row_sampler(SAMPLED)
-            steps += _run(gen, [4] * b, max(chunks), max_tokens=2, samplers=samplers)
+                samplers[-1] = RowSampling(SAMPLED)
+            processors = [make_row_processors(s, []) for s in samplers]
+            steps += _run(gen, [4] * b, max(chunks), 2, samplers, processors)
     finally:
         gen.close()
         mx.clear_cache()
     return steps
 
 
-def _run(gen, lengths: list[int], chunk: int, max_tokens: int = 1, samplers=None) -> int:
+def _run(gen, lengths, chunk, max_tokens=1, samplers=None, processors=None) -> int:
     prompts = [[(7 * i + j) % 100 + 1 for j in range(n)] for i, n in enumerate(lengths)]
-    gen.insert(prompts, max_tokens=[max_tokens] * len(prompts), samplers=samplers)
+    n = len(prompts)
+    gen.insert(prompts, [max_tokens] * n, samplers=samplers, logits_processors=processors)
     left, steps = len(prompts), 0
     while left and steps < MAX_STEPS:
         gen.prefill_step_size = chunk

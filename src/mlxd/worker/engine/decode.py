@@ -1,0 +1,244 @@
+"""The decode half of the batch: our own step over mlx-lm's model and batch caches.
+
+mlx-lm's BatchGenerator prefills rows (its PromptProcessingBatch) and hands each one, with its
+first token sampled, to its generation batch. We put a DecodeBatch in that place (generator.py),
+with the interface the BatchGenerator uses (uids, tokens, prompt_cache, extend, filter,
+extract_cache, next), so every later token is ours:
+
+- one sampling pass for the batch (sampling.py) instead of a call per row, with bias and
+  penalties as batched array ops; a row's own processors (a grammar) still run per row;
+- log-probabilities kept as one array, sliced only for rows that asked for them;
+- step t+1 is built and launched (`mx.async_eval`) before step t's tokens are read, so the
+  caller's per-token work (detokenizing, stop strings, hand-off) overlaps the device's.
+
+`clock`, when set, accumulates where a step's time goes (bench/profile.py reads it).
+"""
+
+from __future__ import annotations
+
+import time
+from collections import defaultdict
+
+import mlx.core as mx
+from mlx_lm.models.cache import TokenBuffer
+from mlx_lm.sample_utils import greedy_sampler
+
+from mlxd.shared.params import GenerationParams
+from mlxd.worker.engine.sampling import PENALTY_WINDOW, RowSampling, Table, penalize, sample
+
+GREEDY = RowSampling(GenerationParams(temperature=0.0))
+
+
+class Token:
+    """One row's token from a step, shaped as mlx-lm's GenerationBatch.Response."""
+
+    __slots__ = ("uid", "token", "finish_reason", "prompt_cache", "all_tokens", "_lp", "_i")
+
+    def __init__(self, uid, token, finish_reason, prompt_cache, all_tokens, lp, i):
+        self.uid, self.token, self.finish_reason = uid, token, finish_reason
+        self.prompt_cache, self.all_tokens = prompt_cache, all_tokens
+        self._lp, self._i = lp, i
+
+    @property
+    def logprobs(self) -> mx.array:
+        """This row's log-probabilities over the vocabulary (read only when asked for)."""
+        return self._lp[self._i]
+
+
+class Clock(defaultdict):
+    """Seconds per phase of the decode step, summed over steps."""
+
+    def __init__(self):
+        super().__init__(float)
+        self.steps = 0
+
+
+class DecodeBatch:
+    """Rows decoding together: their caches, tokens, sampling and stop state."""
+
+    def __init__(self, model):
+        self.model = model
+        self.uids: list[int] = []
+        self.prompt_cache: list = []
+        self.tokens: list[list[int]] = []  # every token in each row's cache
+        self.sampling: list[RowSampling] = []
+        self.extras: list[list] = []  # a row's own processors (a grammar): run per row
+        self.contexts: list[TokenBuffer | None] = []  # the token context those processors read
+        self.max_tokens: list[int] = []
+        self.num_tokens: list[int] = []
+        self.matchers: list = []
+        self.clock: Clock | None = None
+        self._next: mx.array | None = None  # the tokens being computed (B,), fed next step
+        self._next_lp: mx.array | None = None  # their log-probabilities, when some row wants them
+        self._window: mx.array | None = None  # (B, PENALTY_WINDOW) recent tokens, for penalties
+        self._table: Table | None = None  # rebuilt after the rows change
+
+    def __len__(self) -> int:
+        return len(self.uids)
+
+    # -- the rows -------------------------------------------------------------------------
+    def extend(self, other) -> None:
+        """Take over rows from mlx-lm's GenerationBatch (their first token already sampled)
+        or from another DecodeBatch."""
+        if not other.uids:
+            return
+        n_old = len(self.uids)
+        self.uids.extend(other.uids)
+        if self.prompt_cache:
+            for mine, theirs in zip(self.prompt_cache, other.prompt_cache):
+                mine.extend(theirs)
+        else:
+            self.prompt_cache = other.prompt_cache
+        self.tokens.extend(other.tokens)
+        self.max_tokens.extend(other.max_tokens)
+        if isinstance(other, DecodeBatch):
+            self.sampling.extend(other.sampling)
+            self.extras.extend(other.extras)
+            self.contexts.extend(other.contexts)
+            self.num_tokens.extend(other.num_tokens)
+            self.matchers.extend(other.matchers)
+            nxt, lp = other._next, other._next_lp
+        else:
+            new = [_sampling_of(s) for s in other.samplers]
+            pairs = zip(new, other.logits_processors, other._token_context, strict=True)
+            for s, procs, ctx in pairs:
+                self.sampling.append(s)
+                extra = [p for p in procs or () if not getattr(p, "batched", False)]
+                self.extras.append(extra)
+                self.contexts.append(ctx if extra else None)
+            self.num_tokens.extend(other._num_tokens)
+            self.matchers.extend(other._matchers)
+            nxt = other._next_tokens
+            lp = None
+            if other._next_logprobs and any(s.logprobs for s in new):
+                lp = mx.stack(other._next_logprobs).reshape(len(other.uids), -1)
+        self._next = nxt if self._next is None or n_old == 0 else mx.concatenate([self._next, nxt])
+        self._next_lp = self._join_lp(n_old, len(other.uids), lp)
+        if self._window is not None:
+            self._window = mx.concatenate([self._window, _window_of(other.tokens)])
+        self._table = None
+
+    def _join_lp(self, n_old: int, n_new: int, lp: mx.array | None) -> mx.array | None:
+        if n_old == 0 or self._next_lp is None and lp is None:
+            return lp
+        vocab = (lp if lp is not None else self._next_lp).shape[-1]
+        old = self._next_lp if self._next_lp is not None else mx.zeros((n_old, vocab))
+        new = lp if lp is not None else mx.zeros((n_new, vocab))
+        return mx.concatenate([old, new.astype(old.dtype)])
+
+    def filter(self, keep: list[int]) -> None:
+        """Keep only the rows at positions `keep`."""
+        if not keep:
+            self.prompt_cache = []
+        else:
+            for c in self.prompt_cache:
+                c.filter(keep)
+        for name in (
+            "uids",
+            "tokens",
+            "sampling",
+            "extras",
+            "contexts",
+            "max_tokens",
+            "num_tokens",
+            "matchers",
+        ):
+            values = getattr(self, name)
+            setattr(self, name, [values[i] for i in keep])
+        if keep:
+            idx = mx.array(keep)
+            self._next = self._next[idx] if self._next is not None else None
+            self._next_lp = self._next_lp[idx] if self._next_lp is not None else None
+            self._window = self._window[idx] if self._window is not None else None
+        else:
+            self._next = self._next_lp = self._window = None
+        self._table = None
+
+    def extract_cache(self, idx: int) -> list:
+        return [c.extract(idx) for c in self.prompt_cache]
+
+    # -- the step -------------------------------------------------------------------------
+    def next(self) -> list[Token]:
+        """Feed the tokens computed last step, launch the next step, return the fed tokens."""
+        if not self.uids:
+            return []
+        clock = self.clock
+        t0 = time.perf_counter()
+        fed, fed_lp = self._next, self._next_lp
+        self._launch(fed)
+        t1 = time.perf_counter()
+        mx.eval(fed)  # waits for the step before, not for the one just launched
+        t2 = time.perf_counter()
+        tokens = fed.tolist()
+        out = self._responses(tokens, fed_lp)
+        if clock is not None:
+            clock["build"] += t1 - t0
+            clock["wait"] += t2 - t1
+            clock["rows"] += time.perf_counter() - t2
+            clock.steps += 1
+        return out
+
+    def _launch(self, fed: mx.array) -> None:
+        """Build step t+1 on the fed tokens and start it on the device."""
+        logits = self.model(fed[:, None], cache=self.prompt_cache)[:, -1, :]
+        if self._table is None:
+            self._table = Table.of(self.sampling, logits.shape[-1])
+        t = self._table
+        if t.penalties:
+            if self._window is None:  # first penalised row: every row's recent tokens
+                self._window = _window_of(self.tokens)
+            self._window = mx.concatenate(
+                [self._window[:, 1:], fed[:, None].astype(mx.int32)], axis=1
+            )
+        logits = penalize(logits, t, self._window)
+        for i, extra in enumerate(self.extras):
+            if extra:
+                context = self.contexts[i].update_and_fetch(fed[i : i + 1])
+                row = logits[i : i + 1]
+                for processor in extra:
+                    row = processor(context, row)
+                logits[i : i + 1] = row
+        logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
+        self._next = sample(logprobs, t)
+        self._next_lp = logprobs if t.logprobs else None
+        outputs = [self._next]
+        if self._next_lp is not None:
+            outputs.append(self._next_lp)
+        if self._window is not None:
+            outputs.append(self._window)
+        mx.async_eval(*outputs)
+
+    def _responses(self, tokens: list[int], lp: mx.array | None) -> list[Token]:
+        keep, out = [], []
+        for i, (uid, tok) in enumerate(zip(self.uids, tokens)):
+            self.tokens[i].append(tok)
+            self.num_tokens[i] += 1
+            finish = "length" if self.num_tokens[i] >= self.max_tokens[i] else None
+            if self.matchers[i].advance(tok):
+                finish = "stop"
+            if finish is None:
+                keep.append(i)
+                out.append(Token(uid, tok, None, None, None, lp, i))
+            else:
+                cache = self.extract_cache(i)
+                out.append(Token(uid, tok, finish, cache, self.tokens[i], lp, i))
+        if len(keep) < len(self.uids):
+            self.filter(keep)
+        return out
+
+
+def _sampling_of(sampler) -> RowSampling:
+    """The RowSampling behind a row's sampler (admission passes one, maybe guarded)."""
+    s = getattr(sampler, "sampling", sampler)
+    if s is None or s is greedy_sampler:  # mlx-lm's default: a row inserted without one
+        return GREEDY
+    if not isinstance(s, RowSampling):
+        raise TypeError(f"rows need a RowSampling sampler, got {type(sampler).__name__}")
+    return s
+
+
+def _window_of(tokens: list[list[int]]) -> mx.array:
+    """Each row's last PENALTY_WINDOW tokens, left-padded with -1."""
+    w = PENALTY_WINDOW
+    rows = [([-1] * w + t[-w:])[-w:] for t in tokens]
+    return mx.array(rows, dtype=mx.int32)
