@@ -127,9 +127,7 @@ async def start_mlx_lm(model_dir: Path, log_dir: Path) -> ServerProcess:
     port = free_port()
     cmd = [
         sys.executable,
-        "-m",
-        "mlx_lm",
-        "server",
+        str(Path(__file__).with_name("mlx_lm_capped.py")),  # its buffer cache capped like ours
         "--model",
         str(model_dir),
         "--host",

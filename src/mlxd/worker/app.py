@@ -27,7 +27,7 @@ from mlxd.worker.engine.kvbudget import auto_budget, padded
 from mlxd.worker.engine.loop import Engine
 from mlxd.worker.engine.planner import MIN_CHUNK, PlanConfig
 from mlxd.worker.lifeline import watch_parent
-from mlxd.worker.model import LoadedModel, device_memory_bytes, load_model
+from mlxd.worker.model import LoadedModel, device_memory_bytes, limit_buffer_cache, load_model
 from mlxd.worker.state import WorkerState
 
 log = logging.getLogger("mlxd.worker")
@@ -134,6 +134,7 @@ async def serve(cfg: WorkerSpec) -> int:
     # The SSD scan can take a while on a big folder: off the loop, so /health answers
     # "loading" meanwhile, and READY (state.started) only once it and the engine are up.
     state.prompt_cache = await asyncio.to_thread(make_prompt_cache, cfg, state.loaded)
+    limit_buffer_cache()
     state.engine = make_engine(cfg, state.loaded, state.prompt_cache)
     # test-only slow prefill, read by api/generation.py
     state.engine.debug_prefill_delay_s = cfg.debug_prefill_delay_s

@@ -99,6 +99,20 @@ def device_memory_bytes() -> int:
     return psutil.virtual_memory().total
 
 
+# MLX keeps freed buffers for reuse, by default up to the device's whole memory. Several
+# processes on one device (workers of other models, another MLX server) each holding a cache
+# that large run the device out of memory (an 8B model's 16k-token prefill did, on an H200
+# shared with mlx_lm.server). Decode reuses a few buffer sizes; a bounded cache keeps them.
+BUFFER_CACHE_FRACTION = 16
+
+
+def limit_buffer_cache() -> int:
+    """Cap MLX's buffer cache at 1/16 of the device's memory; returns the cap in bytes."""
+    cap = device_memory_bytes() // BUFFER_CACHE_FRACTION
+    mx.set_cache_limit(cap)
+    return cap
+
+
 def _has_half_floats(model) -> bool:
     return any(v.dtype in (mx.float16, mx.bfloat16) for _, v in tree_flatten(model.parameters()))
 
