@@ -131,6 +131,19 @@ def test_bad_requests_are_400s_naming_the_limit(d, extra, param, words):
     assert err["param"] == param and words in err["message"]
 
 
+def test_truncate_cuts_long_inputs_to_the_context(d, oai, tiny_embedding_dir):
+    long_text = " ".join(TEXTS * 8)
+    r = d.http.post("/v1/embeddings", json={"model": "qe", "input": long_text, "truncate": True})
+    assert r.status_code == 200 and r.json()["usage"]["prompt_tokens"] == 64
+    # The text's end marker (what last-token pooling reads) survives the cut.
+    full = Tokenizer.from_file(str(tiny_embedding_dir / "tokenizer.json")).encode(long_text).ids
+    kept = _vectors(oai.embeddings.create(model="qe", input=[full[:63] + full[-1:]]))[0]
+    cut = np.array(r.json()["data"][0]["embedding"], np.float32)
+    np.testing.assert_allclose(cut, kept, atol=1e-5)
+    r = d.http.post("/v1/embeddings", json={"model": "qe", "input": long_text})
+    assert r.status_code == 400 and r.json()["error"]["code"] == "context_length_exceeded"
+
+
 def test_a_chat_folder_configured_as_embedding_model(d, oai):
     vec = _vectors(oai.embeddings.create(model="forced", input="Hello"))[0]
     assert vec.shape == (256,) and abs(float(np.linalg.norm(vec)) - 1) < 1e-5

@@ -29,6 +29,8 @@ class EmbeddingRequest(BaseModel):
     encoding_format: Literal["float", "base64"] = "float"
     dimensions: int | None = Field(None, ge=1)
     user: str | None = None
+    # mlxd extension (Ollama's `truncate`): cut inputs longer than the context, not a 400.
+    truncate: bool = False
 
     @field_validator("input")
     @classmethod

@@ -55,6 +55,19 @@ def _tokenize(tokenizer, inputs: list[str | list[int]]) -> list[list[int]]:
     return [tokenizer.encode(x) if isinstance(x, str) else x for x in inputs]
 
 
+def truncated(tokens: list[list[int]], m: LoadedModel, texts: list[bool]) -> list[list[int]]:
+    """Inputs cut to the context limit. A text keeps its last token when it is a special one
+    (the end marker a tokenizer appends for last-token pooling)."""
+    n = m.context_limit
+    special = set(getattr(m.tokenizer, "all_special_ids", None) or ())
+    out = []
+    for ids, text in zip(tokens, texts):
+        if len(ids) > n:
+            ids = ids[: n - 1] + ids[-1:] if text and ids[-1] in special else ids[:n]
+        out.append(ids)
+    return out
+
+
 def check_tokens(tokens: list[list[int]], m: LoadedModel) -> int:
     """The request's token count; a 400 for an input the model cannot embed."""
     vocab = m.vocab_size
@@ -117,7 +130,10 @@ async def embeddings(request: web.Request) -> web.Response:
             f"{req.dimensions} were asked for",
             param="dimensions",
         )
-    tokens = await asyncio.to_thread(_tokenize, m.tokenizer, req.inputs())
+    inputs = req.inputs()
+    tokens = await asyncio.to_thread(_tokenize, m.tokenizer, inputs)
+    if req.truncate:
+        tokens = truncated(tokens, m, [isinstance(x, str) for x in inputs])
     total = check_tokens(tokens, m)
     pooled = await embed(engine, m, tokens, facts.pooling if facts else "last")
     vectors = [finish(v, req.dimensions) for v in pooled]
