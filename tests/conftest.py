@@ -10,7 +10,7 @@ import pathlib
 
 import pytest
 
-from tiny_model import build_tiny_model
+from tiny_model import build_tiny_embedding_model, build_tiny_model
 
 
 @pytest.fixture(scope="session")
@@ -23,3 +23,9 @@ def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> pathlib.Path:
 def tiny_model_dir_b(tmp_path_factory: pytest.TempPathFactory) -> pathlib.Path:
     """A second, different tiny model (qwen3, seed 1) for multi-model tests."""
     return build_tiny_model(tmp_path_factory.mktemp("tiny-qwen3"), arch="qwen3", seed=1)
+
+
+@pytest.fixture(scope="session")
+def tiny_embedding_dir(tmp_path_factory: pytest.TempPathFactory) -> pathlib.Path:
+    """A tiny Qwen3-Embedding-style folder (sentence-transformers files, flat keys, no head)."""
+    return build_tiny_embedding_model(tmp_path_factory.mktemp("tiny-embed"), seed=2)

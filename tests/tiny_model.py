@@ -273,3 +273,55 @@ def build_tiny_model(
         },
     )
     return dest
+
+
+def build_tiny_embedding_model(dest: pathlib.Path, seed: int = 2) -> pathlib.Path:
+    """A tiny Qwen3-Embedding-style folder at `dest`: what the official checkpoints look like.
+
+    A qwen3 config, sentence-transformers files (`modules.json`, `1_Pooling/config.json`
+    with last-token pooling, a Normalize module), a tokenizer that appends <|endoftext|> to
+    every text, and backbone weights with flat keys (`layers.0...`, no `model.` prefix) and
+    no language-model head although the config is untied (as Qwen3-Embedding-8B ships).
+    """
+    dest = pathlib.Path(dest)
+    build_tiny_model(dest, arch="qwen3", seed=seed, chat_template="")
+    config = json.loads((dest / "config.json").read_text())
+    config["tie_word_embeddings"] = False
+    _write_json(dest / "config.json", config)
+    weights = _weights("qwen3", config["vocab_size"], seed)
+    flat = {k.removeprefix("model."): v for k, v in weights.items()}
+    save_file(flat, str(dest / "model.safetensors"), metadata={"format": "pt"})
+
+    tokenizer = Tokenizer.from_file(str(dest / "tokenizer.json"))
+    eot = tokenizer.token_to_id("<|endoftext|>")
+    tokenizer.post_processor = processors.Sequence(
+        [
+            processors.ByteLevel(trim_offsets=False),
+            processors.TemplateProcessing(
+                single="$A <|endoftext|>", special_tokens=[("<|endoftext|>", eot)]
+            ),
+        ]
+    )
+    tokenizer.save(str(dest / "tokenizer.json"))
+
+    modules = [
+        {"idx": i, "name": str(i), "path": path, "type": f"sentence_transformers.models.{kind}"}
+        for i, (path, kind) in enumerate(
+            [("", "Transformer"), ("1_Pooling", "Pooling"), ("2_Normalize", "Normalize")]
+        )
+    ]
+    (dest / "modules.json").write_text(json.dumps(modules, indent=2) + "\n")
+    (dest / "1_Pooling").mkdir(exist_ok=True)
+    _write_json(
+        dest / "1_Pooling" / "config.json",
+        {
+            "word_embedding_dimension": HIDDEN,
+            "pooling_mode_cls_token": False,
+            "pooling_mode_mean_tokens": False,
+            "pooling_mode_max_tokens": False,
+            "pooling_mode_lasttoken": True,
+            "include_prompt": True,
+        },
+    )
+    (dest / "2_Normalize").mkdir(exist_ok=True)
+    return dest

@@ -103,9 +103,8 @@ class Daemon:
         return self.proc.returncode
 
 
-@pytest.fixture
-def make_daemon(tiny_model_dir, tiny_model_dir_b):
-    """make_daemon(models={"a": dir, ...}, config="toml text", env={...}) → a running Daemon."""
+def _daemon_factory(tiny_model_dir, tiny_model_dir_b):
+    """The body of make_daemon and module_daemon: yields the factory, then stops its daemons."""
     made: list[Daemon] = []
     homes: list[Path] = []
 
@@ -140,3 +139,15 @@ def make_daemon(tiny_model_dir, tiny_model_dir_b):
         assert not leftover, "workers outlived their daemon"
     for h in homes:
         shutil.rmtree(h, ignore_errors=True)
+
+
+@pytest.fixture
+def make_daemon(tiny_model_dir, tiny_model_dir_b):
+    """make_daemon(models={"a": dir, ...}, config="toml text", env={...}) → a running Daemon."""
+    yield from _daemon_factory(tiny_model_dir, tiny_model_dir_b)
+
+
+@pytest.fixture(scope="module")
+def module_daemon(tiny_model_dir, tiny_model_dir_b):
+    """make_daemon whose daemons last for the whole test module (one daemon, many tests)."""
+    yield from _daemon_factory(tiny_model_dir, tiny_model_dir_b)

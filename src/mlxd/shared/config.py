@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr
 from pydantic_settings import (
@@ -47,6 +47,7 @@ class ModelSettings(BaseModel):
     context_limit: int | None = Field(None, ge=16)
     kv_allowance_bytes: int | None = Field(None, ge=0)
     enable_thinking: bool | None = None  # None: the chat template's default
+    type: Literal["chat", "embedding"] | None = None  # None: detected (shared/model_facts.py)
 
 
 class ResolvedModelSettings(ModelSettings):

@@ -15,14 +15,17 @@ from aiohttp import web
 
 from mlxd.shared.exit_codes import EXIT_MODEL_LOAD_ERROR, EXIT_OK, EXIT_PARENT_GONE
 from mlxd.shared.middleware import error_middleware, request_id_middleware
+from mlxd.shared.model_facts import read_model_facts
 from mlxd.shared.worker_spec import WorkerSpec
 from mlxd.worker.api import anthropic as anthropic_routes
 from mlxd.worker.api import completions as completions_routes
 from mlxd.worker.api import control
+from mlxd.worker.api import embeddings as embeddings_routes
 from mlxd.worker.api import openai as openai_routes
 from mlxd.worker.api import responses as responses_routes
 from mlxd.worker.cache.layout import fingerprint, ssd_folder
 from mlxd.worker.cache.prompt_cache import PromptCache, kv_layout
+from mlxd.worker.embed.load import load_embedder
 from mlxd.worker.engine.kvbudget import auto_budget, padded
 from mlxd.worker.engine.loop import Engine
 from mlxd.worker.engine.planner import MIN_CHUNK, PlanConfig
@@ -78,7 +81,12 @@ async def access_log(request: web.Request, handler):
 
 def build_app(state: WorkerState) -> web.Application:
     app = web.Application(
-        middlewares=[request_id_middleware, access_log, error_middleware],
+        middlewares=[
+            request_id_middleware,
+            access_log,
+            error_middleware,
+            embeddings_routes.kind_guard,
+        ],
         client_max_size=state.config.max_body_bytes,
     )
     app["state"] = state
@@ -93,6 +101,7 @@ def build_app(state: WorkerState) -> web.Application:
     app.router.add_post("/v1/responses", responses_routes.responses)
     app.router.add_post("/v1/messages", anthropic_routes.messages)
     app.router.add_post("/v1/messages/count_tokens", anthropic_routes.count_tokens)
+    app.router.add_post("/v1/embeddings", embeddings_routes.embeddings)
     return app
 
 
@@ -122,10 +131,19 @@ async def serve(cfg: WorkerSpec) -> int:
         asyncio.create_task(watch_parent(parent_gone.set))
         asyncio.create_task(_set_when(parent_gone, stop))
 
+    state.facts = read_model_facts(cfg.model_path, cfg.model_id, cfg.model_type)
+    embedding = state.facts.type == "embedding"
+    if embedding:  # no chat rows: no prompt cache, no decode warm-up (docs/api.md)
+        cfg = cfg.model_copy(update={"prompt_cache_bytes": 0, "warmup": False})
     try:
-        state.loaded = await asyncio.to_thread(
-            load_model, cfg.model_path, cfg.model_id, cfg.context_limit
-        )
+        if embedding:
+            state.loaded = await asyncio.to_thread(
+                load_embedder, cfg.model_path, cfg.model_id, state.facts, cfg.context_limit
+            )
+        else:
+            state.loaded = await asyncio.to_thread(
+                load_model, cfg.model_path, cfg.model_id, cfg.context_limit
+            )
     except Exception as exc:
         log.error("cannot load model=%s path=%s: %s", cfg.model_id, cfg.model_path, exc)
         await runner.cleanup()

@@ -139,6 +139,12 @@ def _flag_parser(log_level: str) -> argparse.ArgumentParser:
         help="default for the template's enable_thinking switch (default: the "
         "template's); a request's chat_template_kwargs still win",
     )
+    p.add_argument(
+        "--model-type",
+        choices=("chat", "embedding"),
+        default=None,
+        help="serve the folder as this kind of model (default: detected from its files)",
+    )
     _opt(p, "generation", int, "the supervisor's generation for this worker, echoed by /health")
     _opt(
         p,

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from mlxd.shared.errors import Unavailable
+from mlxd.shared.model_facts import ModelFacts
 from mlxd.shared.worker_spec import WorkerSpec
 from mlxd.worker.cache.prompt_cache import PromptCache
 from mlxd.worker.engine.loop import Engine
@@ -24,6 +25,7 @@ class WorkerState:
     prompt_cache: PromptCache | None = None
     cache_ns: str = ""
     counters: dict = field(default_factory=lambda: {"requests": 0, "errors_4xx": 0})
+    facts: ModelFacts | None = None  # what the folder says: chat or embedding model, pooling
 
     def ready(self) -> tuple[LoadedModel, Engine]:
         """The model and engine, or a 503 while loading or draining."""

@@ -261,11 +261,23 @@ class ChatCompletionChunk(BaseModel):
 
 
 class ModelCard(BaseModel):
+    """One model in /v1/models; the fields after `status` come from the model's folder
+    (supervisor/catalog/cards.py, docs/api.md)."""
+
     id: str
     object: Literal["model"] = "model"
     created: int = 0
     owned_by: str = "mlxd"
     status: str | None = None
+    type: Literal["chat", "embedding"] | None = None
+    context_length: int | None = None
+    capabilities: list[str] | None = None
+    architecture: str | None = None
+    quantization: dict[str, Any] | None = None
+    dtype: str | None = None
+    size_bytes: int | None = None
+    embedding_dimensions: int | None = None
+    pooling: str | None = None
 
 
 class ModelList(BaseModel):

@@ -16,6 +16,7 @@ from aiohttp import web
 from mlxd.shared.errors import NotFound
 from mlxd.shared.wire.bodies import load_json, parse_model
 from mlxd.shared.wire.responses import ResponsesRequest
+from mlxd.supervisor.catalog.cards import check_route
 from mlxd.supervisor.http.proxy import ON_STREAM_CHUNK, forward_leased
 from mlxd.supervisor.http.response_store import ResponseStore
 from mlxd.supervisor.lifecycle.registry import Registry
@@ -80,6 +81,7 @@ async def create_response(request: web.Request) -> web.StreamResponse:
     await reg.catalog.settle(model)
     entry = reg.catalog.resolve(model)
     request["model"] = entry.id  # the metrics label, also when the lease fails
+    check_route(entry, reg.settings, request.path)  # an embedding model loads nothing
     body = orjson.dumps({**data, "model": entry.id, "input": items})
     capture = _FinalEvent()
     chained = request.get(ON_STREAM_CHUNK)

@@ -12,6 +12,8 @@ from mlxd.shared.errors import BadRequest, ModelNotFound, NotFound
 from mlxd.shared.logs import bind_log_context
 from mlxd.shared.wire.bodies import load_json
 from mlxd.shared.wire.openai import ModelCard, ModelList
+from mlxd.supervisor.catalog.cards import card_fields, check_route
+from mlxd.supervisor.catalog.discovery import ModelEntry
 from mlxd.supervisor.http.proxy import forward_leased
 from mlxd.supervisor.lifecycle.registry import Registry
 from mlxd.supervisor.lifecycle.states import State
@@ -40,6 +42,7 @@ PROXIED_POSTS = (
     "/v1/completions",
     "/v1/messages",
     "/v1/messages/count_tokens",
+    "/v1/embeddings",
 )
 
 
@@ -51,10 +54,12 @@ async def health(request: web.Request) -> web.Response:
     return _json({"status": "ok"})
 
 
-def _card(reg: Registry, model_id: str) -> dict:
+def _card(reg: Registry, model_id: str, entries: dict[str, ModelEntry]) -> dict:
     slot = reg.lifecycle.slots.get(model_id)
     status = STATUS[slot.state] if slot else "available"
-    card = ModelCard(id=model_id, created=STARTED, status=status).model_dump()
+    entry = slot.entry if slot else entries[model_id]
+    fields = card_fields(entry, reg.settings)
+    card = ModelCard(id=model_id, created=STARTED, status=status, **fields).model_dump()
     if slot and slot.state in FAILURE:
         card["error"] = FAILURE[slot.state]
     return card
@@ -62,16 +67,19 @@ def _card(reg: Registry, model_id: str) -> dict:
 
 async def list_models(request: web.Request) -> web.Response:
     reg: Registry = request.app["registry"]
-    ids = sorted(set(reg.catalog.entries()) | set(reg.lifecycle.slots))
-    return _json({**ModelList(data=[]).model_dump(), "data": [_card(reg, i) for i in ids]})
+    entries = reg.catalog.entries()
+    ids = sorted(set(entries) | set(reg.lifecycle.slots))
+    cards = [_card(reg, i, entries) for i in ids]
+    return _json({**ModelList(data=[]).model_dump(), "data": cards})
 
 
 async def get_model(request: web.Request) -> web.Response:
     reg: Registry = request.app["registry"]
     model_id = request.match_info["model_id"]
-    if model_id not in reg.lifecycle.slots and model_id not in reg.catalog.entries():
+    entries = reg.catalog.entries()
+    if model_id not in reg.lifecycle.slots and model_id not in entries:
         raise ModelNotFound(model_id)
-    return _json(_card(reg, model_id))
+    return _json(_card(reg, model_id, entries))
 
 
 async def proxy_v1(request: web.Request) -> web.StreamResponse:
@@ -86,6 +94,7 @@ async def proxy_v1(request: web.Request) -> web.StreamResponse:
     entry = reg.catalog.resolve(model)
     request["model"] = entry.id  # the metrics label, also when the lease fails
     bind_log_context(model=entry.id)  # and every log line from here on
+    check_route(entry, reg.settings, request.path)  # a wrong kind of model loads nothing
     if model != entry.id:  # the default model was chosen: tell the worker
         data["model"] = entry.id
         body = orjson.dumps(data)

@@ -43,6 +43,7 @@ def worker_spec(settings: Settings, slot: ModelSlot) -> WorkerSpec:
         batch=ms.batch,
         context_limit=ms.context_limit,
         enable_thinking=ms.enable_thinking,
+        model_type=ms.type,
         grace_s=s.drain_timeout_s,
         ssd_cache_dir=s.cache_dir if s.ssd_cache else None,
         **{name: getattr(s, name) for name in SAME_AS_SETTINGS},

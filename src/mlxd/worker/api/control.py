@@ -47,8 +47,10 @@ async def health(request: web.Request) -> web.Response:
 
 
 async def models(request: web.Request) -> web.Response:
-    cfg: WorkerSpec = request.app["state"].config
-    card = ModelCard(id=cfg.model_id, status="loaded")
+    state: WorkerState = request.app["state"]
+    cfg: WorkerSpec = state.config
+    kind = state.facts.type if state.facts is not None else None
+    card = ModelCard(id=cfg.model_id, status="loaded", type=kind)
     return _json(ModelList(data=[card]).model_dump())
 
 

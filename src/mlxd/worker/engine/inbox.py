@@ -11,7 +11,9 @@ import queue
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Any, Protocol
 
+from mlxd.shared.errors import MlxdError
 from mlxd.worker.engine.rows import Submission
 
 
@@ -49,7 +51,23 @@ class Stop:
     """Exit the thread once the rows in flight are done or cancelled."""
 
 
-Command = Submit | Cancel | PersistCache | CloseSession | Stop
+class Job(Protocol):
+    """Work that is not a batch row (one embedding forward): `run` on the engine thread,
+    never raising; `fail` when the engine cannot run it."""
+
+    def run(self, stream: Any) -> None: ...
+
+    def fail(self, err: MlxdError | None) -> None: ...
+
+
+@dataclass(frozen=True)
+class RunJob:
+    """Run one Job on the engine thread between steps."""
+
+    job: Job
+
+
+Command = Submit | Cancel | PersistCache | CloseSession | Stop | RunJob
 
 # An idle engine still wakes this often (prompt-cache upkeep).
 IDLE_WAKE_S = 1.0

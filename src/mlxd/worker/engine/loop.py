@@ -33,7 +33,9 @@ from mlxd.worker.engine.inbox import (
     CloseSession,
     Command,
     Inbox,
+    Job,
     PersistCache,
+    RunJob,
     Stop,
     Submit,
 )
@@ -138,6 +140,13 @@ class Engine:
         self._inbox.put(CloseSession(session, done))
         return done
 
+    def run_job(self, job: Job) -> None:
+        """Run `job` (one embedding forward) on the engine thread between two steps."""
+        if self.dead is not None:
+            job.fail(Unavailable(ENGINE_STOPPED))
+            return
+        self._inbox.put(RunJob(job))
+
     def stop(self) -> None:
         """Ask the thread to exit once in-flight rows are done or cancelled."""
         self._inbox.put(Stop())
@@ -192,6 +201,8 @@ class Engine:
                 cmd.sub.sink(Event.failure(Unavailable(ENGINE_STOPPED)))
             elif isinstance(cmd, PersistCache | CloseSession):
                 cmd.done.set()
+            elif isinstance(cmd, RunJob):
+                cmd.job.fail(Unavailable(ENGINE_STOPPED))
 
     def _loop(self) -> None:
         # Streams belong to the thread that creates them: make ours here.
@@ -292,6 +303,11 @@ class Engine:
                 done.set()
             case Stop():
                 self._stopping = True
+            case RunJob(job):
+                if self.closing:
+                    job.fail(Unavailable("This worker is draining"))
+                else:
+                    job.run(self._stream)
 
     def _new_generator(self) -> BatchGenerator:
         gen = make_generator(

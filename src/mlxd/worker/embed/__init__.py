@@ -1,0 +1,1 @@
+"""mlxd.worker.embed: embedding models (headless loading, forward planning, pooling)."""
