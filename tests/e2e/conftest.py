@@ -106,6 +106,16 @@ class Daemon:
 @pytest.fixture
 def make_daemon(tiny_model_dir, tiny_model_dir_b):
     """make_daemon(models={"a": dir, ...}, config="toml text", env={...}) → a running Daemon."""
+    yield from _daemons(tiny_model_dir, tiny_model_dir_b)
+
+
+@pytest.fixture(scope="module")
+def make_module_daemon(tiny_model_dir, tiny_model_dir_b):
+    """make_daemon for a module-scoped fixture: its daemons stop when the module's tests end."""
+    yield from _daemons(tiny_model_dir, tiny_model_dir_b)
+
+
+def _daemons(tiny_model_dir, tiny_model_dir_b):
     made: list[Daemon] = []
     homes: list[Path] = []
 
