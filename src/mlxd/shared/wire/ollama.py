@@ -1,5 +1,5 @@
-"""Ollama API wire bodies: /api/chat, /api/generate and the embeddings requests, and the
-answers of every /api route.
+"""Ollama API request bodies: /api/chat, /api/generate, /api/show and the embeddings routes
+(the answers are in ollama_answers.py).
 
 Requests convert themselves into a `ChatJob` (`to_chat_job()`), so Ollama clients run on the
 one chat driver like every other surface. Fields Ollama defines that mlxd cannot honour are a
@@ -10,10 +10,9 @@ change nothing a client can see here and are accepted and ignored, as are unknow
 from __future__ import annotations
 
 import re
-from datetime import datetime, timezone
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_serializer
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from mlxd.shared.chat_job import ChatJob, RawPrompt, tool_call_message
 from mlxd.shared.errors import BadRequest
@@ -21,8 +20,6 @@ from mlxd.shared.params import MAX_SEED, MAX_STOP_CHARS, GenerationParams
 from mlxd.shared.structured_output import GuidedFields, GuidedSpec
 from mlxd.shared.wire.tools import chat_tool_set
 
-# The Ollama API release whose fields and answers this surface follows (GET /api/version).
-OLLAMA_VERSION = "0.12.0"
 LATEST = ":latest"
 MAX_STOP_SEQUENCES = 16
 NO_VISION = "images are not supported: mlxd serves text-only models (there is no vision yet)"
@@ -66,17 +63,6 @@ def check_keep_alive(cls, v):
 def model_id_of(name: str) -> str:
     """The mlxd id an Ollama model name means: "smollm2:latest" is the model "smollm2"."""
     return name.removesuffix(LATEST) if name.endswith(LATEST) else name
-
-
-def ollama_name(model_id: str) -> str:
-    """An mlxd id as Ollama clients list it: "name:tag", the tag being "latest"."""
-    return model_id if ":" in model_id.rsplit("/", 1)[-1] else model_id + LATEST
-
-
-def timestamp(when: float | None = None) -> str:
-    """RFC 3339 in UTC, as Ollama writes `created_at` and `modified_at`."""
-    at = datetime.now(timezone.utc) if when is None else datetime.fromtimestamp(when, timezone.utc)
-    return at.isoformat().replace("+00:00", "Z")
 
 
 class Options(_Lenient):
@@ -342,113 +328,3 @@ class EmbedRequest(_Lenient):
     def texts(self) -> list[str]:
         value = self.input if self.input is not None else self.prompt
         return [value] if isinstance(value, str) else list(value or [])
-
-
-# -- answers ---------------------------------------------------------------------------------
-class _Out(BaseModel):
-    @model_serializer(mode="wrap")
-    def _set_only(self, handler):
-        # Ollama leaves out what it has nothing for (thinking, tool_calls, final counts).
-        return {k: v for k, v in handler(self).items() if v is not None}
-
-
-class ToolCallOut(_Out):
-    function: dict[str, Any]  # {"index", "name", "arguments": {...}}
-    id: str | None = None
-
-
-class MessageOut(_Out):
-    role: Literal["assistant"] = "assistant"
-    content: str = ""
-    thinking: str | None = None
-    tool_calls: list[ToolCallOut] | None = None
-
-
-class _Answer(_Out):
-    model: str
-    created_at: str = Field(default_factory=timestamp)
-    done: bool = False
-    done_reason: str | None = None
-    total_duration: int | None = None  # nanoseconds, as Ollama counts
-    load_duration: int | None = None
-    prompt_eval_count: int | None = None
-    prompt_eval_duration: int | None = None
-    eval_count: int | None = None
-    eval_duration: int | None = None
-    logprobs: list[dict[str, Any]] | None = None
-
-
-class ChatAnswer(_Answer):
-    message: MessageOut = Field(default_factory=MessageOut)
-
-
-class GenerateAnswer(_Answer):
-    response: str = ""
-    thinking: str | None = None
-
-
-class ModelDetails(BaseModel):
-    parent_model: str = ""
-    format: str = "mlx"
-    family: str = ""
-    families: list[str] | None = None
-    parameter_size: str = ""
-    quantization_level: str = ""
-
-
-class TagModel(BaseModel):
-    name: str
-    model: str
-    modified_at: str
-    size: int
-    digest: str
-    details: ModelDetails
-
-
-class Tags(BaseModel):
-    models: list[TagModel]
-
-
-class RunningModel(TagModel):
-    expires_at: str
-    size_vram: int
-    context_length: int | None = None
-
-
-class Running(BaseModel):
-    models: list[RunningModel]
-
-
-class ShowAnswer(BaseModel):
-    license: str = ""
-    modelfile: str
-    parameters: str
-    template: str
-    details: ModelDetails
-    model_info: dict[str, Any]
-    capabilities: list[str]
-    modified_at: str
-
-
-class _Vector(BaseModel):
-    embedding: list[float]
-    index: int = 0
-
-
-class _TokenCount(BaseModel):
-    prompt_tokens: int = 0
-
-
-class WorkerEmbeddings(BaseModel):
-    """The worker's /v1/embeddings answer (OpenAI's shape, floats), as /api/embed reads it."""
-
-    data: list[_Vector]
-    usage: _TokenCount = _TokenCount()
-
-
-class EmbedAnswer(BaseModel):
-    model: str
-    embeddings: list[list[float]]
-    total_duration: int = 0
-    load_duration: int = 0
-    prompt_eval_count: int = 0

@@ -20,22 +20,24 @@ from mlxd.shared.errors import BadGateway, BadRequest, MlxdError, ModelNotFound,
 from mlxd.shared.logs import bind_log_context
 from mlxd.shared.wire.bodies import load_json, parse_model
 from mlxd.shared.wire.ollama import (
+    ChatRequest,
+    EmbedRequest,
+    GenerateRequest,
+    ModelRequest,
+    model_id_of,
+)
+from mlxd.shared.wire.ollama_answers import (
     OLLAMA_VERSION,
     ChatAnswer,
-    ChatRequest,
     EmbedAnswer,
-    EmbedRequest,
     GenerateAnswer,
-    GenerateRequest,
     ModelDetails,
-    ModelRequest,
     Running,
     RunningModel,
     ShowAnswer,
     TagModel,
     Tags,
     WorkerEmbeddings,
-    model_id_of,
     ollama_name,
     timestamp,
 )

@@ -14,14 +14,8 @@ from aiohttp import web
 from pydantic import BaseModel
 
 from mlxd.shared.errors import BadRequest, MlxdError, ollama_body
-from mlxd.shared.wire.ollama import (
-    ChatAnswer,
-    ChatRequest,
-    GenerateAnswer,
-    GenerateRequest,
-    MessageOut,
-    ToolCallOut,
-)
+from mlxd.shared.wire.ollama import ChatRequest, GenerateRequest
+from mlxd.shared.wire.ollama_answers import ChatAnswer, GenerateAnswer, MessageOut, ToolCallOut
 from mlxd.worker.api.driver import Surface, Writer, serve
 from mlxd.worker.chat.events import Collected, Delta, Done, TokenUsage
 from mlxd.worker.chat.output import REASONING
