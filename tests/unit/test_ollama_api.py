@@ -34,6 +34,7 @@ HI = [{"role": "user", "content": "hi"}]
         (90, 90.0),
         (-1, -1.0),
         ("-5m", -1.0),  # negative: loaded for good
+        ("inf", -1.0),
         (None, None),
     ],
 )
@@ -41,7 +42,7 @@ def test_keep_alive_durations(value, seconds):
     assert keep_alive_seconds(value) == seconds
 
 
-@pytest.mark.parametrize("value", ["5x", "", "m", "5 m", "1h-3m"])
+@pytest.mark.parametrize("value", ["5x", "", "m", "5 m", "1h-3m", "nan", True])
 def test_a_bad_keep_alive_is_a_400_naming_it(value):
     with pytest.raises(BadRequest, match="keep_alive"):
         parse_model(ChatRequest, {"model": "a", "messages": HI, "keep_alive": value})

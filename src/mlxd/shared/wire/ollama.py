@@ -9,6 +9,7 @@ change nothing a client can see here and are accepted and ignored, as are unknow
 
 from __future__ import annotations
 
+import math
 import re
 from typing import Any, Literal
 
@@ -51,7 +52,9 @@ def keep_alive_seconds(value: float | int | str | None) -> float | None:
                 ) from None
             seconds = sum(float(n) * _UNIT_S[u] for n, u in parts)
         value = sign * seconds
-    return -1.0 if value < 0 else float(value)
+    if math.isnan(value):
+        raise ValueError("keep_alive must be a number of seconds or a duration")
+    return -1.0 if value < 0 or math.isinf(value) else float(value)
 
 
 def check_keep_alive(cls, v):
