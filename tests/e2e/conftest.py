@@ -151,3 +151,9 @@ def make_daemon(tiny_model_dir, tiny_model_dir_b):
 def module_daemon(tiny_model_dir, tiny_model_dir_b):
     """make_daemon whose daemons last for the whole test module (one daemon, many tests)."""
     yield from _daemon_factory(tiny_model_dir, tiny_model_dir_b)
+
+
+@pytest.fixture(scope="module")
+def make_module_daemon(tiny_model_dir, tiny_model_dir_b):
+    """The same as module_daemon (both names are in use)."""
+    yield from _daemon_factory(tiny_model_dir, tiny_model_dir_b)

@@ -322,7 +322,7 @@ def test_a_malformed_function_tool_is_still_a_400_naming_it(tools, param):
 
 
 # -- small things ---------------------------------------------------------------------------
-def test_head_slash_is_200_with_no_body_and_get_slash_a_404_envelope():
+def test_head_slash_is_200_with_no_body_and_get_slash_answers_like_ollama():
     async def go():
         # The daemon's middlewares, with an API key set: the probe needs none.
         app = web.Application(
@@ -334,11 +334,11 @@ def test_head_slash_is_200_with_no_body_and_get_slash_a_404_envelope():
             head = await client.head("/", headers={"Host": "localhost:8080"})
             body = await head.read()
             get = await client.get("/", headers={"Host": "localhost:8080"})
-            return head.status, body, get.status, await get.json()
+            return head.status, body, get.status, await get.text()
 
-    head, body, get, envelope = asyncio.run(go())
-    assert (head, body, get) == (200, b"", 404)
-    assert envelope["error"]["type"] == "not_found_error"
+    # Ollama clients probe GET / for this text (issue 17); it used to be a 404.
+    head, body, get, text = asyncio.run(go())
+    assert (head, body, get, text) == (200, b"", 200, "Ollama is running")
 
 
 def test_a_cancelled_request_leaves_a_499_line_with_its_progress(caplog):

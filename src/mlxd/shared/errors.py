@@ -1,4 +1,4 @@
-"""Domain errors and the two wire error envelopes (OpenAI and Anthropic).
+"""Domain errors and the wire error envelopes (OpenAI, Anthropic, and Ollama's on /api).
 
 Handlers raise these; one middleware per process maps them to a response, so clients never
 see a traceback.
@@ -121,14 +121,29 @@ def is_anthropic_path(path: str) -> bool:
     return path.startswith("/v1/messages")
 
 
+def ollama_body(err: MlxdError) -> dict[str, Any]:
+    """Ollama's error shape: the message alone."""
+    return {"error": err.message}
+
+
+def is_ollama_path(path: str) -> bool:
+    """Ollama clients read `{"error": "..."}` on /api/*."""
+    return path == "/api" or path.startswith("/api/")
+
+
 def error_bytes(err: MlxdError, path: str) -> bytes:
     """Serialize `err` in the envelope the route's API uses."""
+    if is_ollama_path(path):
+        return orjson.dumps(ollama_body(err))
     body = anthropic_body(err) if is_anthropic_path(path) else openai_body(err)
     return orjson.dumps(body)
 
 
 def sse_error_bytes(err: MlxdError, path: str) -> bytes:
-    """One SSE event that ends a broken stream, in the route's envelope."""
+    """What ends a broken stream, in the route's envelope: one SSE event (one NDJSON line on
+    the Ollama API, whose streams are NDJSON)."""
+    if is_ollama_path(path):
+        return orjson.dumps(ollama_body(err)) + b"\n"
     if is_anthropic_path(path):
         return b"event: error\ndata: " + orjson.dumps(anthropic_body(err)) + b"\n\n"
     return b"data: " + orjson.dumps(openai_body(err)) + b"\n\n"

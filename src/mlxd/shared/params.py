@@ -34,3 +34,4 @@ class GenerationParams:
     stop: tuple[str, ...] = ()
     logprobs: bool = False
     top_logprobs: int = 0
+    context_window: int | None = None  # a request's own, smaller context (Ollama's num_ctx)

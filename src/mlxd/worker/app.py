@@ -21,6 +21,7 @@ from mlxd.worker.api import anthropic as anthropic_routes
 from mlxd.worker.api import completions as completions_routes
 from mlxd.worker.api import control
 from mlxd.worker.api import embeddings as embeddings_routes
+from mlxd.worker.api import ollama as ollama_routes
 from mlxd.worker.api import openai as openai_routes
 from mlxd.worker.api import responses as responses_routes
 from mlxd.worker.cache.layout import fingerprint, ssd_folder
@@ -102,6 +103,8 @@ def build_app(state: WorkerState) -> web.Application:
     app.router.add_post("/v1/messages", anthropic_routes.messages)
     app.router.add_post("/v1/messages/count_tokens", anthropic_routes.count_tokens)
     app.router.add_post("/v1/embeddings", embeddings_routes.embeddings)
+    app.router.add_post("/api/chat", ollama_routes.chat)
+    app.router.add_post("/api/generate", ollama_routes.generate)
     return app
 
 

@@ -38,6 +38,10 @@ API_PATHS = frozenset(
         "/v1/messages/count_tokens",
         "/v1/responses",
         "/v1/embeddings",
+        "/api/chat",
+        "/api/generate",
+        "/api/embed",
+        "/api/embeddings",
     }
 )
 LATENCY_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)

@@ -43,6 +43,7 @@ def model_status(reg: Registry, model_id: str, entries: dict | None = None) -> M
         return row
     now = reg.lifecycle.clock()
     proc = slot.process
+    keep_alive = row.keep_alive_s = slot.keep_alive_s  # a request may have set it
     row.state = slot.state.value
     row.footprint_bytes = slot.footprint_bytes
     row.pid = proc.pid if proc is not None and proc.returncode is None else None

@@ -1,6 +1,7 @@
 """Who may call what: the API key on /v1, the admin token (or loopback) on /admin and /metrics.
 
-- api_key set: every /v1 route needs it, as `Authorization: Bearer <key>` or `x-api-key`.
+- api_key set: every /v1 and /api (Ollama) route needs it, as `Authorization: Bearer <key>`
+  or `x-api-key`.
 - admin_token set: /admin and /metrics need `Authorization: Bearer <token>` from everyone;
   unset: they answer loopback clients only (403 otherwise).
 - /health is always open. A non-loopback bind without an api_key is refused unless
@@ -106,7 +107,7 @@ def request_areas(request: web.Request) -> set[str]:
     resource = route.resource if route is not None else None
     areas = set()
     for path in (request.path, resource.canonical if resource is not None else ""):
-        if path == "/v1" or path.startswith("/v1/"):
+        if path in ("/v1", "/api") or path.startswith(("/v1/", "/api/")):
             areas.add("api")
         if path in ("/admin", "/metrics") or path.startswith(("/admin/", "/metrics/")):
             areas.add("admin")

@@ -44,6 +44,9 @@ HOP_BY_HOP = frozenset(
 PRIVATE = frozenset({"authorization", "x-api-key", "content-encoding", "content-type"})
 
 UPSTREAM_ERRORS = (aiohttp.ClientError, ConnectionError, asyncio.TimeoutError)
+# Worker answers passed on chunk by chunk (SSE, and the Ollama API's NDJSON); the first-token
+# marker is cut out of both.
+STREAMED = frozenset({"text/event-stream", "application/x-ndjson"})
 # request[ON_STREAM_CHUNK]: called with each chunk of a stream once it is written, until it
 # returns True (the Responses store watches for the final event with it).
 ON_STREAM_CHUNK = "on_stream_chunk"
@@ -119,15 +122,20 @@ DEATH_NOTICE_S = 2.0
 
 
 async def forward_leased(
-    request: web.Request, reg: Registry, model_id: str, body: bytes
+    request: web.Request,
+    reg: Registry,
+    model_id: str,
+    body: bytes,
+    keep_alive_s: float | None = None,
 ) -> web.StreamResponse:
-    """Lease `model_id` and forward `request` to its worker.
+    """Lease `model_id` and forward `request` to its worker; `keep_alive_s` is how long the
+    model stays loaded after it (None: the model's configured keep_alive_s).
 
     A worker that died a moment ago still looks READY until its reaper runs; a request that
     finds its socket refusing waits for that, then leases again (which waits for the restart)
     and is sent once more. A worker that refuses while alive is a 502."""
     for attempt in (1, 2):
-        async with reg.leases.lease(model_id) as slot:
+        async with reg.leases.lease(model_id, keep_alive_s) as slot:
             try:
                 return await forward(request, slot, body, reg.upstream)
             except WorkerUnreachable:
@@ -175,7 +183,7 @@ async def forward(
     complete = False
     try:
         out_headers = _forward_headers(up.headers, HOP_BY_HOP | {"content-encoding"})
-        if up.content_type != "text/event-stream":
+        if up.content_type not in STREAMED:
             try:
                 data = await up.read()
             except UPSTREAM_ERRORS:

@@ -8,12 +8,13 @@ import time
 import orjson
 from aiohttp import web
 
-from mlxd.shared.errors import BadRequest, ModelNotFound, NotFound
+from mlxd.shared.errors import BadRequest, ModelNotFound
 from mlxd.shared.logs import bind_log_context
 from mlxd.shared.wire.bodies import load_json
 from mlxd.shared.wire.openai import ModelCard, ModelList
 from mlxd.supervisor.catalog.cards import card_fields, check_route
 from mlxd.supervisor.catalog.discovery import ModelEntry
+from mlxd.supervisor.http.ollama import add_ollama_routes
 from mlxd.supervisor.http.proxy import forward_leased
 from mlxd.supervisor.lifecycle.registry import Registry
 from mlxd.supervisor.lifecycle.states import State
@@ -103,11 +104,9 @@ async def proxy_v1(request: web.Request) -> web.StreamResponse:
 
 
 async def root(request: web.Request) -> web.Response:
-    """HEAD / is 200 with no body: Claude Code probes the base URL before its first request.
-    GET / stays the 404 any unknown path gets (until there is a dashboard to serve)."""
-    if request.method == "HEAD":
-        return web.Response(status=200)
-    raise NotFound("Not found")
+    """HEAD / and GET / are 200, as Ollama answers them: Claude Code probes the base URL with
+    HEAD before its first request, Ollama clients GET it to see that a server runs."""
+    return web.Response(text="Ollama is running")
 
 
 def add_routes(app: web.Application) -> None:
@@ -117,3 +116,4 @@ def add_routes(app: web.Application) -> None:
     app.router.add_get("/v1/models/{model_id:.+}", get_model)
     for path in PROXIED_POSTS:  # by name: nothing else under /v1 reaches a worker
         app.router.add_post(path, proxy_v1)
+    add_ollama_routes(app)

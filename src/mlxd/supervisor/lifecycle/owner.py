@@ -307,6 +307,7 @@ class Lifecycle:
         finally:
             self.incoming.discard(new)
         new.last_used = old.last_used
+        new.requested_keep_alive_s = old.requested_keep_alive_s
         self.retired.add(old)
         self.slots[old.id] = new  # routing switches here; requests holding `old` finish on it
         log.info(

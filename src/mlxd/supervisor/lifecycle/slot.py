@@ -53,6 +53,8 @@ class ModelSlot:
     ready_at: float = 0.0  # lifecycle clock at the last STARTING -> READY
     drained: bool = False  # an operator drained it: refuse requests until load or reload
     last_drain: dict | None = None  # the worker's answer to its last drain
+    # The keep-alive the latest request asked for (Ollama's keep_alive); None: the setting's.
+    requested_keep_alive_s: float | None = None
 
     @classmethod
     def create(
@@ -72,6 +74,12 @@ class ModelSlot:
     @property
     def id(self) -> str:
         return self.entry.id
+
+    @property
+    def keep_alive_s(self) -> float:
+        """How long the model stays loaded once idle (0: unload at once, -1: never)."""
+        requested = self.requested_keep_alive_s
+        return self.settings.keep_alive_s if requested is None else requested
 
     def transition(self, expected: State | frozenset[State], to: State, why: str = "") -> bool:
         """Compare and swap: move to `to` if the state is `expected` (or one of a set of them).

@@ -1,5 +1,7 @@
 """Keep-alive: a model idle past its keep_alive_s is unloaded (0: as soon as it is idle,
--1: never); a pinned model never is. The timer starts when the model's last lease ends."""
+-1: never); a pinned model never is. The timer starts when the model's last lease ends.
+A request may set the model's keep-alive for after it (Ollama's keep_alive: ModelSlot's
+`keep_alive_s`)."""
 
 from __future__ import annotations
 
@@ -14,8 +16,16 @@ TICK_S = 0.5  # how often idle models are looked at
 
 def on_idle(lc: Lifecycle, slot: ModelSlot) -> None:
     """The last lease on `slot` ended: keep_alive 0 unloads it now."""
-    if slot.settings.keep_alive_s == 0 and not slot.settings.pinned:
+    if slot.keep_alive_s == 0 and not slot.settings.pinned:
         lc.tasks.spawn(lc.unload_slot(slot, "keep_alive 0", only_if_idle=True))
+
+
+async def unload_when_idle(lc: Lifecycle, slot: ModelSlot) -> None:
+    """A request to unload (Ollama's keep_alive 0 without a prompt): at once if the model is
+    idle, else as its last lease ends. A pinned model stays."""
+    slot.requested_keep_alive_s = 0.0
+    if slot.leases == 0 and not slot.settings.pinned:
+        await lc.unload_slot(slot, "keep_alive 0", only_if_idle=True)
 
 
 def expired(lc: Lifecycle, now: float) -> list[ModelSlot]:
@@ -25,16 +35,16 @@ def expired(lc: Lifecycle, now: float) -> list[ModelSlot]:
         for slot in lc.slots.values()
         if slot.state is State.READY
         and slot.leases == 0
-        and slot.settings.keep_alive_s >= 0
+        and slot.keep_alive_s >= 0
         and not slot.settings.pinned
-        and now - slot.last_used >= slot.settings.keep_alive_s
+        and now - slot.last_used >= slot.keep_alive_s
     ]
 
 
 def sweep(lc: Lifecycle) -> None:
     """Unload (in the background) every model whose keep-alive ran out."""
     for slot in expired(lc, lc.clock()):
-        ka = slot.settings.keep_alive_s
+        ka = slot.keep_alive_s
         lc.tasks.spawn(lc.unload(slot.id, reason=f"idle {ka:.0f}s (keep_alive)", only_if_idle=True))
 
 

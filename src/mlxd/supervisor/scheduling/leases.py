@@ -35,9 +35,16 @@ class Leases:
         self.settings = lifecycle.settings
 
     @contextlib.asynccontextmanager
-    async def lease(self, model: str | None) -> AsyncIterator[ModelSlot]:
-        """Hold a READY worker for `model` for the duration of the block."""
+    async def lease(
+        self, model: str | None, keep_alive_s: float | None = None
+    ) -> AsyncIterator[ModelSlot]:
+        """Hold a READY worker for `model` for the duration of the block.
+
+        `keep_alive_s`: how long the model stays loaded once idle after this request (Ollama's
+        per-request keep_alive); None: its configured keep_alive_s. The latest request's
+        value is the one that counts, as in Ollama."""
         slot = await self.acquire(self.catalog.resolve(model))
+        slot.requested_keep_alive_s = keep_alive_s
         try:
             yield slot
         finally:

@@ -33,8 +33,11 @@ class Writer:
     """How one API surface prints a run: a subclass per surface.
 
     Stream methods return the bytes to send (b"" for nothing); the driver writes each event's
-    bytes at once. `body` builds the non-streamed answer.
+    bytes at once. `body` builds the non-streamed answer. `media_type`: the stream's
+    Content-Type, when it is not SSE.
     """
+
+    media_type: str | None = None
 
     def __init__(self, req: Any, run: ChatRun, rid: str):
         self.req = req
@@ -95,7 +98,7 @@ async def serve(request: web.Request, surface: Surface) -> web.StreamResponse:
                 content_type="application/json",
                 headers=run.headers,
             )
-        resp = await sse.open_stream(request, run.headers)
+        resp = await sse.open_stream(request, run.headers, writer.media_type)
         heartbeat = sse.Heartbeat(state.config.stream_heartbeat_s)
         async for data in stream_bytes(run, writer, heartbeat):
             await resp.write(data)

@@ -18,9 +18,11 @@ DONE = b"data: [DONE]\n\n"
 
 
 async def open_stream(
-    request: web.Request, headers: dict[str, str] | None = None
+    request: web.Request, headers: dict[str, str] | None = None, media_type: str | None = None
 ) -> web.StreamResponse:
-    resp = web.StreamResponse(status=200, headers={**SSE_HEADERS, **(headers or {})})
+    """Start a stream: SSE, or another streamed `media_type` (Ollama's NDJSON)."""
+    kind = {"Content-Type": media_type} if media_type else {}
+    resp = web.StreamResponse(status=200, headers={**SSE_HEADERS, **kind, **(headers or {})})
     rid = request.get("request_id")
     if rid:
         resp.headers["x-request-id"] = rid

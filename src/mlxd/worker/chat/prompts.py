@@ -186,7 +186,17 @@ def resolve_params(
     Every surface (chat, completions, messages, responses) passes through here.
     """
     check_params(m, p)
-    max_tokens = fit_max_tokens(m.context_limit, prompt_len, p.max_tokens, surface)
+    limit = m.context_limit
+    if p.context_window is not None and p.context_window < limit:
+        limit = p.context_window
+        if prompt_len >= limit:  # Ollama would cut the prompt's start; a 400 says why instead
+            raise BadRequest(
+                f"The prompt is {prompt_len} tokens, more than the request's context window "
+                f"(num_ctx {limit}) leaves room for",
+                param="options.num_ctx",
+                code="context_length_exceeded",
+            )
+    max_tokens = fit_max_tokens(limit, prompt_len, p.max_tokens, surface)
     d = m.defaults
     # A generation_config top_k outside the vocabulary would fail every unset request: off.
     default_top_k = d.top_k if 0 < d.top_k < m.vocab_size else 0

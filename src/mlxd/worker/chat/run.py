@@ -9,6 +9,7 @@ progress the access log reads and the non-streamed collection.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import AsyncIterator
 from dataclasses import replace
 
@@ -71,6 +72,7 @@ class ChatRun:
         self.echo = ""  # a raw prompt's text, when the job asks for it back
         self.gen: Generation | None = None
         self.completion_tokens = 0
+        self.first_event_ns: int | None = None  # when the engine's first event came (timings)
         self._output: ChatOutput | RawOutput | None = None
 
     @classmethod
@@ -186,6 +188,8 @@ class ChatRun:
                 yield Keepalive()
                 continue
             self.completion_tokens = ev.completion_tokens  # for the access log
+            if self.first_event_ns is None:
+                self.first_event_ns = time.monotonic_ns()
             if ev.error is not None:
                 yield Done("error", ev.completion_tokens, error=ev.error)
                 return
