@@ -8,6 +8,7 @@ import os
 import shutil
 import sys
 from pathlib import Path
+from typing import NoReturn
 
 from mlxd import __version__
 from mlxd.shared.config import ConfigError, load_settings
@@ -24,7 +25,7 @@ def _refuse(reason: str) -> int:
 class OneLineParser(argparse.ArgumentParser):
     """Usage mistakes in one line too (argparse prints the whole usage first)."""
 
-    def error(self, message: str):  # type: ignore[override]
+    def error(self, message: str) -> NoReturn:
         self.exit(EXIT_STARTUP, f"{self.prog}: {message} (see {self.prog} --help)\n")
 
 

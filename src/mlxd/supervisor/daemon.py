@@ -120,7 +120,8 @@ async def serve(settings: Settings, lock: PidLock | None = None) -> int:
     except OSError as exc:  # before any line is logged: the one line is the error
         await runner.cleanup()
         lock.release()
-        reason = os.strerror(exc.errno) if exc.errno in errno.errorcode else str(exc)
+        code = exc.errno or 0
+        reason = os.strerror(code) if code in errno.errorcode else str(exc)
         raise StartupError(
             f"cannot listen on {settings.host}:{settings.port}: {reason}"
             + (" (another mlxd? choose one with --port)" if exc.errno == errno.EADDRINUSE else "")
