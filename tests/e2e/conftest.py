@@ -106,6 +106,16 @@ class Daemon:
 @pytest.fixture
 def make_daemon(tiny_model_dir, tiny_model_dir_b):
     """make_daemon(models={"a": dir, ...}, config="toml text", env={...}) → a running Daemon."""
+    yield from _daemon_factory(tiny_model_dir, tiny_model_dir_b)
+
+
+@pytest.fixture(scope="module")
+def make_module_daemon(tiny_model_dir, tiny_model_dir_b):
+    """make_daemon whose daemons live until the module's last test: one start per module."""
+    yield from _daemon_factory(tiny_model_dir, tiny_model_dir_b)
+
+
+def _daemon_factory(tiny_model_dir, tiny_model_dir_b):
     made: list[Daemon] = []
     homes: list[Path] = []
 
