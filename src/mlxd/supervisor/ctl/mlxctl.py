@@ -90,6 +90,7 @@ def cmd_run(args, client: AdminClient) -> int:
             {k: v for k, v in options.items() if v is not None},
             args.system,
             client.source,
+            args.verbose,
         )
 
 
@@ -215,6 +216,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--system", help="system prompt")
     run.add_argument("--max-tokens", type=int, help="most tokens per answer")
     run.add_argument("--temperature", type=float, help="sampling temperature")
+    run.add_argument("--verbose", action="store_true", help="token counts and speed per answer")
     add("flush", cmd_flush, "flush every loaded model's prompt cache to disk")
     add("stats", cmd_stats, "supervisor counters and every worker's statistics")
     logs = add("logs", cmd_logs, "a model's worker log")

@@ -9,6 +9,7 @@ terminal and left out when stdout is a pipe or a file, which then gets only the 
 from __future__ import annotations
 
 import sys
+import time
 from collections.abc import Callable
 from typing import IO, Any
 from urllib.parse import quote
@@ -27,11 +28,12 @@ EXIT_INTERRUPTED = 130
 class Printer:
     """Writes a reply as it streams: reasoning dimmed (on a terminal only), then the answer."""
 
-    def __init__(self, file: IO[str] | None = None):
+    def __init__(self, file: IO[str] | None = None, verbose: bool = False):
         self.file = file or sys.stdout
         self.tty = self.file.isatty()
         # rich writes styles only to a terminal (and honours NO_COLOR); out() never wraps.
         self.console = Console(file=self.file, highlight=False, soft_wrap=True)
+        self.verbose = verbose
         self._reasoning = False
 
     def _write(self, text: str, style: str | None = None) -> None:
@@ -55,10 +57,24 @@ class Printer:
         if note:
             self._write(note + "\n", "dim")
 
+    def usage(self, usage: dict[str, Any] | None, decode_s: float) -> None:
+        """With --verbose, the reply's token counts and speed, dimmed on stderr."""
+        if not self.verbose or not usage:
+            return
+        cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0
+        answer = usage.get("completion_tokens", 0)
+        rate = f", {answer / decode_s:.1f} tokens/s" if decode_s > 0 else ""
+        line = f"prompt: {usage.get('prompt_tokens', 0)} tokens ({cached} cached), "
+        Console(stderr=True, highlight=False).print(
+            line + f"answer: {answer} tokens{rate}", style="dim", markup=False
+        )
+
 
 def _stream(http: httpx.Client, body: dict[str, Any], printer: Printer) -> str:
     """POST one streamed chat completion, print it as it comes; returns the answer text."""
     parts: list[str] = []
+    usage: dict[str, Any] | None = None
+    first = None
     with http.stream("POST", "/v1/chat/completions", json=body) as r:
         if r.status_code >= 400:
             r.read()
@@ -72,13 +88,17 @@ def _stream(http: httpx.Client, body: dict[str, Any], printer: Printer) -> str:
             chunk = orjson.loads(data)
             if isinstance(chunk.get("error"), dict):  # the worker failed mid-stream
                 raise CtlError(chunk["error"].get("message") or "the reply failed")
+            usage = chunk.get("usage") or usage
             for choice in chunk.get("choices") or []:
                 delta = choice.get("delta") or {}
+                first = first or time.monotonic()
                 if delta.get("reasoning_content"):
                     printer.reasoning(delta["reasoning_content"])
                 if delta.get("content"):
                     parts.append(delta["content"])
                     printer.answer(delta["content"])
+    printer.end()
+    printer.usage(usage, time.monotonic() - first if first else 0.0)
     return "".join(parts)
 
 
@@ -113,14 +133,19 @@ class Chat:
     def ask(self, prompt: str, printer: Printer) -> str:
         """Send `prompt` with the history; the turn is kept only if its answer completed."""
         self.messages.append({"role": "user", "content": prompt})
-        body = {"model": self.model, "messages": self.messages, "stream": True, **self.options}
+        body = {
+            "model": self.model,
+            "messages": self.messages,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+            **self.options,
+        }
         try:
             answer = self._call(lambda: _stream(self.http, body, printer))
         except BaseException:  # Ctrl-C or a failure: the turn did not happen
             self.messages.pop()
             raise
         self.messages.append({"role": "assistant", "content": answer})
-        printer.end()
         return answer
 
     def _call(self, fn: Callable[[], Any]) -> Any:
@@ -178,11 +203,12 @@ def run(
     options: dict[str, Any],
     system: str | None = None,
     source: str | None = None,
+    verbose: bool = False,
 ) -> int:
     """`mlxctl run`: with a prompt (or piped input) one answer, else the interactive chat."""
     chat = Chat(http, model, options, system, source)
     chat.check()
-    printer = Printer()
+    printer = Printer(verbose=verbose)
     if prompt is None and not sys.stdin.isatty():
         prompt = sys.stdin.read()
     if prompt is None:
