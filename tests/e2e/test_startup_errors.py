@@ -26,7 +26,12 @@ CASES = {
         {},
         ["unknown key 'batchh' (did you mean 'batch'?) in [models.\"org/m\"]"],
     ),
-    "missing --config file": ("", ["--config", "{home}/nope.toml"], {}, ["nope.toml does not exist"]),
+    "missing --config file": (
+        "",
+        ["--config", "{home}/nope.toml"],
+        {},
+        ["nope.toml does not exist"],
+    ),
     "TOML syntax": ("keep_alive_s = \n", [], {}, ["cannot read", "config.toml"]),
     "invalid value in the file": (
         "batch = 0\n",
