@@ -32,7 +32,9 @@ class Printer:
         self.file = file or sys.stdout
         self.tty = self.file.isatty()
         # rich writes styles only to a terminal (and honours NO_COLOR); out() never wraps.
-        self.console = Console(file=self.file, highlight=False, soft_wrap=True)
+        self.console = Console(
+            file=self.file, force_terminal=self.tty or None, highlight=False, soft_wrap=True
+        )
         self.verbose = verbose
         self._reasoning = False
 
