@@ -8,11 +8,13 @@ settings, and the supervisor hands workers only resolved values (shared/worker_s
 
 from __future__ import annotations
 
+import difflib
 import os
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr
+import tomllib
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator
 from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
@@ -23,6 +25,11 @@ from pydantic_settings import (
 MiB = 1024 * 1024
 # Per-model settings that fall back to the daemon-wide setting of the same name when unset.
 MODEL_FALLBACKS = ("keep_alive_s", "batch", "context_limit", "kv_allowance_bytes")
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
+
+
+class ConfigError(ValueError):
+    """A settings mistake (unknown key, bad value, missing file), said in one line."""
 
 
 def _hf_cache_default() -> Path:
@@ -151,6 +158,13 @@ class Settings(BaseSettings):
     admin_token: SecretStr | None = None  # required on /admin and /metrics when set
     insecure: bool = False
 
+    @field_validator("log_level")
+    @classmethod
+    def _known_level(cls, value: str) -> str:
+        if value.upper() not in LOG_LEVELS:
+            raise ValueError(f"must be one of {', '.join(LOG_LEVELS)}")
+        return value.upper()
+
     # -- derived -------------------------------------------------------------------------
     @property
     def home_dir(self) -> Path:
@@ -190,6 +204,10 @@ def load_settings(flags: dict[str, Any] | None = None, config: Path | None = Non
     flags = {k: v for k, v in (flags or {}).items() if v is not None}
     home = Path(flags.get("home") or os.environ.get("MLXD_HOME") or "~/.mlxd").expanduser()
     toml = Path(config).expanduser() if config else home / "config.toml"
+    if config and not toml.is_file():
+        raise ConfigError(f"config file {toml} does not exist")
+    if toml.is_file():
+        check_config_keys(_read_toml(toml), toml)
 
     class _Layered(Settings):
         @classmethod
@@ -199,4 +217,58 @@ def load_settings(flags: dict[str, Any] | None = None, config: Path | None = Non
                 sources.append(TomlConfigSettingsSource(settings_cls, toml_file=toml))
             return tuple(sources)
 
-    return _Layered(**flags)
+    try:
+        return _Layered(**flags)
+    except ValidationError as exc:
+        raise ConfigError(f"invalid settings: {one_line(exc)}") from None
+
+
+def _read_toml(path: Path) -> dict[str, Any]:
+    try:
+        with path.open("rb") as f:
+            return tomllib.load(f)
+    except (OSError, tomllib.TOMLDecodeError) as exc:
+        raise ConfigError(f"cannot read {path}: {exc}") from None
+
+
+def _unknown(keys: Any, valid: set[str]) -> list[str]:
+    """'key' (did you mean 'closest'?) for each key not in `valid`."""
+    out = []
+    for key in keys:
+        if key not in valid:
+            close = difflib.get_close_matches(key, valid, n=1)
+            out.append(f"'{key}'" + (f" (did you mean '{close[0]}'?)" if close else ""))
+    return out
+
+
+def check_config_keys(data: dict[str, Any], path: Path) -> None:
+    """Raise ConfigError naming every key of the TOML file that no setting has: a typo would
+    otherwise leave the setting at its default without a word."""
+    problems = _unknown(data, set(Settings.model_fields))
+    models = data.get("models")
+    if isinstance(models, dict):
+        for model_id, section in models.items():
+            if isinstance(section, dict):
+                where = f' in [models."{model_id}"]'
+                problems += [p + where for p in _unknown(section, set(ModelSettings.model_fields))]
+    if problems:
+        plural = "s" if len(problems) > 1 else ""
+        raise ConfigError(f"{path}: unknown key{plural} {', '.join(problems)}")
+
+
+SECRET_HINTS = ("key", "token")
+
+
+def one_line(exc: ValidationError) -> str:
+    """A pydantic error as one line: `loc = value: reason` per error, joined by "; "."""
+    parts = []
+    for err in exc.errors():
+        loc = ".".join(str(p) for p in err["loc"])
+        msg = err["msg"].removeprefix("Value error, ")
+        value = err.get("input")
+        if any(h in loc for h in SECRET_HINTS) or isinstance(value, dict):
+            parts.append(f"{loc}: {msg}")  # never echo a secret, nor a whole table
+        else:
+            shown = repr(value)
+            parts.append(f"{loc} = {shown[:60] + '…' if len(shown) > 60 else shown}: {msg}")
+    return "; ".join(parts)

@@ -8,9 +8,25 @@ import os
 import shutil
 import sys
 from pathlib import Path
+from typing import NoReturn
 
-from mlxd.shared.config import load_settings
+from mlxd import __version__
+from mlxd.shared.config import ConfigError, load_settings
 from mlxd.shared.logs import setup_logging
+
+EXIT_STARTUP = 2  # every reason `mlxd start` refuses to start, said in one line on stderr
+
+
+def _refuse(reason: str) -> int:
+    print(f"mlxd: {reason}", file=sys.stderr)
+    return EXIT_STARTUP
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """Usage mistakes in one line too (argparse prints the whole usage first)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(EXIT_STARTUP, f"{self.prog}: {message} (see {self.prog} --help)\n")
 
 
 def _start(args: argparse.Namespace) -> int:
@@ -23,33 +39,33 @@ def _start(args: argparse.Namespace) -> int:
     }
     try:
         settings = load_settings(flags, args.config)
-    except Exception as exc:  # a bad config file or environment value: say which, then stop
-        print(f"mlxd: invalid settings: {exc}", file=sys.stderr)
-        return 2
+    except ConfigError as exc:  # a bad config file or environment value: say which, then stop
+        return _refuse(str(exc))
+    from mlxd.supervisor.catalog.discovery import config_path_problem
     from mlxd.supervisor.http.auth import bind_refusal
 
-    if (refusal := bind_refusal(settings)) is not None:
-        print(f"mlxd: {refusal}", file=sys.stderr)
-        return 2
-    from mlxd.supervisor.daemon import prepare_home, serve
+    if (refusal := bind_refusal(settings) or config_path_problem(settings)) is not None:
+        return _refuse(refusal)
+    from mlxd.supervisor.daemon import StartupError, prepare_home, serve
     from mlxd.supervisor.pidlock import HomeLocked
 
     try:  # before logging opens its file, so the log is created private and by one daemon
         lock = prepare_home(settings)
     except HomeLocked as exc:
-        print(f"mlxd: {exc}", file=sys.stderr)
-        return 1
+        return _refuse(str(exc))
     except OSError as exc:
-        print(f"mlxd: cannot prepare home {settings.home_dir}: {exc.strerror}", file=sys.stderr)
-        return 2
+        return _refuse(f"cannot prepare home {settings.home_dir}: {exc.strerror}")
     setup_logging(settings.log_level, settings.logs_dir / "mlxd.log")
 
     try:
-        import uvloop
+        try:
+            import uvloop
 
-        return uvloop.run(serve(settings, lock))
-    except ImportError:  # pragma: no cover
-        return asyncio.run(serve(settings, lock))
+            return uvloop.run(serve(settings, lock))
+        except ImportError:  # pragma: no cover
+            return asyncio.run(serve(settings, lock))
+    except StartupError as exc:
+        return _refuse(str(exc))
 
 
 def _service(args: argparse.Namespace) -> int:
@@ -79,7 +95,8 @@ def _service(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="mlxd", description="Local LLM serving daemon on MLX.")
+    p = OneLineParser(prog="mlxd", description="Local LLM serving daemon on MLX.")
+    p.add_argument("--version", action="version", version=f"mlxd {__version__}")
     sub = p.add_subparsers(dest="command", required=True)
     start = sub.add_parser("start", help="run the daemon in the foreground")
     start.add_argument("--host", help="address to bind (default 127.0.0.1)")

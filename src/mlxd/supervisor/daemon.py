@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import errno
 import logging
+import os
 import signal
 
 import psutil
@@ -11,6 +13,7 @@ from aiohttp import web
 
 from mlxd.shared.config import Settings
 from mlxd.shared.middleware import error_middleware, request_id_middleware
+from mlxd.supervisor import urlfile
 from mlxd.supervisor.admin.metrics import add_metrics, observe_middleware
 from mlxd.supervisor.admin.routes import add_admin_routes
 from mlxd.supervisor.catalog.builtin import setup_builtin
@@ -36,6 +39,10 @@ from mlxd.supervisor.scheduling.keepalive import run_keepalive
 log = logging.getLogger("mlxd.daemon")
 
 
+class StartupError(Exception):
+    """The daemon cannot start (its port is taken, …); `mlxd start` says why in one line."""
+
+
 def build_app(settings: Settings, registry: Registry) -> web.Application:
     # Outermost first: ids and metrics see every answer; every refusal below gets the error
     # envelope; the guard (path, Host, Origin, Content-Type) refuses before CORS answers a
@@ -51,8 +58,6 @@ def build_app(settings: Settings, registry: Registry) -> web.Application:
         ],
         client_max_size=settings.max_body_bytes,
     )
-    if (warning := insecure_warning(settings)) is not None:
-        log.warning(warning)
     app["settings"] = settings
     app["registry"] = registry
     add_response_routes(app)  # before the generic /v1 proxy route
@@ -89,19 +94,6 @@ async def serve(settings: Settings, lock: PidLock | None = None) -> int:
     lock = lock or prepare_home(settings)
     before, nofile = raise_nofile_limit()
     max_total = connection_cap(settings.max_connections, nofile)
-    log.info(
-        "descriptor limit %d (was %d); connections at most %d, %d per client",
-        nofile,
-        before,
-        max_total,
-        settings.max_connections_per_client,
-    )
-    if max_total < settings.max_connections:
-        log.warning(
-            "max_connections lowered from %d to %d to stay under the descriptor limit",
-            settings.max_connections,
-            max_total,
-        )
     registry = Registry.build(
         settings, UpstreamPool(), total_memory_bytes=psutil.virtual_memory().total
     )
@@ -123,11 +115,24 @@ async def serve(settings: Settings, lock: PidLock | None = None) -> int:
     await runner.setup()
     limiter = ConnectionLimiter(max_total, settings.max_connections_per_client)
     site = GuardedTCPSite(runner, settings.host, settings.port, limiter)
-    await site.start()
+    try:
+        await site.start()
+    except OSError as exc:  # before any line is logged: the one line is the error
+        await runner.cleanup()
+        lock.release()
+        code = exc.errno or 0
+        reason = os.strerror(code) if code in errno.errorcode else str(exc)
+        raise StartupError(
+            f"cannot listen on {settings.host}:{settings.port}: {reason}"
+            + (" (another mlxd? choose one with --port)" if exc.errno == errno.EADDRINUSE else "")
+        ) from None
+    url = urlfile.client_url(settings.host, site.port)
+    urlfile.write(settings.run_dir, url)
+    _log_start(settings, before, nofile, max_total)
     log.info(
         "mlxd listening on http://%s:%d home=%s budget=%d bytes",
         settings.host,
-        settings.port,
+        site.port,
         settings.home_dir,
         registry.lifecycle.budget_bytes,
     )
@@ -147,7 +152,7 @@ async def serve(settings: Settings, lock: PidLock | None = None) -> int:
             "try: curl http://%s:%d/v1/chat/completions -H 'content-type: application/json'"
             ' -d \'{"messages": [{"role": "user", "content": "Hello!"}]}\'',
             settings.host,
-            settings.port,
+            site.port,
         )
 
     await stop.wait()
@@ -158,9 +163,28 @@ async def serve(settings: Settings, lock: PidLock | None = None) -> int:
     await _wait_in_flight(registry, settings.shutdown_grace_s)
     await registry.shutdown()
     await runner.cleanup()
+    urlfile.remove(settings.run_dir, url)
     lock.release()
     log.info("stopped")
     return 0
+
+
+def _log_start(settings: Settings, before: int, nofile: int, max_total: int) -> None:
+    if (warning := insecure_warning(settings)) is not None:
+        log.warning(warning)
+    log.info(
+        "descriptor limit %d (was %d); connections at most %d, %d per client",
+        nofile,
+        before,
+        max_total,
+        settings.max_connections_per_client,
+    )
+    if max_total < settings.max_connections:
+        log.warning(
+            "max_connections lowered from %d to %d to stay under the descriptor limit",
+            settings.max_connections,
+            max_total,
+        )
 
 
 def preload(settings: Settings, registry: Registry) -> None:

@@ -30,6 +30,14 @@ class ModelStatus(BaseModel):
     drained: bool = False  # refused until an explicit load or reload
 
 
+class ModelDetail(ModelStatus):
+    """GET /admin/models/{id}: the status row and what the daemon knows of the model."""
+
+    settings: dict[str, Any] = {}  # its config section, unset keys filled from daemon-wide ones
+    generation_config: dict[str, Any] = {}  # the folder's generation_config.json sampling keys
+    architecture: dict[str, Any] = {}  # from config.json: model_type, context, quantization
+
+
 class ModelStatusList(BaseModel):
     object: Literal["list"] = "list"
     data: list[ModelStatus]

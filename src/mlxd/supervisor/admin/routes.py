@@ -28,6 +28,7 @@ from mlxd.supervisor.admin import logtail
 from mlxd.supervisor.admin.views import (
     all_model_ids,
     fan_out,
+    model_detail,
     model_status,
     supervisor_stats,
 )
@@ -69,7 +70,7 @@ async def list_models(request: web.Request) -> web.Response:
 
 
 async def get_model(request: web.Request) -> web.Response:
-    return _json(model_status(_registry(request), _model_id(request)))
+    return _json(model_detail(_registry(request), _model_id(request)))
 
 
 def _action_handler(action: str):

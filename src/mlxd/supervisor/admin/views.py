@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import time
+from pathlib import Path
 
 import psutil
 
-from mlxd.shared.wire.admin import ModelStatus, SupervisorStats, WorkerReply
+from mlxd.shared.wire.admin import ModelDetail, ModelStatus, SupervisorStats, WorkerReply
+from mlxd.supervisor.catalog import folder
 from mlxd.supervisor.lifecycle.registry import Registry
 from mlxd.supervisor.lifecycle.slot import ModelSlot
 from mlxd.supervisor.lifecycle.states import State
@@ -58,6 +60,20 @@ def model_status(reg: Registry, model_id: str, entries: dict | None = None) -> M
     row.generation = slot.generation
     row.drained = slot.drained
     return row
+
+
+def model_detail(reg: Registry, model_id: str) -> ModelDetail:
+    """`model_status` plus the model's resolved settings and what its folder says."""
+    row = model_status(reg, model_id)
+    settings = reg.settings.for_model(model_id).model_dump(mode="json", exclude={"path"})
+    detail = ModelDetail(
+        **row.model_dump(), settings={k: v for k, v in settings.items() if v is not None}
+    )
+    if row.path is not None:
+        path = Path(row.path)
+        detail.generation_config = folder.generation_config(path)
+        detail.architecture = folder.architecture(path)
+    return detail
 
 
 def all_model_ids(reg: Registry, entries: dict) -> list[str]:

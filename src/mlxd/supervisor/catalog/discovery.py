@@ -92,3 +92,17 @@ def discover(settings: Settings, hf_cache: Path | None = None) -> dict[str, Mode
             path = ms.path.expanduser()
             entries[model_id] = ModelEntry(model_id, path, "config", weights_bytes(path))
     return entries
+
+
+def config_path_problem(settings: Settings) -> str | None:
+    """The first `[models."<id>"]` whose `path` is not a model folder, in one line (None: all
+    are). Checked at start: such a model would otherwise be listed as 0 B and fail on use."""
+    for model_id, ms in settings.models.items():
+        if ms.path is None:
+            continue
+        path = ms.path.expanduser()
+        if not path.exists():
+            return f"model '{model_id}': path {path} does not exist"
+        if not _is_model_dir(path):
+            return f"model '{model_id}': {path} is not a model folder (it has no config.json)"
+    return None

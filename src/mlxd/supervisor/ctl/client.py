@@ -21,8 +21,10 @@ class AdminClient:
         token: str | None = None,
         timeout_s: float = 600.0,
         transport: httpx.BaseTransport | None = None,
+        source: str | None = None,
     ):
         self.url = url.rstrip("/")
+        self.source = source  # what chose this daemon (ctl/target.py), named in errors
         headers = {"Authorization": f"Bearer {token}"} if token else {}
         self.http = httpx.Client(
             base_url=self.url, headers=headers, timeout=timeout_s, transport=transport
@@ -41,9 +43,7 @@ class AdminClient:
         try:
             r = self.http.request(method, path, params=params)
         except httpx.ConnectError:
-            raise CtlError(
-                f"cannot reach mlxd at {self.url} (is it running? start it with `mlxd start`)"
-            ) from None
+            raise CtlError(unreachable(self.url, self.source)) from None
         except httpx.TimeoutException:
             raise CtlError(f"mlxd at {self.url} did not answer in time") from None
         except httpx.HTTPError as exc:
@@ -56,6 +56,12 @@ class AdminClient:
             raise CtlError(
                 f"mlxd at {self.url} answered {path} with something that is not JSON"
             ) from None
+
+
+def unreachable(url: str, source: str | None) -> str:
+    """The one line for a daemon that does not answer, naming what chose its URL."""
+    via = f" (from {source})" if source else ""
+    return f"cannot reach mlxd at {url}{via}: is it running? start it with `mlxd start`"
 
 
 def error_message(r: httpx.Response) -> str:

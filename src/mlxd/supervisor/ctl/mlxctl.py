@@ -15,11 +15,14 @@ from pathlib import Path
 
 import orjson
 
+from mlxd import __version__
+from mlxd.supervisor.cli import OneLineParser
 from mlxd.supervisor.ctl import local as ctl_local
 from mlxd.supervisor.ctl import tables as ctl_tables
+from mlxd.supervisor.ctl import target
 from mlxd.supervisor.ctl.client import AdminClient, CtlError, model_path
 
-DEFAULT_URL = "http://127.0.0.1:8080"
+DEFAULT_URL = target.DEFAULT_URL
 FOLLOW_INTERVAL_S = 0.5
 
 
@@ -34,6 +37,9 @@ def cmd_ps(args, client: AdminClient) -> int:
     rows = [
         m for m in client.get("/admin/models")["data"] if m["state"] != "stopped" or m["drained"]
     ]
+    if not args.json:  # which daemon answered, on stderr: stdout stays the table
+        version = client.get("/health").get("version", "?")
+        print(f"mlxd {version} at {client.url} (from {client.source})", file=sys.stderr)
     _out(args, rows, ctl_tables.ps_table(rows))
     return 0
 
@@ -45,9 +51,47 @@ def cmd_models(args, client: AdminClient) -> int:
 
 
 def cmd_action(args, client: AdminClient) -> int:
-    body = client.post(model_path(args.model, args.command))
+    if args.action == "unload" and (args.all or args.model is None):
+        return cmd_unload_all(args, client)
+    body = client.post(model_path(args.model, args.action))
     _out(args, body, ctl_tables.action_text(body))
     return 0
+
+
+def cmd_unload_all(args, client: AdminClient) -> int:
+    if not args.all:
+        raise CtlError("name the model to unload, or pass --all")
+    running = [m["id"] for m in client.get("/admin/models")["data"] if m["state"] != "stopped"]
+    bodies = [client.post(model_path(model_id, "unload")) for model_id in running]
+    text = "\n".join(ctl_tables.action_text(b) for b in bodies) or "no model is loaded"
+    _out(args, bodies, text)
+    return 0
+
+
+def cmd_show(args, client: AdminClient) -> int:
+    body = client.get(model_path(args.model))
+    _out(args, body, ctl_tables.show_text(body))
+    return 0
+
+
+def cmd_run(args, client: AdminClient) -> int:
+    import httpx
+
+    from mlxd.supervisor.ctl import run
+
+    options = {"max_tokens": args.max_tokens, "temperature": args.temperature}
+    headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
+    timeout = httpx.Timeout(args.timeout, connect=10.0)
+    with httpx.Client(base_url=client.url, headers=headers, timeout=timeout) as http:
+        return run.run(
+            http,
+            args.model,
+            args.prompt,
+            {k: v for k, v in options.items() if v is not None},
+            args.system,
+            client.source,
+            args.verbose,
+        )
 
 
 def cmd_flush(args, client: AdminClient) -> int:
@@ -122,38 +166,57 @@ def cmd_import_gguf(args, client: AdminClient | None) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    common = argparse.ArgumentParser(add_help=False)
+    common = OneLineParser(add_help=False)
     # SUPPRESS: an option given after the command must not be reset by the subparser.
     common.add_argument(
         "--json", action="store_true", default=argparse.SUPPRESS, help="machine-readable output"
     )
-    p = argparse.ArgumentParser(
-        prog="mlxctl", parents=[common], description="Control a running mlxd daemon."
+    p = OneLineParser(prog="mlxctl", parents=[common], description="Control a running mlxd daemon.")
+    p.add_argument("--version", action="version", version=f"mlxctl {__version__}")
+    p.add_argument(
+        "--url",
+        help="the daemon (default: $MLXD_URL, $MLXD_HOST/$MLXD_PORT, the home's run/mlxd.url, "
+        f"its config.toml, {DEFAULT_URL})",
     )
-    p.add_argument("--url", help=f"the daemon (default $MLXD_URL or {DEFAULT_URL})")
     p.add_argument("--token", help="admin token (default $MLXD_ADMIN_TOKEN)")
+    p.add_argument("--api-key", help="API key for `run` (default $MLXD_API_KEY)")
     p.add_argument(
         "--home",
         type=Path,
-        help="state folder for pull/rm/import-gguf (default $MLXD_HOME or ~/.mlxd)",
+        help="the daemon's state folder (default $MLXD_HOME or ~/.mlxd)",
     )
     p.add_argument("--timeout", type=float, default=600.0, help="seconds to wait for the daemon")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    def add(name: str, func, help: str) -> argparse.ArgumentParser:
-        sp = sub.add_parser(name, parents=[common], help=help)
-        sp.set_defaults(func=func)
+    def add(name: str, func, help: str, aliases=()) -> argparse.ArgumentParser:
+        sp = sub.add_parser(name, parents=[common], help=help, aliases=list(aliases))
+        sp.set_defaults(func=func, action=name)
         return sp
 
     add("ps", cmd_ps, "models with a worker (state, pid, memory, leases, keep-alive)")
-    add("models", cmd_models, "every model mlxd can serve")
+    add("models", cmd_models, "every model mlxd can serve", aliases=["ls"])
+    add("show", cmd_show, "a model's state, folder, settings and defaults").add_argument("model")
     for name, what in (
         ("load", "start a model's worker now"),
-        ("unload", "drain and stop a model (the next request loads it again)"),
         ("drain", "stop a model and refuse requests until it is loaded again"),
         ("reload", "hot-swap a model's worker (resets a FATAL model)"),
     ):
         add(name, cmd_action, what).add_argument("model")
+    unload = add(
+        "unload",
+        cmd_action,
+        "drain and stop a model (the next request loads it again)",
+        aliases=["stop"],
+    )
+    unload.add_argument("model", nargs="?")
+    unload.add_argument("--all", action="store_true", help="every loaded model")
+    run = add("run", cmd_run, "chat with a model: one answer for PROMPT, else interactively")
+    run.add_argument("model")
+    run.add_argument("prompt", nargs="?", help="answer this and exit (default: read stdin)")
+    run.add_argument("--system", help="system prompt")
+    run.add_argument("--max-tokens", type=int, help="most tokens per answer")
+    run.add_argument("--temperature", type=float, help="sampling temperature")
+    run.add_argument("--verbose", action="store_true", help="token counts and speed per answer")
     add("flush", cmd_flush, "flush every loaded model's prompt cache to disk")
     add("stats", cmd_stats, "supervisor counters and every worker's statistics")
     logs = add("logs", cmd_logs, "a model's worker log")
@@ -174,10 +237,16 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     args.json = getattr(args, "json", False)
     env = os.environ  # the only place mlxctl reads the environment
-    args.url = args.url or env.get("MLXD_URL") or DEFAULT_URL
     args.token = args.token or env.get("MLXD_ADMIN_TOKEN") or None
+    args.api_key = args.api_key or env.get("MLXD_API_KEY") or None
     args.home = (args.home or Path(env.get("MLXD_HOME") or "~/.mlxd")).expanduser()
-    client = AdminClient(args.url, args.token, args.timeout)
+    try:
+        daemon = target.resolve(args.url, env, args.home)
+    except CtlError as exc:
+        print(f"mlxctl: {exc}", file=sys.stderr)
+        return 1
+    args.url = daemon.url
+    client = AdminClient(args.url, args.token, args.timeout, source=daemon.source)
     try:
         return args.func(args, client)
     except CtlError as exc:

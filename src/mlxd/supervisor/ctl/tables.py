@@ -134,3 +134,39 @@ def action_text(body: dict) -> str:
     if drain and drain.get("in_flight") is not None:
         line += f"; drained {drain['in_flight']} in-flight, cancelled {drain.get('cancelled', 0)}"
     return line
+
+
+def _value(v: object) -> str:
+    if isinstance(v, dict):
+        return " ".join(f"{k}={x}" for k, x in v.items()) or "-"
+    return "-" if v is None else str(v)
+
+
+def show_text(body: dict) -> str:
+    """`mlxctl show`: one `key  value` line each, then the settings and the folder's defaults."""
+    state = body["state"] + (" (drained)" if body["drained"] else "")
+    if body["pid"]:
+        state += f", pid {body['pid']}, {size(body['memory_bytes']) or '?'} resident"
+    arch = body.get("architecture") or {}
+    head = [
+        ("model", body["id"]),
+        ("state", state),
+        ("source", body["source"]),
+        ("path", body["path"]),
+        ("size", size(body["weights_bytes"])),
+        ("type", arch.get("model_type")),
+        ("context", arch.get("context_length")),
+        ("quantized", arch.get("quantization")),
+        ("error", body["last_error"]),
+    ]
+    lines = [f"{k:<10} {_value(v)}" for k, v in head if v not in (None, "", {})]
+    for title, section in (
+        ("settings", body.get("settings") or {}),
+        ("generation_config.json", body.get("generation_config") or {}),
+    ):
+        if section:
+            lines += ["", title] + [
+                f"  {k:<22} {size(v) if k.endswith('_bytes') else _value(v)}"
+                for k, v in section.items()
+            ]
+    return "\n".join(lines)

@@ -198,6 +198,11 @@ class GuardedTCPSite(web.BaseSite):
     def name(self) -> str:
         return f"http://{self._host}:{self._bound_port}"
 
+    @property
+    def port(self) -> int:
+        """The port listened on (the one the system chose when asked for port 0)."""
+        return self._bound_port
+
     async def start(self) -> None:
         await super().start()  # registers the site with its runner, so cleanup stops it
         server = self._runner.server

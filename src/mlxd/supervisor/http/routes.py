@@ -8,6 +8,7 @@ import time
 import orjson
 from aiohttp import web
 
+from mlxd import __version__
 from mlxd.shared.errors import BadRequest, ModelNotFound
 from mlxd.shared.logs import bind_log_context
 from mlxd.shared.wire.bodies import load_json
@@ -52,7 +53,7 @@ def _json(data, status: int = 200) -> web.Response:
 
 
 async def health(request: web.Request) -> web.Response:
-    return _json({"status": "ok"})
+    return _json({"status": "ok", "version": __version__})
 
 
 def _card(reg: Registry, model_id: str, entries: dict[str, ModelEntry]) -> dict:
