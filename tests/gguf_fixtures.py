@@ -148,6 +148,7 @@ def write_gguf(
     *,
     tied: bool = True,
     basename: str = "tiny",
+    size_label: str = "1M",
     seed: int = 0,
 ) -> dict[str, np.ndarray]:
     """Write a tiny `arch` GGUF at `path`; `types` maps GGUF name patterns (substrings, e.g.
@@ -163,6 +164,7 @@ def write_gguf(
 
     w = gguf.GGUFWriter(str(path), arch)
     w.add_string("general.basename", basename)
+    w.add_string("general.size_label", size_label)
     w.add_context_length(config["max_position_embeddings"])
     w.add_embedding_length(HIDDEN)
     w.add_block_count(config["num_hidden_layers"])

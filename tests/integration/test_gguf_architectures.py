@@ -131,7 +131,7 @@ def _cli(*argv: str) -> subprocess.CompletedProcess:
 
 def test_cli_progress_overwrite_and_refusals(tmp_path):
     models = tmp_path / "models"
-    write_gguf(tmp_path / "a.gguf", "qwen2", {"ffn": T.Q4_K})
+    write_gguf(tmp_path / "a.gguf", "qwen2", {"ffn": T.Q4_K}, basename="SmolLM2", size_label="1.7B")
     args = [str(tmp_path / "a.gguf"), "--models-dir", str(models), "--id", "m"]
     first = _cli(*args)
     assert first.returncode == 0, first.stderr
@@ -144,6 +144,9 @@ def test_cli_progress_overwrite_and_refusals(tmp_path):
     assert again.stderr.strip().splitlines() == [
         f"error: {models / 'm'} already exists (pass --overwrite to replace it)"
     ]
+    # a SmolLM2 other than the built-in 135M gets its model card's sampling
+    gen = json.loads((models / "m" / "generation_config.json").read_text())
+    assert (gen["do_sample"], gen["temperature"], gen["top_p"]) == (True, 0.2, 0.9)
     before = (models / "m" / "model.safetensors").stat().st_mtime_ns
     replaced = _cli(*args, "--overwrite", "--progress", "none")
     assert replaced.returncode == 0 and replaced.stderr == ""

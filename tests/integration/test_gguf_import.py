@@ -85,11 +85,11 @@ def test_weights_stay_quantized(model_dir):
     assert folder_bytes < 1.2 * GGUF.stat().st_size  # not dequantized to float16
 
 
-def test_the_model_cards_sampling_is_the_default(model_dir):
-    # SmolLM2's card recommends temperature 0.2, top_p 0.9; mlxd's fallback (1.0) rambles.
+def test_the_builtin_model_defaults_to_greedy(model_dir):
+    # mlxd's fallback (temperature 1.0) rambles, and even the card's 0.2 / 0.9 wanders off one
+    # time in three on this file (gguf_config.RECOMMENDED_SAMPLING says why): greedy.
     gen = json.loads((model_dir / "generation_config.json").read_text())
-    assert (gen["temperature"], gen["top_p"], gen["do_sample"]) == (0.2, 0.9, True)
-    assert (gen["bos_token_id"], gen["eos_token_id"]) == (1, 2)
+    assert gen == {"bos_token_id": 1, "eos_token_id": 2, "do_sample": False}
 
 
 def test_tokenizer_round_trips_and_splits_digits(loaded):

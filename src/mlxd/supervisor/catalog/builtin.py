@@ -47,6 +47,8 @@ async def import_builtin(settings: Settings) -> None:
         str(settings.models_dir),
         "--id",
         BUILTIN_MODEL_ID,
+        "--progress",
+        "none",  # its output is only read on failure
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.STDOUT,
     )

@@ -154,17 +154,23 @@ def _token_ids(f: GGUFFile, config: dict) -> None:
         config["eos_token_id"] = eos[0] if len(set(eos)) == 1 else sorted(set(eos))
 
 
-# Sampling the model cards recommend, by general.basename: a GGUF carries none, and mlxd's
+# Sampling by general.basename (or basename-size_label): a GGUF carries none, and mlxd's
 # fallback (temperature 1.0, top_p 1.0) is too hot for a small model.
 RECOMMENDED_SAMPLING = {
-    "smollm2": {"temperature": 0.2, "top_p": 0.9},  # HuggingFaceTB/SmolLM2-*-Instruct
+    # HuggingFaceTB/SmolLM2-*-Instruct: the model card's recommendation
+    "smollm2": {"do_sample": True, "temperature": 0.2, "top_p": 0.9},
+    # The built-in model (135M, Q4_1): behind its template's default system prompt the first
+    # token is a near tie ("The" 0.55, "L" 0.36 even at temperature 0.2), so one answer in
+    # three wanders off into French; greedy answers "The capital of France is Paris."
+    "smollm2-135m": {"do_sample": False},
 }
 
 
 def generation_config(f: GGUFFile, config: dict) -> dict:
-    """generation_config.json: the token ids, and the model card's sampling where known."""
+    """generation_config.json: the token ids, and the recommended sampling where known."""
     gen: dict = {k: config[k] for k in ("bos_token_id", "eos_token_id") if k in config}
     basename = str(f.value("general.basename", "") or "").lower()
-    if recommended := RECOMMENDED_SAMPLING.get(basename):
-        gen.update(do_sample=True, **recommended)
+    sized = f"{basename}-{f.value('general.size_label', '') or ''}".lower()
+    if recommended := RECOMMENDED_SAMPLING.get(sized, RECOMMENDED_SAMPLING.get(basename)):
+        gen.update(recommended)
     return gen
