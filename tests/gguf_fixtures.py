@@ -150,9 +150,11 @@ def write_gguf(
     basename: str = "tiny",
     size_label: str = "1M",
     seed: int = 0,
+    extra: dict[str, np.ndarray] | None = None,
 ) -> dict[str, np.ndarray]:
     """Write a tiny `arch` GGUF at `path`; `types` maps GGUF name patterns (substrings, e.g.
-    "ffn_down") to GGML types, F32 otherwise. Returns the reference weights (mlx-lm names)."""
+    "ffn_down") to GGML types, F32 otherwise; `extra` adds float tensors under GGUF names.
+    Returns the reference weights (mlx-lm names)."""
     tok = _build_tokenizer()
     model = json.loads(tok.to_str())["model"]
     vocab = sorted(tok.get_vocab(with_added_tokens=True).items(), key=lambda kv: kv[1])
@@ -203,6 +205,8 @@ def write_gguf(
         ttype = next((t for pat, t in (types or {}).items() if pat in gname), T.F32)
         data, raw = _store(gname, x, ttype, rng)
         w.add_tensor(gname, data, raw_dtype=raw)
+    for gname, x in (extra or {}).items():
+        w.add_tensor(gname, x.astype(np.float32))
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()

@@ -167,3 +167,24 @@ def test_unsupported_tensor_type_is_named(tmp_path):
     with pytest.raises(GGUFImportError, match=r"unsupported tensor type IQ2_XXS \(tensor blk\.0"):
         import_gguf(path, tmp_path / "models")
     assert list((tmp_path / "models").glob("*")) == []
+
+
+def _llama3_factors(factor: float, dims: int = 64, base: float = 10000.0) -> np.ndarray:
+    # llama.cpp's converter: per-frequency factors of the Llama 3.1 recipe (low 1, high 4, 8192)
+    wavelens = 2 * np.pi * base ** (np.arange(0, dims, 2) / dims)
+    smooth = (8192 / wavelens - 1) / 3
+    mid = 1 / ((1 - smooth) / factor + smooth)
+    return np.where(wavelens > 8192, factor, np.where(wavelens < 8192 / 4, 1.0, mid))
+
+
+def test_llama3_rope_factors_become_mlx_lm_rope_scaling(tmp_path):
+    write_gguf(tmp_path / "l3.gguf", "llama", extra={"rope_freqs.weight": _llama3_factors(8.0)})
+    folder = import_gguf(tmp_path / "l3.gguf", tmp_path / "models")
+    scaling = json.loads((folder / "config.json").read_text())["rope_scaling"]
+    assert scaling["rope_type"] == "llama3" and scaling["factor"] == 8.0
+    load(str(folder))  # mlx-lm builds its Llama 3 rope from it
+
+    odd = _llama3_factors(8.0) ** 0.5  # factors no Llama 3 recipe gives
+    write_gguf(tmp_path / "odd.gguf", "llama", extra={"rope_freqs.weight": odd})
+    with pytest.raises(GGUFImportError, match="not from the Llama 3 recipe"):
+        import_gguf(tmp_path / "odd.gguf", tmp_path / "models")
