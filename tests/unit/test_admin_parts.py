@@ -112,6 +112,31 @@ def test_pull_downloads_then_moves_into_place(tmp_path):
             ctl_local.pull(bad, models, download=fake_download)
 
 
+def test_failed_pull_leaves_no_download_behind(tmp_path):
+    models = tmp_path / "models"
+
+    def half_then_fail(repo_id, revision, local_dir, allow_patterns):
+        with open(f"{local_dir}/model.safetensors", "wb") as f:
+            f.write(b"partial")
+        raise OSError("connection reset\nmore detail")
+
+    def interrupted(**kw):
+        raise KeyboardInterrupt
+
+    with pytest.raises(CtlError, match="^cannot download org/x: connection reset$"):
+        ctl_local.pull("org/x", models, download=half_then_fail)
+    with pytest.raises(CtlError, match="no config.json"):
+        ctl_local.pull("org/y", models, download=lambda **kw: None)
+    with pytest.raises(KeyboardInterrupt):
+        ctl_local.pull("org/z", models, download=interrupted)
+    assert list(models.iterdir()) == []  # no .downloads/<name>/, no .downloads/
+    # a pull under way keeps its own staging folder when another one fails
+    (models / ".downloads" / "org--other").mkdir(parents=True)
+    with pytest.raises(CtlError):
+        ctl_local.pull("org/x", models, download=half_then_fail)
+    assert [p.name for p in (models / ".downloads").iterdir()] == ["org--other"]
+
+
 def test_pull_offline_says_why_in_one_line(tmp_path):
     p = subprocess.run(
         [

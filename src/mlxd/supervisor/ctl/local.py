@@ -35,14 +35,30 @@ def _repo_parts(repo: str) -> list[str]:
 def pull(repo: str, models_dir: Path, revision: str | None = None, download=None) -> Path:
     """Download `repo` into models_dir/<org>/<name>; returns that folder.
 
-    The download lands in models_dir/.downloads/ (discovery skips dot-folders, and a failed
-    pull resumes there), then replaces the model folder in one rename.
+    The download lands in models_dir/.downloads/ (discovery skips dot-folders), then replaces
+    the model folder in one rename. A failed or interrupted pull removes what it downloaded.
     """
     parts = _repo_parts(repo)
     if download is None:
         from huggingface_hub import snapshot_download as download
     staging = models_dir / ".downloads" / "--".join(parts)
     staging.mkdir(parents=True, exist_ok=True)
+    try:
+        _download(download, repo, revision, staging)
+    except BaseException:
+        _discard(staging)
+        raise
+    dest = models_dir.joinpath(*parts)
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    old = models_dir / f".trash-{uuid.uuid4().hex[:8]}"
+    if dest.exists():
+        dest.rename(old)
+    staging.rename(dest)
+    shutil.rmtree(old, ignore_errors=True)
+    return dest
+
+
+def _download(download, repo: str, revision: str | None, staging: Path) -> None:
     try:
         download(
             repo_id=repo, revision=revision, local_dir=str(staging), allow_patterns=ALLOW_PATTERNS
@@ -53,14 +69,14 @@ def pull(repo: str, models_dir: Path, revision: str | None = None, download=None
     if not (staging / "config.json").is_file():
         raise CtlError(f"{repo} has no config.json: not a model folder mlxd can serve")
     shutil.rmtree(staging / ".cache", ignore_errors=True)  # the hub's resume bookkeeping
-    dest = models_dir.joinpath(*parts)
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    old = models_dir / f".trash-{uuid.uuid4().hex[:8]}"
-    if dest.exists():
-        dest.rename(old)
-    staging.rename(dest)
-    shutil.rmtree(old, ignore_errors=True)
-    return dest
+
+
+def _discard(staging: Path) -> None:
+    shutil.rmtree(staging, ignore_errors=True)
+    try:
+        staging.parent.rmdir()  # .downloads/ itself, once no other pull is under way
+    except OSError:
+        pass
 
 
 def find_home_model(models_dir: Path, model_id: str) -> Path:
@@ -86,7 +102,9 @@ def remove(models_dir: Path, model_id: str) -> Path:
     return path
 
 
-def import_gguf_argv(file: str, models_dir: Path, model_id: str | None) -> list[str]:
+def import_gguf_argv(
+    file: str, models_dir: Path, model_id: str | None, overwrite: bool = False
+) -> list[str]:
     argv = [
         sys.executable,
         "-m",
@@ -95,10 +113,16 @@ def import_gguf_argv(file: str, models_dir: Path, model_id: str | None) -> list[
         "--models-dir",
         str(models_dir),
     ]
-    return argv + ["--id", model_id] if model_id else argv
+    argv += ["--id", model_id] if model_id else []
+    return argv + ["--overwrite"] if overwrite else argv
 
 
-def import_gguf(file: str, models_dir: Path, model_id: str | None) -> int:
-    """Run the importer in its own interpreter (it needs MLX; mlxctl never imports it)."""
+def import_gguf(file: str, models_dir: Path, model_id: str | None, overwrite: bool = False) -> int:
+    """Run the importer in its own interpreter (it needs MLX; mlxctl never imports it); it
+    shares mlxctl's terminal, so its progress bar and its one error line reach the user."""
     models_dir.mkdir(parents=True, exist_ok=True)
-    return subprocess.run(import_gguf_argv(file, models_dir, model_id), check=False).returncode
+    argv = import_gguf_argv(file, models_dir, model_id, overwrite)
+    try:
+        return subprocess.run(argv, check=False).returncode
+    except KeyboardInterrupt:  # the importer got the Ctrl-C too and cleaned up after itself
+        return 130

@@ -159,10 +159,8 @@ def cmd_rm(args, client: AdminClient) -> int:
 
 
 def cmd_import_gguf(args, client: AdminClient | None) -> int:
-    code = ctl_local.import_gguf(args.file, args.home / "models", args.id)
-    if code != 0:
-        raise CtlError(f"import of {args.file} failed (exit code {code})")
-    return 0
+    # The importer prints its own progress and its one error line; its exit status is ours.
+    return ctl_local.import_gguf(args.file, args.home / "models", args.id, args.overwrite)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -230,6 +228,7 @@ def build_parser() -> argparse.ArgumentParser:
     gguf = add("import-gguf", cmd_import_gguf, "convert a GGUF file into $MLXD_HOME/models")
     gguf.add_argument("file")
     gguf.add_argument("--id", help="model id (default: from the file name)")
+    gguf.add_argument("--overwrite", action="store_true", help="replace a model of that id")
     return p
 
 
