@@ -92,26 +92,35 @@ def test_temperature_draws_follow_the_distribution():
         GenerationParams(
             repetition_penalty=1.2, presence_penalty=0.5, frequency_penalty=0.3, logit_bias={1: 2.0}
         ),
+        # Ollama's repeat_last_n: a shorter window than the other rows', and a longer one.
+        GenerationParams(repetition_penalty=1.3, presence_penalty=0.5, penalty_window=5),
+        GenerationParams(frequency_penalty=0.4, presence_penalty=0.2, penalty_window=33),
     ],
 )
 def test_bias_and_penalties_match_mlx_lm_per_row_processors(params):
     """Batched, each row gets exactly what mlx-lm's own processors give it alone."""
     logits = mx.random.normal((3, V), key=mx.random.key(5)) * 4
     contexts = [[1, 2, 2, 3, 3, 3, 60], list(range(40)), [5, 5, 5, 5]]
-    plain = GenerationParams()
+    plain = GenerationParams(presence_penalty=0.1)  # a penalised row with the default window
     table = Table.of(rows(params, plain, params), V)
-    w = PENALTY_WINDOW
+    w = table.width
     window = mx.array([([-1] * w + c[-w:])[-w:] for c in contexts], dtype=mx.int32)
     got = penalize(logits, table, window)
+    n = params.penalty_window or PENALTY_WINDOW
     procs = make_logits_processors(
         logit_bias=params.logit_bias or None,
         repetition_penalty=params.repetition_penalty,
+        repetition_context_size=n,
         presence_penalty=params.presence_penalty or None,
+        presence_context_size=n,
         frequency_penalty=params.frequency_penalty or None,
+        frequency_context_size=n,
     )
     for i in (0, 2):
         want = logits[i : i + 1]
         for p in procs:
             want = p(mx.array(contexts[i]), want)
         assert mx.allclose(got[i : i + 1], want, atol=1e-5).item(), i
-    assert mx.array_equal(got[1], logits[1]).item()  # the plain row is untouched
+    (presence,) = make_logits_processors(presence_penalty=0.1)  # window 20
+    want = presence(mx.array(contexts[1]), logits[1:2])
+    assert mx.allclose(got[1:2], want, atol=1e-5).item()  # the other row keeps its own window

@@ -35,6 +35,8 @@ HI = [{"role": "user", "content": "hi"}]
         (-1, -1.0),
         ("-5m", -1.0),  # negative: loaded for good
         ("inf", -1.0),
+        ("100000000h", -1.0),  # past Go's longest duration: for good, not a date in year 13434
+        (1e12, -1.0),
         (None, None),
     ],
 )
@@ -93,12 +95,19 @@ def test_options_map_onto_generation_params():
         ({"format": "yaml"}, "format"),
         ({"format": "json", "guided_regex": "a+"}, "format"),
         ({"top_logprobs": 3}, "top_logprobs"),
-        ({"options": {"repeat_last_n": 64, "repeat_penalty": 1.2}}, "repeat_last_n"),
+        ({"options": {"repeat_last_n": 100_000, "repeat_penalty": 1.2}}, "repeat_last_n"),
     ],
 )
 def test_what_cannot_be_honoured_is_a_400_saying_so(body, says):
     with pytest.raises(BadRequest, match=says):
         parse_model(ChatRequest, {"model": "a", "messages": HI, **body}).to_chat_job()
+
+
+@pytest.mark.parametrize("last_n,window", [(64, 64), (-1, 256), (0, 0), (None, None)])
+def test_repeat_last_n_is_the_penalty_window(last_n, window):
+    options = {"repeat_penalty": 1.1, **({"repeat_last_n": last_n} if last_n is not None else {})}
+    req = parse_model(ChatRequest, {"model": "a", "messages": HI, "options": options})
+    assert req.to_chat_job().params.penalty_window == window
 
 
 def test_chat_history_tools_format_and_think_become_a_chat_job():
@@ -163,6 +172,12 @@ def test_a_requests_keep_alive_lasts_until_the_next_request(tmp_path):
         async with reg.leases.lease("m", keep_alive_s=0):
             pass
         await settled(slot, State.STOPPED)  # 0: unloaded as the request ended
+        # The 0 went with the worker it unloaded: a later load keeps the configured -1.
+        assert slot.keep_alive_s == -1
+        async with reg.leases.lease("m"):
+            pass
+        clock.advance(10**6)
+        assert keepalive.expired(lc, clock()) == []
         await reg.shutdown()
 
     asyncio.run(go())
@@ -211,11 +226,12 @@ def test_embed_is_translated_to_and_from_the_workers_openai_shape(tmp_path):
             ("POST", "/api/embeddings", {"model": "e", "prompt": "x"}, None),
             ("GET", "/api/tags", None, None),
         ],
+        models={"e": {"type": "embedding"}},  # the supervisor checks the kind before a lease
     )
     assert embed[0] == 200
     assert embed[1]["embeddings"] == [[0.0, 0.5], [1.0, 0.5]]  # by index, as sent
     assert (embed[1]["model"], embed[1]["prompt_eval_count"]) == ("e:latest", 4)
-    assert fleet.bodies[0] == {"model": "e", "input": ["x", "y"], "dimensions": 2}
+    assert fleet.bodies[0] == {"model": "e", "input": ["x", "y"], "dimensions": 2, "truncate": True}
     assert older == (200, {"embedding": [0.0, 0.5]})
     assert [m["name"] for m in tags[1]["models"]] == ["e:latest"]
 
@@ -229,6 +245,7 @@ def test_a_worker_without_embeddings_and_a_missing_key_answer_in_ollamas_shape(t
             ("GET", "/api/tags", None, None),
         ],
         api_key="k",
+        models={"e": {"type": "embedding"}},  # an embedding model whose worker lacks the route
     )
     assert no_route == (400, {"error": "'e' does not support embeddings"})
     assert no_key[0] == 401 and set(no_key[1]) == {"error"}

@@ -15,6 +15,7 @@ MIN_SEED = 0
 MAX_SEED = 2**64 - 1
 # Stop strings are scanned for at every token (their prefixes too): a long one costs each step.
 MAX_STOP_CHARS = 256
+MAX_PENALTY_WINDOW = 256
 
 
 @dataclass(frozen=True)
@@ -28,6 +29,9 @@ class GenerationParams:
     min_p: float | None = None
     seed: int | None = None
     repetition_penalty: float | None = None
+    # How many recent tokens (prompt included) the penalties look at; None: 20, 0: none,
+    # at most MAX_PENALTY_WINDOW (each one costs every step).
+    penalty_window: int | None = None
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
     logit_bias: dict[int, float] = field(default_factory=dict)

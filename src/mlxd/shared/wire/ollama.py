@@ -17,7 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from mlxd.shared.chat_job import ChatJob, RawPrompt, tool_call_message
 from mlxd.shared.errors import BadRequest
-from mlxd.shared.params import MAX_SEED, MAX_STOP_CHARS, GenerationParams
+from mlxd.shared.params import MAX_PENALTY_WINDOW, MAX_SEED, MAX_STOP_CHARS, GenerationParams
 from mlxd.shared.structured_output import GuidedFields, GuidedSpec
 from mlxd.shared.wire.tools import chat_tool_set
 
@@ -26,6 +26,7 @@ MAX_STOP_SEQUENCES = 16
 NO_VISION = "images are not supported: mlxd serves text-only models (there is no vision yet)"
 _DURATION = re.compile(r"([0-9]*\.?[0-9]+)(ns|us|µs|ms|s|m|h)")
 NEUTRAL = {"mirostat": 0, "tfs_z": 1.0, "typical_p": 1.0}
+MAX_KEEP_ALIVE_S = 292 * 365.25 * 86400
 _UNIT_S = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
 
 
@@ -54,7 +55,8 @@ def keep_alive_seconds(value: float | int | str | None) -> float | None:
         value = sign * seconds
     if math.isnan(value):
         raise ValueError("keep_alive must be a number of seconds or a duration")
-    return -1.0 if value < 0 or math.isinf(value) else float(value)
+    # Past ~292 years (Go's longest duration) it is "for good": a date that far is no date.
+    return -1.0 if value < 0 or value > MAX_KEEP_ALIVE_S else float(value)
 
 
 def check_keep_alive(cls, v):
@@ -113,10 +115,10 @@ class Options(_Lenient):
         return v
 
     def to_generation_params(self, **extra: Any) -> GenerationParams:
-        if self.repeat_last_n not in (None, -1) and self.repeat_penalty not in (None, 1.0):
+        last_n = self.repeat_last_n
+        if last_n is not None and not -1 <= last_n <= MAX_PENALTY_WINDOW:
             raise BadRequest(
-                "Invalid 'options.repeat_last_n': not supported, the repetition penalty looks "
-                "at mlx-lm's fixed window; leave it unset",
+                f"Invalid 'options.repeat_last_n': between -1 and {MAX_PENALTY_WINDOW}",
                 param="options.repeat_last_n",
             )
         n = self.num_predict
@@ -128,6 +130,8 @@ class Options(_Lenient):
             min_p=self.min_p,
             seed=self.seed if self.seed is not None and self.seed >= 0 else None,
             repetition_penalty=self.repeat_penalty,
+            # -1 is "the whole context" in Ollama: here the longest window there is.
+            penalty_window=MAX_PENALTY_WINDOW if last_n == -1 else last_n,
             presence_penalty=self.presence_penalty or 0.0,
             frequency_penalty=self.frequency_penalty or 0.0,
             stop=tuple(self.stop or ()),
@@ -330,4 +334,6 @@ class EmbedRequest(_Lenient):
 
     def texts(self) -> list[str]:
         value = self.input if self.input is not None else self.prompt
-        return [value] if isinstance(value, str) else list(value or [])
+        if isinstance(value, str):  # "" alone is Ollama's way to load the model
+            return [value] if value else []
+        return list(value or [])

@@ -135,8 +135,12 @@ def _parameters(path: Path, bits: int | None) -> int:
             if n > MAX_HEADER_BYTES:
                 return 0
             header = json.loads(f.read(n))
-    except (OSError, ValueError, struct.error):
-        return 0
+        return _count(header, bits)
+    except (OSError, ValueError, TypeError, AttributeError, struct.error):
+        return 0  # an odd header is no reason to fail a listing
+
+
+def _count(header: dict, bits: int | None) -> int:
     total = 0
     for name, t in header.items():
         if name == "__metadata__" or not isinstance(t, dict):

@@ -87,7 +87,10 @@ def _stream(http: httpx.Client, body: dict[str, Any], printer: Printer) -> str:
             data = line[5:].strip()
             if data == "[DONE]":
                 break
-            chunk = orjson.loads(data)
+            try:
+                chunk = orjson.loads(data)
+            except orjson.JSONDecodeError:
+                raise CtlError("the daemon sent a malformed stream line") from None
             if isinstance(chunk.get("error"), dict):  # the worker failed mid-stream
                 raise CtlError(chunk["error"].get("message") or "the reply failed")
             usage = chunk.get("usage") or usage
@@ -213,6 +216,8 @@ def run(
     printer = Printer(verbose=verbose)
     if prompt is None and not sys.stdin.isatty():
         prompt = sys.stdin.read()
+        if not prompt.strip():
+            raise CtlError("nothing to ask: the piped input is empty")
     if prompt is None:
         return repl(chat, printer)
     try:

@@ -132,7 +132,7 @@ async def ps(request: web.Request) -> web.Response:
                 details=tag.details,
                 size=slot.footprint_bytes,
                 size_vram=slot.footprint_bytes,  # unified memory: all of it is the GPU's
-                expires_at=timestamp(wall + max(0.0, left)),
+                expires_at=timestamp(wall + min(FOREVER_S, max(0.0, left))),
                 context_length=slot.settings.context_limit or info.context_length,
             )
         )
@@ -213,7 +213,7 @@ async def _embed(request: web.Request) -> tuple[EmbedRequest, list[list[float]],
     request["model"] = entry.id
     bind_log_context(model=entry.id)
     check_route(entry, reg.settings, "/v1/embeddings")  # a chat model loads nothing here
-    body: dict = {"model": entry.id, "input": req.texts()}
+    body: dict = {"model": entry.id, "input": req.texts(), "truncate": req.truncate}
     if req.dimensions is not None:
         body["dimensions"] = req.dimensions
     async with reg.leases.lease(entry.id, req.keep_alive_s) as slot:

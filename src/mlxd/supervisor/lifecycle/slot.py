@@ -101,6 +101,8 @@ class ModelSlot:
             f" ({why})" if why else "",
         )
         self.state = to
+        if to is State.STOPPED:  # a request's keep_alive lasts as long as the worker it kept
+            self.requested_keep_alive_s = None
         self.changed.set()
         self.changed = asyncio.Event()
         return True

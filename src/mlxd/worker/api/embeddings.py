@@ -31,6 +31,8 @@ CHAT_PATHS = frozenset(
     {
         "/v1/chat/completions",
         "/v1/completions",
+        "/api/chat",
+        "/api/generate",
         "/v1/responses",
         "/v1/messages",
         "/v1/messages/count_tokens",

@@ -20,7 +20,9 @@ def admit(batch: Batch, sub: Submission, tokenizer) -> Row:
     sampling = RowSampling(p)
     sampler = guard_sampler(sub, sampling, batch.broken)
     processors = make_row_processors(
-        sampling, [guard_processor(sub, f, batch.broken) for f in sub.processors]
+        sampling,
+        [guard_processor(sub, f, batch.broken) for f in sub.processors],
+        guard=lambda f: guard_processor(sub, f, batch.broken),
     )
     layers, n = None, 0
     if batch.cache is not None:

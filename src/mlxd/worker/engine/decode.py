@@ -24,7 +24,7 @@ from mlx_lm.models.cache import TokenBuffer
 from mlx_lm.sample_utils import greedy_sampler
 
 from mlxd.shared.params import GenerationParams
-from mlxd.worker.engine.sampling import PENALTY_WINDOW, RowSampling, Table, penalize, sample
+from mlxd.worker.engine.sampling import RowSampling, Table, penalize, sample
 
 GREEDY = RowSampling(GenerationParams(temperature=0.0))
 
@@ -115,7 +115,8 @@ class DecodeBatch:
         self._next = nxt if self._next is None or n_old == 0 else mx.concatenate([self._next, nxt])
         self._next_lp = self._join_lp(n_old, len(other.uids), lp)
         if self._window is not None:
-            self._window = mx.concatenate([self._window, _window_of(other.tokens)])
+            width = self._window.shape[1]
+            self._window = mx.concatenate([self._window, _window_of(other.tokens, width)])
         self._table = None
 
     def _join_lp(self, n_old: int, n_new: int, lp: mx.array | None) -> mx.array | None:
@@ -185,8 +186,9 @@ class DecodeBatch:
             self._table = Table.of(self.sampling, logits.shape[-1])
         t = self._table
         if t.penalties:
-            if self._window is None:  # first penalised row: every row's recent tokens
-                self._window = _window_of(self.tokens)
+            if self._window is None or self._window.shape[1] != t.width:
+                # The first penalised row, or a wider window: every row's recent tokens.
+                self._window = _window_of(self.tokens, t.width)
             self._window = mx.concatenate(
                 [self._window[:, 1:], fed[:, None].astype(mx.int32)], axis=1
             )
@@ -237,8 +239,7 @@ def _sampling_of(sampler) -> RowSampling:
     return s
 
 
-def _window_of(tokens: list[list[int]]) -> mx.array:
-    """Each row's last PENALTY_WINDOW tokens, left-padded with -1."""
-    w = PENALTY_WINDOW
+def _window_of(tokens: list[list[int]], w: int) -> mx.array:
+    """Each row's last `w` tokens, left-padded with -1."""
     rows = [([-1] * w + t[-w:])[-w:] for t in tokens]
     return mx.array(rows, dtype=mx.int32)

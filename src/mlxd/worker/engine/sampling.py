@@ -19,10 +19,10 @@ from dataclasses import dataclass
 
 import mlx.core as mx
 
-from mlxd.shared.params import GenerationParams
+from mlxd.shared.params import MAX_PENALTY_WINDOW, GenerationParams
 
-# Penalties look at this many of the row's most recent tokens (prompt included), as
-# mlx-lm's processors do by default.
+# Penalties look at this many of the row's most recent tokens (prompt included) unless the
+# request says otherwise, as mlx-lm's processors do by default.
 PENALTY_WINDOW = 20
 
 
@@ -40,6 +40,10 @@ class RowSampling:
         self.repetition = rp if rp is not None and rp > 0 else 1.0
         self.presence = params.presence_penalty or 0.0
         self.frequency = params.frequency_penalty or 0.0
+        w = params.penalty_window
+        self.window = PENALTY_WINDOW if w is None else min(max(w, 0), MAX_PENALTY_WINDOW)
+        if self.window == 0:  # penalties that look at nothing change nothing
+            self.repetition, self.presence, self.frequency = 1.0, 0.0, 0.0
         self.logprobs = params.logprobs  # the decode batch keeps log-probabilities for it
 
     @property
@@ -69,7 +73,7 @@ class RowSampling:
 
     def process(self, tokens: mx.array, logits: mx.array) -> mx.array:
         """mlx-lm's logits-processor signature, for the first token (tokens: the context)."""
-        window = tokens.reshape(1, -1)[:, -PENALTY_WINDOW:].astype(mx.int32)
+        window = tokens.reshape(1, -1)[:, -self.window :].astype(mx.int32)
         return penalize(logits, Table.of([self]), window)
 
 
@@ -90,6 +94,8 @@ class Table:
     seeded: list[int]
     bias_idx: mx.array | None  # (B, K) token ids; padded with (0, 0.0)
     bias_val: mx.array | None
+    width: int  # the penalty window the batch keeps: the widest row's
+    window_len: mx.array | None  # (B, 1) each row's own window, when rows differ
     repetition: mx.array | None  # (B, 1), None when no row has it
     presence: mx.array | None
     frequency: mx.array | None
@@ -104,6 +110,8 @@ class Table:
             return mx.array(values, dtype=dtype).reshape(-1, 1)
 
         greedy = [r.greedy for r in rows]
+        penalised = [r for r in rows if r.penalties]
+        width = max((r.window for r in penalised), default=PENALTY_WINDOW)
         sampled = [r for r in rows if not r.greedy]
         filters = any(r.filters for r in rows)
         v = vocab or 0
@@ -133,6 +141,10 @@ class Table:
             seeded=[i for i, r in enumerate(rows) if r.key is not None and not r.greedy],
             bias_idx=bias_idx,
             bias_val=bias_val,
+            width=width,
+            window_len=col([r.window for r in rows], mx.int32)
+            if any(r.window != width for r in penalised)
+            else None,
             repetition=col([r.repetition for r in rows])
             if any(r.repetition != 1.0 for r in rows)
             else None,
@@ -158,6 +170,8 @@ def penalize(logits: mx.array, t: Table, window: mx.array | None) -> mx.array:
     if window is None or not t.penalties:
         return logits
     valid = window >= 0
+    if t.window_len is not None:  # rows with shorter windows ignore the older columns
+        valid = valid & (mx.arange(window.shape[1]) >= window.shape[1] - t.window_len)
     w = mx.where(valid, window, window[:, -1:])  # padding points at a real token: no-op writes
     if t.repetition is not None:
         sel = mx.take_along_axis(logits, w, axis=-1)
@@ -211,13 +225,17 @@ def _filtered(x: mx.array, t: Table) -> mx.array:
     return mx.where(x < thr, mx.array(-mx.inf, x.dtype), x)
 
 
-def make_row_processors(sampling: RowSampling, extra: list) -> list:
+def make_row_processors(sampling: RowSampling, extra: list, guard=None) -> list:
     """A row's logits processors as mlx-lm calls them for the first token: its bias and
     penalties (marked `batched`: the decode batch applies them for every row at once), then
-    its own (a grammar), which run per row."""
+    its own (a grammar), which run per row. `guard` wraps the first (its failure is the row's)."""
     own = []
     if sampling.processes:
-        own.append(_Batched(sampling))
+        first = _Batched(sampling)
+        if guard is not None:
+            first = guard(first)
+            first.batched = True
+        own.append(first)
     return own + list(extra)
 
 
