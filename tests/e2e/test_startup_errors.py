@@ -58,6 +58,24 @@ CASES = {
         {},
         ["model 'mine': {home} is not a model folder"],
     ),
+    "alias taken by another model": (
+        '[models.x]\naliases = ["y"]\n[models.z]\naliases = ["y"]\n',
+        [],
+        {},
+        ["model 'z': alias 'y' is already an alias of 'x'"],
+    ),
+    "alias that is a model's id": (
+        '[models.x]\naliases = ["z"]\n[models.z]\npinned = true\n',
+        [],
+        {},
+        ["model 'x': alias 'z' is already a model's id"],
+    ),
+    "chat_template file missing": (
+        '[models.x]\nchat_template = "templates/x.jinja"\n',
+        [],
+        {},
+        ["model 'x': chat_template {home}/templates/x.jinja is neither a file nor template"],
+    ),
     "bad flag": ("", ["--port", "eighty"], {}, ["argument --port: invalid int value: 'eighty'"]),
     "port in use": ("", [], {}, ["cannot listen on 127.0.0.1:{port}: Address already in use"]),
 }

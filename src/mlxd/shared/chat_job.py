@@ -127,6 +127,16 @@ def tool_call_message(call_id: str | None, name: str | None, arguments: Any) -> 
     }
 
 
+# A `developer` message arrives as a system message carrying this key: the worker renders it
+# as `developer` for a template that knows the role, else as `system` (worker/chat/prompts.py).
+DEVELOPER_MARK = "_mlxd_developer"
+
+
+def developer_as_system(message: dict[str, Any]) -> dict[str, Any]:
+    """A `developer` message as the system message templates know, marked as one."""
+    return {**message, "role": "system", DEVELOPER_MARK: True}
+
+
 def late_system_indexes(messages: list[dict]) -> list[int]:
     """Positions of system messages after the conversation began (a non-system message)."""
     started, out = False, []

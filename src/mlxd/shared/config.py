@@ -55,6 +55,16 @@ class ModelSettings(BaseModel):
     kv_allowance_bytes: int | None = Field(None, ge=0)
     enable_thinking: bool | None = None  # None: the chat template's default
     type: Literal["chat", "embedding"] | None = None  # None: detected (shared/model_facts.py)
+    # Request defaults (docs/configuration.md): a request's own value wins; unset ones fall back
+    # to the folder's generation_config.json, then to the built-in defaults.
+    temperature: float | None = Field(None, ge=0.0, le=2.0)
+    top_p: float | None = Field(None, gt=0.0, le=1.0)
+    top_k: int | None = Field(None, ge=0)
+    min_p: float | None = Field(None, ge=0.0, le=1.0)
+    max_tokens: int | None = Field(None, ge=1)
+    system: str | None = None  # used when a request has no system or developer message
+    chat_template: str | None = None  # Jinja text, or a file (relative: to $MLXD_HOME)
+    aliases: list[str] = []  # other names a request's `model` may use
 
 
 class ResolvedModelSettings(ModelSettings):
@@ -194,6 +204,36 @@ class Settings(BaseSettings):
         unset = {f: getattr(self, f) for f in MODEL_FALLBACKS if getattr(ms, f) is None}
         return ResolvedModelSettings(**{**ms.model_dump(), **unset})
 
+    def alias_map(self) -> dict[str, str]:
+        """Every configured alias and the model id it names."""
+        return {alias: mid for mid, ms in self.models.items() for alias in ms.aliases}
+
+
+def is_template_text(value: str) -> bool:
+    """A `chat_template` value that is Jinja text itself, not the name of a file."""
+    return "{{" in value or "{%" in value
+
+
+def _check_model_sections(settings: Settings) -> None:
+    """Aliases that name two models and chat_template files that are not there, as a
+    ConfigError; a file's path is made absolute (relative: to the home)."""
+    owner: dict[str, str] = {mid: mid for mid in settings.models}
+    for mid, ms in settings.models.items():
+        for alias in ms.aliases:
+            other = owner.get(alias)
+            if other is not None:
+                what = "a model's id" if other == alias else f"an alias of '{other}'"
+                raise ConfigError(f"model '{mid}': alias '{alias}' is already {what}")
+            owner[alias] = mid
+        if ms.chat_template is not None and not is_template_text(ms.chat_template):
+            path = Path(ms.chat_template).expanduser()
+            path = path if path.is_absolute() else settings.home_dir / path
+            if not path.is_file():
+                raise ConfigError(
+                    f"model '{mid}': chat_template {path} is neither a file nor template text"
+                )
+            ms.chat_template = str(path)
+
 
 def load_settings(flags: dict[str, Any] | None = None, config: Path | None = None) -> Settings:
     """Build the settings: `flags` (only those given) over the environment over the TOML file.
@@ -218,9 +258,11 @@ def load_settings(flags: dict[str, Any] | None = None, config: Path | None = Non
             return tuple(sources)
 
     try:
-        return _Layered(**flags)
+        settings = _Layered(**flags)
     except ValidationError as exc:
         raise ConfigError(f"invalid settings: {one_line(exc)}") from None
+    _check_model_sections(settings)
+    return settings
 
 
 def _read_toml(path: Path) -> dict[str, Any]:

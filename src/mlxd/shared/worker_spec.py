@@ -28,6 +28,16 @@ GRAMMAR_FIELDS = (
     "grammar_queue_timeout_s",
     "grammar_cache_bytes",
 )
+# A model's request defaults from its config section (over its generation_config.json).
+MODEL_DEFAULT_FIELDS = (
+    "temperature",
+    "top_p",
+    "top_k",
+    "min_p",
+    "max_tokens",
+    "system",
+    "chat_template",
+)
 # Spec fields that are daemon-wide settings of the same name and meaning, copied as they are.
 SAME_AS_SETTINGS = (
     "prefill_step",
@@ -72,6 +82,14 @@ class WorkerSpec(BaseModel):
     stream_heartbeat_s: float = 10.0  # a quiet stream's protocol event interval (sse.Heartbeat)
     debug_prefill_delay_s: float = 0.0  # test-only: hold the first token back this long
     log_level: str = "INFO"
+    # The model's config defaults (None: the folder's generation_config.json, else built-in).
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    min_p: float | None = None
+    max_tokens: int | None = None  # None: up to the context's end
+    system: str | None = None  # for requests without a system or developer message
+    chat_template: str | None = None  # Jinja text or an absolute file path (the folder's: None)
     grammar_max_repeat: int = 1000
     grammar_max_bytes: int = 64 * 1024
     grammar_max_positions: int = 50_000

@@ -41,10 +41,11 @@ def _start(args: argparse.Namespace) -> int:
         settings = load_settings(flags, args.config)
     except ConfigError as exc:  # a bad config file or environment value: say which, then stop
         return _refuse(str(exc))
-    from mlxd.supervisor.catalog.discovery import config_path_problem
+    from mlxd.supervisor.catalog.discovery import alias_problem, config_path_problem
     from mlxd.supervisor.http.auth import bind_refusal
 
-    if (refusal := bind_refusal(settings) or config_path_problem(settings)) is not None:
+    refusal = bind_refusal(settings) or config_path_problem(settings) or alias_problem(settings)
+    if refusal is not None:
         return _refuse(refusal)
     from mlxd.supervisor.daemon import StartupError, prepare_home, serve
     from mlxd.supervisor.pidlock import HomeLocked

@@ -16,7 +16,7 @@ from aiohttp import web
 from mlxd.shared.exit_codes import EXIT_MODEL_LOAD_ERROR, EXIT_OK, EXIT_PARENT_GONE
 from mlxd.shared.middleware import error_middleware, request_id_middleware
 from mlxd.shared.model_facts import read_model_facts
-from mlxd.shared.worker_spec import WorkerSpec
+from mlxd.shared.worker_spec import MODEL_DEFAULT_FIELDS, WorkerSpec
 from mlxd.worker.api import anthropic as anthropic_routes
 from mlxd.worker.api import completions as completions_routes
 from mlxd.worker.api import control
@@ -144,8 +144,9 @@ async def serve(cfg: WorkerSpec) -> int:
                 load_embedder, cfg.model_path, cfg.model_id, state.facts, cfg.context_limit
             )
         else:
+            defaults = {name: getattr(cfg, name) for name in MODEL_DEFAULT_FIELDS}
             state.loaded = await asyncio.to_thread(
-                load_model, cfg.model_path, cfg.model_id, cfg.context_limit
+                load_model, cfg.model_path, cfg.model_id, cfg.context_limit, overrides=defaults
             )
     except Exception as exc:
         log.error("cannot load model=%s path=%s: %s", cfg.model_id, cfg.model_path, exc)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import logging
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import cached_property
 from pathlib import Path
 from typing import Any
@@ -15,6 +15,7 @@ import psutil
 from mlx.utils import tree_flatten
 from mlx_lm import load
 
+from mlxd.shared.config import is_template_text
 from mlxd.worker.engine.kvbudget import kv_bytes_per_token
 
 log = logging.getLogger("mlxd.worker.model")
@@ -25,12 +26,15 @@ FALLBACK_TOKEN_BYTES = 1024
 
 @dataclass
 class SamplingDefaults:
-    """The model's own defaults (generation_config.json), used when a request is silent."""
+    """What a request that is silent gets: the model's config section (WorkerSpec), else its
+    generation_config.json, else these built-in values."""
 
     temperature: float = 1.0
     top_p: float = 1.0
     top_k: int = 0
     min_p: float = 0.0
+    max_tokens: int | None = None  # None: up to the context's end
+    system: str | None = None  # for a conversation without a system or developer message
 
 
 @dataclass
@@ -118,10 +122,20 @@ def _has_half_floats(model) -> bool:
 
 
 def load_model(
-    path: Path, model_id: str, context_limit: int | None = None, upcast_on_cpu: bool = True
+    path: Path,
+    model_id: str,
+    context_limit: int | None = None,
+    upcast_on_cpu: bool = True,
+    overrides: dict[str, Any] | None = None,
 ) -> LoadedModel:
-    """Load `path`; raises on any problem with the folder (the caller maps it to an exit code)."""
+    """Load `path`; raises on any problem with the folder (the caller maps it to an exit code).
+
+    `overrides` are the config section's defaults (WorkerSpec MODEL_DEFAULT_FIELDS): the set
+    ones win over the folder's generation_config.json and chat template."""
     model, tokenizer, config = load(str(path), return_config=True)
+    overrides = {k: v for k, v in (overrides or {}).items() if v is not None}
+    if "chat_template" in overrides:
+        _set_chat_template(tokenizer, overrides.pop("chat_template"))
     if upcast_on_cpu and mx.default_device() == mx.cpu and _has_half_floats(model):
         # MLX's CPU backend has no fast float16/bfloat16 kernels (a 4-bit matmul with float16
         # scales runs ~100x slower than with float32): compute in float32 on the CPU.
@@ -136,7 +150,7 @@ def load_model(
         model_id=model_id,
         path=path,
         context_limit=limit,
-        defaults=_read_defaults(path),
+        defaults=replace(_read_defaults(path), **overrides),
     )
     _ = loaded.max_token_bytes  # read the vocabulary now, not on the first request
     return loaded
@@ -154,3 +168,11 @@ def _read_defaults(path: Path) -> SamplingDefaults:
         if isinstance(gen.get(key), (int, float)):
             setattr(d, key, cast(gen[key]))
     return d
+
+
+def _set_chat_template(tokenizer, template: str) -> None:
+    """Render with `template` (Jinja text, or a file holding it) instead of the folder's."""
+    text = template if is_template_text(template) else Path(template).read_text()
+    tokenizer._tokenizer.chat_template = text
+    tokenizer._chat_template = None  # mlx-lm's own renderer for some models would win
+    tokenizer.has_chat_template = True

@@ -15,7 +15,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from mlxd.shared.chat_job import ChatJob, RawPrompt, tool_call_message
+from mlxd.shared.chat_job import ChatJob, RawPrompt, developer_as_system, tool_call_message
 from mlxd.shared.errors import BadRequest
 from mlxd.shared.params import MAX_PENALTY_WINDOW, MAX_SEED, MAX_STOP_CHARS, GenerationParams
 from mlxd.shared.structured_output import GuidedFields, GuidedSpec
@@ -195,7 +195,7 @@ class ToolCallIn(_Lenient):
 
 
 class ChatMessage(_Lenient):
-    role: Literal["system", "user", "assistant", "tool"]
+    role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str = ""
     thinking: str | None = None
     images: list[Any] | None = None
@@ -220,7 +220,7 @@ class ChatMessage(_Lenient):
             ]
         if self.tool_name:
             out["name"] = self.tool_name
-        return out
+        return developer_as_system(out) if self.role == "developer" else out
 
 
 class ChatRequest(_Generating):

@@ -20,7 +20,13 @@ from pydantic import (
     model_validator,
 )
 
-from mlxd.shared.chat_job import ChatJob, arguments_object, text_of, tool_mode
+from mlxd.shared.chat_job import (
+    ChatJob,
+    arguments_object,
+    developer_as_system,
+    text_of,
+    tool_mode,
+)
 from mlxd.shared.params import MAX_SEED, MAX_STOP_CHARS, MIN_SEED, GenerationParams
 from mlxd.shared.structured_output import GuidedFields
 from mlxd.shared.wire.tools import CUSTOM_INPUT, chat_tool_set
@@ -49,7 +55,7 @@ class ChatMessage(_Lenient):
         objects (a JSON string would be quoted twice by `| tojson`)."""
         out = self.model_dump(exclude_none=True)
         if out["role"] == "developer":  # OpenAI's newer name; templates know "system"
-            out["role"] = "system"
+            out = developer_as_system(out)
         out["content"] = text_of(self.content, f"messages.{i}.content")
         for j, call in enumerate(out.get("tool_calls") or []):
             custom = call.get("custom") if call.get("type") == "custom" else None

@@ -11,7 +11,13 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_serializer
 
-from mlxd.shared.chat_job import ChatJob, text_of, tool_call_message, tool_mode
+from mlxd.shared.chat_job import (
+    ChatJob,
+    developer_as_system,
+    text_of,
+    tool_call_message,
+    tool_mode,
+)
 from mlxd.shared.errors import BadRequest
 from mlxd.shared.params import GenerationParams
 from mlxd.shared.structured_output import GuidedFields, GuidedSpec, JsonSchemaFormat
@@ -112,6 +118,8 @@ class ResponsesRequest(GuidedFields):
                 if role not in ("system", "user", "assistant"):
                     raise BadRequest(f"Invalid '{param}.role'", param=f"{param}.role")
                 msg = {"role": role, "content": text_of(item.get("content"), f"{param}.content")}
+                if given == "developer":
+                    msg = developer_as_system(msg)
                 if role == "assistant" and reasoning:
                     msg["reasoning_content"], reasoning = reasoning, None
                 out.append(msg)

@@ -67,7 +67,7 @@ def model_detail(reg: Registry, model_id: str) -> ModelDetail:
     row = model_status(reg, model_id)
     settings = reg.settings.for_model(model_id).model_dump(mode="json", exclude={"path"})
     detail = ModelDetail(
-        **row.model_dump(), settings={k: v for k, v in settings.items() if v is not None}
+        **row.model_dump(), settings={k: v for k, v in settings.items() if v not in (None, [])}
     )
     if row.path is not None:
         path = Path(row.path)

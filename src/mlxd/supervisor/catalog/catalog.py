@@ -38,7 +38,8 @@ class Catalog:
 
     async def settle(self, model: str | None) -> None:
         """Wait for a model that is still being imported (the built-in one on first start)."""
-        task = self.pending.get(model or self.default_model() or "")
+        name = model or self.default_model() or ""
+        task = self.pending.get(self.settings.alias_map().get(name, name))
         if task is not None:
             await asyncio.shield(task)
 
@@ -50,6 +51,7 @@ class Catalog:
                 raise BadRequest(
                     "The request has no 'model' and no default model is configured", param="model"
                 )
+        model = self.settings.alias_map().get(model, model)  # an alias names its model's id
         entry = self.in_use(model)
         if entry is not None and entry.path.exists():
             return entry

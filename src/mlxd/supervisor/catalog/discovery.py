@@ -106,3 +106,13 @@ def config_path_problem(settings: Settings) -> str | None:
         if not _is_model_dir(path):
             return f"model '{model_id}': {path} is not a model folder (it has no config.json)"
     return None
+
+
+def alias_problem(settings: Settings) -> str | None:
+    """The first configured alias that is also the id of a model discovery finds, in one line
+    (None: none is). Clashes among configured ids and aliases are load_settings' to refuse."""
+    ids = discover(settings)
+    for alias, model_id in settings.alias_map().items():
+        if alias in ids:
+            return f"model '{model_id}': alias '{alias}' is already a model's id"
+    return None

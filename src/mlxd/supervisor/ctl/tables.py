@@ -136,10 +136,23 @@ def action_text(body: dict) -> str:
     return line
 
 
+SHOWN_CHARS = 60  # a system prompt or template text is cut to this on one line
+
+
 def _value(v: object) -> str:
     if isinstance(v, dict):
         return " ".join(f"{k}={x}" for k, x in v.items()) or "-"
+    if isinstance(v, list):
+        return ", ".join(str(x) for x in v) or "-"
     return "-" if v is None else str(v)
+
+
+def _setting(v: object) -> str:
+    """A setting on one line: text (a system prompt, a template) cut short."""
+    if not isinstance(v, str):
+        return _value(v)
+    text = " ".join(v.split())
+    return text if len(text) <= SHOWN_CHARS else text[: SHOWN_CHARS - 1] + "…"
 
 
 def show_text(body: dict) -> str:
@@ -166,7 +179,7 @@ def show_text(body: dict) -> str:
     ):
         if section:
             lines += ["", title] + [
-                f"  {k:<22} {size(v) if k.endswith('_bytes') else _value(v)}"
+                f"  {k:<22} {size(v) if k.endswith('_bytes') else _setting(v)}"
                 for k, v in section.items()
             ]
     return "\n".join(lines)

@@ -33,6 +33,7 @@ from mlxd.worker.api import sse
 from mlxd.worker.api.driver import Surface, Writer, serve
 from mlxd.worker.chat.events import Collected, Delta, Done, TokenUsage
 from mlxd.worker.chat.output import REASONING
+from mlxd.worker.chat.prompts import prepare_messages
 from mlxd.worker.chat.run import render_job
 from mlxd.worker.chat.tool_calls import ToolCall
 from mlxd.worker.state import WorkerState
@@ -152,6 +153,7 @@ async def count_tokens(request: web.Request) -> web.Response:
     m, _ = state.ready()
     req = parse_model(CountTokensRequest, load_json(await request.read()))
     job = req.to_chat_job()
+    job.messages = prepare_messages(m, job.messages)  # the default system prompt counts too
     prompt = render_job(m, job, state.config.enable_thinking)
     return web.Response(
         body=orjson.dumps(CountTokens(input_tokens=len(prompt.ids)).model_dump()),

@@ -7,6 +7,7 @@ import math
 from dataclasses import dataclass, replace
 from typing import Any
 
+from mlxd.shared.chat_job import DEVELOPER_MARK
 from mlxd.shared.errors import BadRequest
 from mlxd.shared.params import MAX_SEED, MIN_SEED, GenerationParams
 from mlxd.worker.chat.tool_prompt import WARNING as TOOLS_AS_TEXT
@@ -59,6 +60,22 @@ def chat_prompt(
     check_prompt_bytes(m, text, "messages")
     ids = m.tokenizer.encode(text, add_special_tokens=False)
     return ChatPrompt(ids, text, kwargs, _ends_in_reasoning(m.tokenizer, text), warning)
+
+
+def prepare_messages(m: LoadedModel, messages: list[dict]) -> list[dict]:
+    """The conversation as this model's template gets it: a `developer` message keeps its
+    role where the template knows it, else it is a system message; a conversation without a
+    system or developer message starts with the model's default `system`, if it has one."""
+    native = "developer" in str(getattr(m.tokenizer, "chat_template", None) or "")
+    out = []
+    for msg in messages:
+        if msg.get("role") == "developer" or DEVELOPER_MARK in msg:
+            msg = {k: v for k, v in msg.items() if k != DEVELOPER_MARK}
+            msg["role"] = "developer" if native else "system"
+        out.append(msg)
+    if m.defaults.system and not any(msg.get("role") in ("system", "developer") for msg in out):
+        out.insert(0, {"role": "system", "content": m.defaults.system})
+    return out
 
 
 def _ends_in_reasoning(tokenizer, text: str) -> bool:
@@ -196,8 +213,9 @@ def resolve_params(
                 param="options.num_ctx",
                 code="context_length_exceeded",
             )
-    max_tokens = fit_max_tokens(limit, prompt_len, p.max_tokens, surface)
     d = m.defaults
+    requested = d.max_tokens if p.max_tokens is None else p.max_tokens
+    max_tokens = fit_max_tokens(limit, prompt_len, requested, surface)
     # A generation_config top_k outside the vocabulary would fail every unset request: off.
     default_top_k = d.top_k if 0 < d.top_k < m.vocab_size else 0
     return replace(

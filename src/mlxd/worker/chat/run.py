@@ -35,6 +35,7 @@ from mlxd.worker.chat.prompts import (
     chat_prompt,
     check_params,
     completion_prompt,
+    prepare_messages,
     resolve_params,
 )
 from mlxd.worker.chat.tool_calls import forced_call_spec
@@ -84,6 +85,7 @@ class ChatRun:
     async def _prepare_chat(self) -> None:
         m, job = self.m, self.job
         check_params(m, job.params)  # a bad parameter is a 400 before any grammar compiles
+        job.messages = prepare_messages(m, job.messages)
         spec = job.guided
         try:
             forced = forced_call_spec(m.tokenizer, job)
