@@ -14,6 +14,8 @@ from aiohttp import web
 from mlxd.shared.config import Settings
 from mlxd.shared.middleware import error_middleware, request_id_middleware
 from mlxd.supervisor import urlfile
+from mlxd.supervisor.admin.logstream import add_log_stream
+from mlxd.supervisor.admin.memory import add_memory_route
 from mlxd.supervisor.admin.metrics import add_metrics, observe_middleware
 from mlxd.supervisor.admin.routes import add_admin_routes
 from mlxd.supervisor.catalog.builtin import setup_builtin
@@ -35,6 +37,7 @@ from mlxd.supervisor.lifecycle.registry import Registry
 from mlxd.supervisor.lifecycle.watchdog import run_watchdog
 from mlxd.supervisor.pidlock import PidLock
 from mlxd.supervisor.scheduling.keepalive import run_keepalive
+from mlxd.supervisor.ui.routes import add_ui_routes
 
 log = logging.getLogger("mlxd.daemon")
 
@@ -64,6 +67,9 @@ def build_app(settings: Settings, registry: Registry) -> web.Application:
     routes.add_routes(app)
     add_admin_routes(app)
     add_metrics(app)
+    add_memory_route(app)  # the dashboard's: /admin/memory, /admin/logs/stream, /ui
+    add_log_stream(app)
+    add_ui_routes(app)
     add_cors(app)
     return app
 

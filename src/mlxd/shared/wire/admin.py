@@ -118,3 +118,28 @@ class WorkerHealth(BaseModel):
     generation: int | None = None
     model: str | None = None
     error: str | None = None  # why the engine stopped, when status is failed
+
+
+class MemoryModel(BaseModel):
+    """One running model as GET /admin/memory shows it."""
+
+    id: str
+    state: str
+    footprint_bytes: int  # what the budget counts for it
+    memory_bytes: int | None = None  # its worker's resident set size
+    leases: int = 0
+    pinned: bool = False
+    idle_s: float | None = None
+    evictable: bool = False  # an eviction could take it now (idle, ready, not pinned)
+
+
+class MemoryReport(BaseModel):
+    """GET /admin/memory: the budget, who holds it, and what an eviction would take first."""
+
+    object: Literal["memory"] = "memory"
+    budget_bytes: int
+    used_bytes: int  # footprints of every running worker, hot-reload twins included
+    free_bytes: int
+    max_loaded_models: int  # 0: no limit
+    models: list[MemoryModel]
+    eviction_order: list[str]  # idle evictable models, the first one is evicted first

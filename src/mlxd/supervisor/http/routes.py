@@ -19,6 +19,7 @@ from mlxd.supervisor.http.ollama import add_ollama_routes
 from mlxd.supervisor.http.proxy import forward_leased
 from mlxd.supervisor.lifecycle.registry import Registry
 from mlxd.supervisor.lifecycle.states import State
+from mlxd.supervisor.ui.routes import page_response, wants_html
 
 log = logging.getLogger("mlxd.routes")
 
@@ -106,7 +107,10 @@ async def proxy_v1(request: web.Request) -> web.StreamResponse:
 
 async def root(request: web.Request) -> web.Response:
     """HEAD / and GET / are 200, as Ollama answers them: Claude Code probes the base URL with
-    HEAD before its first request, Ollama clients GET it to see that a server runs."""
+    HEAD before its first request, Ollama clients GET it to see that a server runs.
+    A browser (Accept prefers text/html) gets the dashboard instead."""
+    if request.method == "GET" and wants_html(request.headers.get("Accept", "")):
+        return page_response()
     return web.Response(text="Ollama is running")
 
 

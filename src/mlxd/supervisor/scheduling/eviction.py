@@ -38,17 +38,21 @@ def plan_eviction(
     used = sum(r.footprint_bytes for r in residents)
     count = len(residents)
     victims: list[str] = []
-    candidates = sorted(
-        (r for r in residents if r.evictable and not r.pinned and r.leases == 0),
-        key=lambda r: r.last_used,
-    )
-    for r in candidates:
+    for r in eviction_candidates(residents):
         if _fits(used, count, need_bytes, budget_bytes, max_loaded):
             break
         victims.append(r.id)
         used -= r.footprint_bytes
         count -= 1
     return victims if _fits(used, count, need_bytes, budget_bytes, max_loaded) else None
+
+
+def eviction_candidates(residents: list[Resident]) -> list[Resident]:
+    """The models an eviction may take, in the order it takes them (least recently used)."""
+    return sorted(
+        (r for r in residents if r.evictable and not r.pinned and r.leases == 0),
+        key=lambda r: r.last_used,
+    )
 
 
 def _fits(used: int, count: int, need: int, budget: int, max_loaded: int) -> bool:

@@ -1,0 +1,1 @@
+"""The web dashboard: static files served at /ui (and at / for browsers)."""

@@ -1,0 +1,212 @@
+"""The web dashboard in a real headless Chromium against a real daemon (docs/dashboard.md).
+
+Needs Debian's `chromium` (apt-get install chromium) and the `playwright` package; the browser
+tests skip without them. Screenshots of each page go to tests/artifacts/dashboard/.
+"""
+
+from __future__ import annotations
+
+import shutil
+import threading
+from pathlib import Path
+
+import httpx
+import pytest
+
+ARTIFACTS = Path(__file__).resolve().parents[1] / "artifacts" / "dashboard"
+TOKEN = "dash-admin-token-7f3e"
+CHAT = {"model": "a", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 8}
+HTML = "text/html,application/xhtml+xml,application/xml;q=0.9,*/*;q=0.8"  # Chromium's Accept
+
+
+def _chromium() -> str | None:
+    return shutil.which("chromium") or shutil.which("chromium-browser")
+
+
+@pytest.fixture(scope="module")
+def daemon(make_module_daemon):
+    return make_module_daemon(config="[models.a]\nkeep_alive_s = 600\n")
+
+
+@pytest.fixture(scope="module")
+def browser():
+    binary = _chromium()
+    if binary is None:
+        pytest.skip("no chromium binary on PATH (Debian: apt-get install -y chromium)")
+    sync_api = pytest.importorskip("playwright.sync_api", reason="pip install playwright")
+    with sync_api.sync_playwright() as p:
+        b = p.chromium.launch(executable_path=binary, headless=True)
+        yield b
+        b.close()
+
+
+class Page:
+    """A fresh browser tab on the daemon, recording what the console complained about."""
+
+    def __init__(self, browser, url: str):
+        self.ctx = browser.new_context(viewport={"width": 1280, "height": 720})
+        self.page = self.ctx.new_page()
+        self.url = url
+        self.errors: list[str] = []
+        self.page.on("pageerror", lambda e: self.errors.append(str(e)))
+        self.page.on(
+            "console", lambda m: m.type == "error" and self.errors.append(m.text)
+        )  # CSP violations and failed scripts land here
+
+    def open(self, tab: str) -> None:
+        self.page.goto(f"{self.url}/ui#{tab}")
+
+    def shot(self, name: str) -> None:
+        ARTIFACTS.mkdir(parents=True, exist_ok=True)
+        self.page.screenshot(path=str(ARTIFACTS / f"{name}.png"), full_page=True)
+        print(f"screenshot: {ARTIFACTS / name}.png")
+
+
+@pytest.fixture
+def tab(browser, daemon):
+    from playwright.sync_api import expect
+
+    p = Page(browser, daemon.url)
+    p.page.set_default_timeout(30_000)
+    expect.set_options(timeout=30_000)
+    yield p
+    p.ctx.close()
+    assert not p.errors, p.errors
+
+
+def _ys(points: str | None) -> list[float]:
+    """The y values of a sparkline's points (the SVG's y grows downwards: 58 is zero)."""
+    return [float(p.split(",")[1]) for p in (points or "0,58").split()]
+
+
+def state_of(page, model: str):
+    return page.locator(f'#models-table tr[data-model="{model}"] .state')
+
+
+def test_root_is_the_page_for_browsers_and_text_for_probes(daemon):
+    plain = daemon.http.get("/")
+    assert plain.status_code == 200 and plain.text == "Ollama is running"
+    assert daemon.http.head("/").status_code == 200
+    page = daemon.http.get("/", headers={"Accept": HTML})
+    assert page.status_code == 200 and page.headers["content-type"].startswith("text/html")
+    assert "default-src 'self'" in page.headers["content-security-policy"]
+    assert page.text == daemon.http.get("/ui").text and "/ui/app.js" in page.text
+    js = daemon.http.get("/ui/app.js")
+    assert js.headers["content-type"].startswith("text/javascript")
+    assert js.headers["x-content-type-options"] == "nosniff"
+    assert daemon.http.get("/ui/../config.toml").status_code in (400, 404)
+    assert daemon.http.get("/ui/secret.txt").status_code == 404
+
+
+def test_models_table_shows_a_loaded_model(tab, daemon):
+    from playwright.sync_api import expect
+
+    assert daemon.http.post("/admin/models/a/load").json()["model"]["state"] == "ready"
+    tab.open("models")
+    expect(state_of(tab.page, "a")).to_have_text("ready")
+    pid = str(daemon.worker_pids("a")[0])
+    expect(tab.page.locator('#models-table tr[data-model="a"] td').nth(2)).to_have_text(pid)
+    expect(tab.page.locator('#models-table tr[data-model="a"] td.keepalive')).to_contain_text(
+        "unloads in"
+    )
+    expect(state_of(tab.page, "b")).to_have_text("stopped")
+    tab.shot("models")
+
+
+def test_unload_button_stops_the_model(tab, daemon):
+    from playwright.sync_api import expect
+
+    daemon.http.post("/admin/models/a/load")
+    tab.open("models")
+    expect(state_of(tab.page, "a")).to_have_text("ready")
+    tab.page.locator('#models-table tr[data-model="a"] button[data-action="unload"]').click()
+    expect(state_of(tab.page, "a")).to_have_text("stopped")
+    expect(tab.page.locator("#notice")).to_contain_text("a: unloaded")
+    assert daemon.http.get("/admin/models/a").json()["state"] == "stopped"
+    assert daemon.worker_pids("a") == []
+
+
+def test_playground_streams_a_reply(tab, daemon):
+    from playwright.sync_api import expect
+
+    tab.open("chat")
+    expect(tab.page.locator('#chat-model option[value="a"]')).to_have_count(1)
+    tab.page.select_option("#chat-model", "a")
+    tab.page.fill("#chat-max", "8")
+    tab.page.fill("#chat-temp", "0")
+    tab.page.fill("#chat-input", "Say hello")
+    tab.page.click("#chat-send")
+    expect(tab.page.locator("#chat-stats")).to_contain_text("tokens/s")
+    reply = tab.page.locator(".msg.assistant .text").first
+    assert reply.inner_text().strip()  # the streamed text stayed on the page
+    expect(tab.page.locator(".msg.user")).to_contain_text("Say hello")
+    assert daemon.http.get("/admin/models/a").json()["state"] == "ready"  # it loaded a
+    tab.shot("playground")
+
+
+def test_logs_view_follows_a_worker_log(tab, daemon):
+    from playwright.sync_api import expect
+
+    tab.open("logs")
+    expect(tab.page.locator('#logs-model option[value="b"]')).to_have_count(1)
+    tab.page.select_option("#logs-model", "b")
+    expect(tab.page.locator("#logs-file")).to_have_text("b.log")
+    # b starts after the page follows its log: its first lines must arrive through the stream.
+    loader = threading.Thread(target=lambda: daemon.http.post("/admin/models/b/load"))
+    loader.start()
+    expect(tab.page.locator("#logs-out")).to_contain_text("listening model=b")
+    loader.join()
+    tab.shot("logs")
+
+
+def test_memory_cache_and_metrics_pages(tab, daemon):
+    from playwright.sync_api import expect
+
+    for _ in range(2):  # some traffic for the cache
+        assert daemon.http.post("/v1/chat/completions", json=CHAT).status_code == 200
+    tab.open("memory")
+    expect(tab.page.locator('#memory-table tr[data-model="a"]')).to_contain_text("ready")
+    expect(tab.page.locator("#budget-text")).to_contain_text("budget in use")
+    expect(tab.page.locator("#eviction-text")).not_to_be_empty()
+    tab.shot("memory")
+    tab.open("cache")
+    expect(tab.page.locator('#cache-table tr[data-model="a"]')).to_have_count(1)
+    tab.shot("cache")
+    tab.open("metrics")
+    expect(tab.page.locator("#s-tps polyline")).to_have_count(1)  # two polls made a point
+    expect(tab.page.locator("#m-rps")).not_to_have_text("–")
+    for _ in range(3):  # streamed, so TTFT is observed too
+        with daemon.http.stream("POST", "/v1/chat/completions", json={**CHAT, "stream": True}) as r:
+            assert r.status_code == 200 and "[DONE]" in r.read().decode()
+    # the generated tokens show up as a rise in the tokens/s line once the next poll ran
+    line = tab.page.locator("#s-tps polyline")
+    daemon.wait_for(lambda: min(_ys(line.get_attribute("points"))) < 57, what="a tokens/s rise")
+    expect(tab.page.locator("#m-ttft")).not_to_have_text("–")
+    tab.shot("metrics")
+
+
+def test_with_an_admin_token_the_page_asks_for_it(browser, make_module_daemon, tiny_model_dir):
+    from playwright.sync_api import expect
+
+    d = make_module_daemon(models={"a": tiny_model_dir}, env={"MLXD_ADMIN_TOKEN": TOKEN})
+    for path in ("/ui", "/ui/app.js", "/ui/app.css"):  # the page carries no secret
+        assert TOKEN not in d.http.get(path).text
+    assert d.http.get("/admin/models").status_code == 401
+    p = Page(browser, d.url)
+    try:
+        p.open("models")
+        expect(p.page.locator("#auth")).to_be_visible()
+        expect(p.page.locator("#auth-why")).to_contain_text("admin token")
+        expect(p.page.locator("#models-table tbody tr")).to_have_count(0)
+        p.page.fill("#auth-admin", TOKEN)
+        p.page.click('#auth-form button[type="submit"]')
+        expect(state_of(p.page, "a")).to_have_text("stopped")
+        expect(p.page.locator("#auth")).to_be_hidden()
+        stored = p.page.evaluate("sessionStorage.getItem('mlxd.admin_token')")
+        assert stored == TOKEN
+        # the only console errors are the refused requests before the token was given
+        assert all("401" in e for e in p.errors), p.errors
+    finally:
+        p.ctx.close()
+    with httpx.Client(base_url=d.url) as c:  # the token opens /admin, as the page sent it
+        assert c.get("/admin/models", headers={"Authorization": f"Bearer {TOKEN}"}).is_success
