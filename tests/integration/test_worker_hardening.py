@@ -320,3 +320,41 @@ def test_a_batch_that_cannot_be_rebuilt_marks_the_engine_dead(loaded):
         assert late.done.is_set() and late.last.error.status == 503
     finally:
         engine.stop()
+
+
+def test_an_allocation_failure_fails_the_new_row_with_out_of_memory_and_serving_goes_on(
+    loaded, monkeypatch
+):
+    # Issue 18: MLX failing to allocate during the step that admits "hog" (injected here: a
+    # real one needs a machine out of memory) fails that row with a 503 saying so; the row
+    # already decoding is carried over, and the engine serves the next request.
+    from mlx_lm.generate import BatchGenerator
+
+    real_next = BatchGenerator.next
+    hog = _Row("hog")
+
+    def next_or_oom(gen):
+        if any(row.sub is hog.sub for row in engine._batch.rows.values()) and not hog.done.is_set():
+            raise RuntimeError(
+                "[metal::malloc] Unable to allocate 8589934592 bytes; Insufficient Memory"
+            )
+        return real_next(gen)
+
+    monkeypatch.setattr(BatchGenerator, "next", next_or_oom)
+    engine = Engine(loaded, batch=4)
+    engine.start()
+    try:
+        reference = _run(engine, _Row("reference"))
+        good = _Row("good")
+        engine.submit(good.sub)
+        assert good.started.wait(60)
+        _run(engine, hog)
+        assert good.done.wait(60)
+        assert hog.last.finish_reason == "error" and hog.last.error.status == 503
+        assert hog.last.error.code == "out_of_memory" and "out of memory" in hog.last.error.message
+        assert good.last.error is None and good.text == reference.text
+        assert engine.dead is None and engine.recoveries == 1
+        assert _run(engine, _Row("after", max_tokens=5)).last.error is None
+    finally:
+        engine.stop()
+        assert engine.join(10)
