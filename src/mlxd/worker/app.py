@@ -27,8 +27,8 @@ from mlxd.worker.api import responses as responses_routes
 from mlxd.worker.cache.layout import fingerprint, ssd_folder
 from mlxd.worker.cache.prompt_cache import PromptCache, kv_layout
 from mlxd.worker.embed.load import load_embedder
-from mlxd.worker.engine.memplan import plan_memory
 from mlxd.worker.engine.loop import Engine
+from mlxd.worker.engine.memplan import plan_memory
 from mlxd.worker.engine.planner import MIN_CHUNK, PlanConfig
 from mlxd.worker.lifeline import watch_parent
 from mlxd.worker.model import (

@@ -14,11 +14,11 @@ from aiohttp import web
 
 from mlxd.shared.errors import BadRequest
 from mlxd.shared.wire.admin import WorkerHealth
-from mlxd.worker.engine.stats import memory_report
 from mlxd.shared.wire.bodies import load_json
 from mlxd.shared.wire.openai import ModelCard, ModelList
 from mlxd.shared.worker_spec import WorkerSpec
 from mlxd.worker.engine.loop import Engine
+from mlxd.worker.engine.stats import memory_report
 from mlxd.worker.state import WorkerState
 
 log = logging.getLogger("mlxd.worker")
