@@ -130,6 +130,45 @@ def test_token_budgets_beyond_the_context_are_clamped_on_every_surface(http):
     assert r.json()["usage"]["total_tokens"] <= CONTEXT_LIMIT
 
 
+def test_a_budget_past_the_room_ends_at_the_room_with_length_on_every_surface(http):
+    # Issue 18: a prompt near the context's end leaves a few tokens of room; a larger budget
+    # gets exactly that room (unless the model ends its turn first), and says "length".
+    ids = [5] * (CONTEXT_LIMIT - 6)
+    r = http.post("/v1/completions", json={"prompt": ids, "max_tokens": 10**9})
+    assert r.status_code == 200, r.text
+    u, finish = r.json()["usage"], r.json()["choices"][0]["finish_reason"]
+    assert u["prompt_tokens"] == CONTEXT_LIMIT - 6 and u["completion_tokens"] <= 6
+    assert finish == "stop" or (finish == "length" and u["completion_tokens"] == 6)
+    long_text = "hi " * (CONTEXT_LIMIT // 2 - 40)  # two tokens each: room to spare
+    r = http.post(
+        CHAT, json={"messages": [{"role": "user", "content": long_text}], "max_tokens": 2**63}
+    )
+    assert r.status_code == 200, r.text
+    u, finish = r.json()["usage"], r.json()["choices"][0]["finish_reason"]
+    assert u["total_tokens"] <= CONTEXT_LIMIT
+    assert finish == "stop" or (finish == "length" and u["total_tokens"] == CONTEXT_LIMIT)
+    body = {"model": "tiny", "prompt": long_text, "stream": False}
+    r = http.post("/api/generate", json={**body, "options": {"num_predict": 10**9}})
+    assert r.status_code == 200, r.text
+    out = r.json()
+    assert out["prompt_eval_count"] + out["eval_count"] <= CONTEXT_LIMIT
+    assert out["done_reason"] == "stop" or (
+        out["done_reason"] == "length"
+        and out["prompt_eval_count"] + out["eval_count"] == CONTEXT_LIMIT
+    )
+
+
+def test_only_a_prompt_with_no_room_left_is_refused_with_the_numbers(http):
+    r = http.post("/v1/completions", json={"prompt": [5] * CONTEXT_LIMIT, "max_tokens": 4})
+    err = _openai_error(r, "messages")
+    assert err["code"] == "context_length_exceeded"
+    assert f"{CONTEXT_LIMIT} tokens" in err["message"] and "context limit" in err["message"]
+    ok = http.post("/v1/completions", json={"prompt": [5] * (CONTEXT_LIMIT - 1), "max_tokens": 9})
+    assert ok.status_code == 200, ok.text
+    assert ok.json()["usage"]["completion_tokens"] == 1
+    assert ok.json()["choices"][0]["finish_reason"] in ("length", "stop")
+
+
 def test_a_long_stop_string_is_a_400_on_both_surfaces(http):
     long = "x" * 10_000
     _openai_error(http.post(CHAT, json={"messages": MSG, "stop": [long]}), "stop")
@@ -281,3 +320,41 @@ def test_a_batch_that_cannot_be_rebuilt_marks_the_engine_dead(loaded):
         assert late.done.is_set() and late.last.error.status == 503
     finally:
         engine.stop()
+
+
+def test_an_allocation_failure_fails_the_new_row_with_out_of_memory_and_serving_goes_on(
+    loaded, monkeypatch
+):
+    # Issue 18: MLX failing to allocate during the step that admits "hog" (injected here: a
+    # real one needs a machine out of memory) fails that row with a 503 saying so; the row
+    # already decoding is carried over, and the engine serves the next request.
+    from mlx_lm.generate import BatchGenerator
+
+    real_next = BatchGenerator.next
+    hog = _Row("hog")
+
+    def next_or_oom(gen):
+        if any(row.sub is hog.sub for row in engine._batch.rows.values()) and not hog.done.is_set():
+            raise RuntimeError(
+                "[metal::malloc] Unable to allocate 8589934592 bytes; Insufficient Memory"
+            )
+        return real_next(gen)
+
+    monkeypatch.setattr(BatchGenerator, "next", next_or_oom)
+    engine = Engine(loaded, batch=4)
+    engine.start()
+    try:
+        reference = _run(engine, _Row("reference"))
+        good = _Row("good")
+        engine.submit(good.sub)
+        assert good.started.wait(60)
+        _run(engine, hog)
+        assert good.done.wait(60)
+        assert hog.last.finish_reason == "error" and hog.last.error.status == 503
+        assert hog.last.error.code == "out_of_memory" and "out of memory" in hog.last.error.message
+        assert good.last.error is None and good.text == reference.text
+        assert engine.dead is None and engine.recoveries == 1
+        assert _run(engine, _Row("after", max_tokens=5)).last.error is None
+    finally:
+        engine.stop()
+        assert engine.join(10)

@@ -6,7 +6,6 @@ from mlxd.shared.errors import PayloadTooLarge
 from mlxd.worker.engine.kvbudget import (
     RESERVED_OUTPUT_TOKENS,
     KvBudget,
-    auto_budget,
     kv_bytes_per_token,
     row_tokens,
 )
@@ -28,10 +27,14 @@ def test_bytes_per_token_from_the_config():
     assert kv_bytes_per_token({"hidden_size": 8}, 2) is None
 
 
-def test_rows_count_their_prompt_and_a_bounded_output():
+def test_rows_count_their_prompt_and_all_the_output_they_may_write():
+    # Issue 18: a row is counted at its whole (clamped) max_tokens, so it never outgrows what
+    # admission counted; without one, up to the context's end.
     assert row_tokens(1000, 50) == 1050
-    assert row_tokens(1000, 32_000) == 1000 + RESERVED_OUTPUT_TOKENS
+    assert row_tokens(1000, 32_000) == 33_000
     assert row_tokens(1000, 0) == 1001
+    assert row_tokens(1000, None, context_limit=4096) == 4096
+    assert row_tokens(1000, None) == 1000 + RESERVED_OUTPUT_TOKENS
 
 
 def test_one_long_row_makes_every_row_beside_it_long():
@@ -58,9 +61,4 @@ def test_a_row_that_never_fits_alone_is_refused_with_the_numbers():
     assert err.status == 413 and err.code == "kv_budget_exceeded"
     assert "900 prompt tokens" in err.message and "4096 bytes per token" in err.message
     assert "2.7 MiB" in err.message  # the budget
-
-
-def test_the_automatic_budget_leaves_room_and_keeps_a_floor():
-    gib = 1024**3
-    assert auto_budget(100 * gib, 10 * gib, 16 * gib, floor=gib) == 49 * gib
-    assert auto_budget(8 * gib, 7 * gib, 2 * gib, floor=gib) == gib
+    assert "(kv_budget_bytes)" in err.message  # and where it comes from

@@ -27,11 +27,17 @@ from mlxd.worker.api import responses as responses_routes
 from mlxd.worker.cache.layout import fingerprint, ssd_folder
 from mlxd.worker.cache.prompt_cache import PromptCache, kv_layout
 from mlxd.worker.embed.load import load_embedder
-from mlxd.worker.engine.kvbudget import auto_budget, padded
 from mlxd.worker.engine.loop import Engine
+from mlxd.worker.engine.memplan import plan_memory
 from mlxd.worker.engine.planner import MIN_CHUNK, PlanConfig
 from mlxd.worker.lifeline import watch_parent
-from mlxd.worker.model import LoadedModel, device_memory_bytes, limit_buffer_cache, load_model
+from mlxd.worker.model import (
+    LoadedModel,
+    apply_memory_limit,
+    device_memory_bytes,
+    limit_buffer_cache,
+    load_model,
+)
 from mlxd.worker.state import WorkerState
 
 log = logging.getLogger("mlxd.worker")
@@ -214,31 +220,37 @@ def make_engine(cfg: WorkerSpec, loaded: LoadedModel, cache: PromptCache | None)
     # A busy step never prefills more than an idle one.
     budget_tokens = min(cfg.prefill_budget or default_budget, idle)
     plan = PlanConfig(idle, budget_tokens, min(MIN_CHUNK, budget_tokens))
-    budget = cfg.kv_budget_bytes
     bpt = loaded.kv_bytes_per_token
-    if budget is None and bpt:
-        budget = auto_budget(
-            device_memory_bytes(),
-            mx.get_active_memory(),
-            ram_cache_bytes(cfg),
-            floor=padded(loaded.context_limit) * bpt,
-        )
+    mem = plan_memory(
+        machine_bytes=device_memory_bytes(),
+        share_bytes=cfg.memory_limit_bytes,
+        weights_bytes=loaded.weights_bytes,
+        prompt_cache_bytes=ram_cache_bytes(cfg) if cache is not None else 0,
+        kv_budget_bytes=cfg.kv_budget_bytes,
+    )
+    apply_memory_limit(mem.total_bytes)
+    # The setting's 0 means no KV bound; a plan that leaves 0 refuses every row (a 413).
+    budget = None if mem.kv_source != "plan" and not mem.kv_budget_bytes else mem.kv_budget_bytes
     log.info(
-        "batch=%d prefill_step=%d prefill_budget=%d kv_budget=%s (%s bytes per token) warmup=%s",
+        "batch=%d prefill_step=%d prefill_budget=%d kv_budget=%s (%s bytes per token; %s) "
+        "memory_limit=%.2f GiB warmup=%s",
         cfg.batch,
         plan.idle_chunk,
         plan.step_budget,
-        "none" if not budget else f"{budget / 1024**3:.2f} GiB",
+        "none" if budget is None else f"{budget / 1024**3:.2f} GiB",
         bpt,
+        mem.explain(),
+        mem.total_bytes / 1024**3,
         cfg.warmup,
     )
     return Engine(
         loaded,
         batch=cfg.batch,
         plan=plan,
-        kv_budget_bytes=budget or None,  # 0: rows bounded by `batch` only
+        kv_budget_bytes=budget,
         cache=cache,
         warmup=cfg.warmup,
+        memory_plan=mem,
     )
 
 

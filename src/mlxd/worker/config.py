@@ -93,6 +93,13 @@ def _flag_parser(log_level: str) -> argparse.ArgumentParser:
         " memory; 0: rows bounded by --batch only)",
     )
     p.add_argument(
+        "--memory-limit-bytes",
+        type=int,
+        default=None,
+        help="memory this worker may use: its weights, prompt cache and KV are planned within"
+        " it (default: the device's memory, or the RAM)",
+    )
+    p.add_argument(
         "--warmup",
         action=argparse.BooleanOptionalAction,
         default=_default("warmup"),

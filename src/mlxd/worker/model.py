@@ -74,6 +74,11 @@ class LoadedModel:
             return FALLBACK_TOKEN_BYTES
 
     @cached_property
+    def weights_bytes(self) -> int:
+        """Bytes the model's parameters hold (quantized weights at their packed size)."""
+        return sum(v.nbytes for _, v in tree_flatten(self.model.parameters()))
+
+    @cached_property
     def kv_bytes_per_token(self) -> int | None:
         """K and V bytes one token of a row holds (None: the config does not say)."""
         return kv_bytes_per_token(self.config, _float_bytes(self.model))
@@ -115,6 +120,26 @@ def limit_buffer_cache() -> int:
     cap = device_memory_bytes() // BUFFER_CACHE_FRACTION
     mx.set_cache_limit(cap)
     return cap
+
+
+def apply_memory_limit(limit_bytes: int) -> None:
+    """MLX's memory limit: past it, an evaluation waits for freed buffers before it allocates
+    more (and fails only when even that is not enough), so a worker stays within its plan."""
+    mx.set_memory_limit(limit_bytes)
+
+
+def apply_wired_limit(limit_bytes: int) -> None:
+    """On Metal, keep at most `limit_bytes` (never past the recommended working set) wired.
+
+    mlx-lm's BatchGenerator wires the whole recommended working set when it is made and puts
+    the previous limit back when closed; the engine calls this after making one."""
+    if mx.default_device() == mx.cpu or not mx.metal.is_available():
+        return
+    try:
+        rec = int(mx.device_info()["max_recommended_working_set_size"])
+        mx.set_wired_limit(min(limit_bytes, rec))
+    except Exception:  # an MLX without wired limits: nothing to bound
+        log.debug("no wired limit on this MLX", exc_info=True)
 
 
 def _has_half_floats(model) -> bool:

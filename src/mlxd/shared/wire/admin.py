@@ -118,6 +118,10 @@ class WorkerHealth(BaseModel):
     generation: int | None = None
     model: str | None = None
     error: str | None = None  # why the engine stopped, when status is failed
+    # What the worker holds now (weights, RAM prompt cache, KV of the rows in flight) and the
+    # memory plan's limit: what the supervisor's budget can count in place of an estimate.
+    memory_in_use_bytes: int | None = None
+    memory_limit_bytes: int | None = None
 
 
 class MemoryModel(BaseModel):

@@ -18,6 +18,7 @@ from mlxd.shared.wire.bodies import load_json
 from mlxd.shared.wire.openai import ModelCard, ModelList
 from mlxd.shared.worker_spec import WorkerSpec
 from mlxd.worker.engine.loop import Engine
+from mlxd.worker.engine.stats import memory_report
 from mlxd.worker.state import WorkerState
 
 log = logging.getLogger("mlxd.worker")
@@ -43,6 +44,10 @@ async def health(request: web.Request) -> web.Response:
     body = WorkerHealth(
         status=status, pid=os.getpid(), generation=cfg.generation, model=cfg.model_id, error=error
     )
+    if state.started and state.engine is not None:
+        mem = memory_report(state.engine)
+        body.memory_in_use_bytes = mem["memory_in_use_bytes"]
+        body.memory_limit_bytes = mem["memory_limit_bytes"]
     return _json(body.model_dump(exclude_none=True), status=200 if status == "ok" else 503)
 
 

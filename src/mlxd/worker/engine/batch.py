@@ -87,9 +87,9 @@ class Batch:
 
     def fail_broken(self) -> None:
         """Fail the rows a guard caught during the step that just ran."""
-        for sub, _ in self.broken:
+        for sub, exc in self.broken:
             if (row := self._by_sub.get(id(sub))) is not None:
-                self.fail(row.uid, generation_failed(sub.rid))
+                self.fail(row.uid, generation_failed(sub.rid, exc))
         self.broken.clear()
 
     def fail_all(self, err: MlxdError) -> None:

@@ -40,6 +40,7 @@ from mlxd.worker.engine.inbox import (
     Submit,
 )
 from mlxd.worker.engine.kvbudget import KvBudget
+from mlxd.worker.engine.memplan import MemoryPlan
 from mlxd.worker.engine.planner import PlanConfig
 from mlxd.worker.engine.recovery import rebuild
 from mlxd.worker.engine.rows import Event, Row, Submission
@@ -47,7 +48,7 @@ from mlxd.worker.engine.schedule import Scheduler
 from mlxd.worker.engine.stats import engine_stats
 from mlxd.worker.engine.trace import StepTrace
 from mlxd.worker.engine.warmup import timed_warm_up
-from mlxd.worker.model import LoadedModel
+from mlxd.worker.model import LoadedModel, apply_wired_limit
 
 log = logging.getLogger("mlxd.worker.engine.loop")
 
@@ -63,8 +64,9 @@ class Engine:
     """Owns the model's BatchGenerator on a dedicated thread.
 
     `plan` sizes the prefill chunks; `kv_budget_bytes` (None: no bound but `batch`) bounds
-    the KV the batch's rows may hold; `warmup` runs the shapes once before the first request
-    (`warmed` is set after it); `trace`, when given, hears a StepTrace after every step.
+    the KV the batch's rows may hold (`memory_plan`: where it came from); `warmup` runs the
+    shapes once before the first request (`warmed` is set after it); `trace`, when given,
+    hears a StepTrace after every step.
     """
 
     def __init__(
@@ -77,6 +79,7 @@ class Engine:
         cache: PromptCache | None = None,
         warmup: bool = True,
         trace: Callable[[StepTrace], None] | None = None,
+        memory_plan: MemoryPlan | None = None,
     ):
         self.m = loaded
         self.cache = cache
@@ -85,7 +88,11 @@ class Engine:
         self.plan = plan or PlanConfig()
         self._inbox = Inbox()
         self._batch = Batch(cache, self.trimmable)
-        budget = KvBudget.of(loaded.kv_bytes_per_token, kv_budget_bytes, batch)
+        self.memory_plan = memory_plan  # where the KV budget came from (/stats reports it)
+        why = memory_plan.explain() if memory_plan else "kv_budget_bytes"
+        budget = KvBudget.of(
+            loaded.kv_bytes_per_token, kv_budget_bytes, batch, loaded.context_limit, why
+        )
         self._sched = Scheduler(self._batch, batch, self.plan, budget)
         self.dead: str | None = None  # why the engine thread stopped unexpectedly
         self.closing = False  # a drain passed its deadline: admit nothing more
@@ -250,11 +257,11 @@ class Engine:
         try:
             with batch.gen.stats() as st:
                 prompt_responses, responses = batch.gen.next()
-        except Exception:  # the batch state is now unusable: rebuild it
+        except Exception as exc:  # the batch state is now unusable: rebuild it
             log.exception(
                 "engine step failed (rows %s)", ", ".join(r.sub.rid for r in batch.rows.values())
             )
-            rebuild(batch, self._new_generator)
+            rebuild(batch, self._new_generator, exc)
             return
         self._totals += st
         self._steps += 1
@@ -314,4 +321,6 @@ class Engine:
             self.m.model, batch=self.batch_size, chunk=self.plan.idle_chunk, stream=self._stream
         )
         decode_batch(gen).clock = self.clock
+        if self.memory_plan is not None:  # the generator wired the whole working set
+            apply_wired_limit(self.memory_plan.total_bytes)
         return gen

@@ -25,8 +25,26 @@ log = logging.getLogger("mlxd.worker.engine.loop")
 Broken = list[tuple[Submission, Exception]]
 
 
-def generation_failed(rid: str) -> Unavailable:
-    """What the client hears: a plain sentence; the exception itself goes to the log only."""
+# How MLX words an allocation it could not make (Metal: "[metal::malloc] ... Insufficient
+# Memory"; CUDA and the CPU: "... out of memory").
+OOM_MARKERS = ("out of memory", "insufficient memory")
+
+
+def is_out_of_memory(exc: BaseException | None) -> bool:
+    """Whether `exc` is MLX failing to allocate (a RuntimeError naming it)."""
+    return isinstance(exc, RuntimeError) and any(m in str(exc).lower() for m in OOM_MARKERS)
+
+
+def generation_failed(rid: str, exc: BaseException | None = None) -> Unavailable:
+    """What the client hears: a plain sentence; the exception itself goes to the log only.
+    An allocation failure says so: retrying later, or shorter, may fit."""
+    if is_out_of_memory(exc):
+        return Unavailable(
+            "The worker ran out of memory for this request; retry later or with a shorter "
+            f"prompt or max_tokens (request {rid})",
+            code="out_of_memory",
+            retry_after_s=1.0,
+        )
     return Unavailable(
         f"Generation failed for this request; the worker log has the details (request {rid})"
     )
@@ -84,7 +102,7 @@ def blame(rows: list[Row], broken: Broken) -> tuple[list[Row], list[Row]]:
     return culprits + [r for r in others if id(r) not in kept], stay
 
 
-def rebuild(batch: Batch, make_generator: Callable) -> None:
+def rebuild(batch: Batch, make_generator: Callable, exc: BaseException | None = None) -> None:
     """A step failed: start a fresh batch, fail the rows to blame, resume the others.
 
     A failed step leaves mlx-lm's batch half-updated (every later step fails with "eval
@@ -94,6 +112,10 @@ def rebuild(batch: Batch, make_generator: Callable) -> None:
     """
     fail, resume = blame(list(batch.rows.values()), batch.broken)
     batch.broken.clear()
+    if is_out_of_memory(exc):  # give back what the failed step's buffers still hold
+        import mlx.core as mx  # here: `blame` is unit-tested without MLX
+
+        mx.clear_cache()
     # Close first: a generator restores the wired-memory limit it found at creation, so the
     # new one must be made after the old one put the system's back.
     try:
@@ -110,16 +132,16 @@ def rebuild(batch: Batch, make_generator: Callable) -> None:
     batch.rows.clear()  # the old uids mean nothing to the new batch
     for row in fail:
         batch.finish(row)
-        row.sub.sink(failure(row))
+        row.sub.sink(failure(row, exc))
     for row in resume:
         try:
             batch.resume(row)
-        except Exception:
+        except Exception as again:
             log.exception("resuming %s failed", row.sub.rid)
             batch.finish(row)
-            row.sub.sink(failure(row))
+            row.sub.sink(failure(row, again))
 
 
-def failure(row: Row) -> Event:
-    """The last event of a row that failed with the step."""
-    return Event.failure(generation_failed(row.sub.rid), row.generated)
+def failure(row: Row, exc: BaseException | None = None) -> Event:
+    """The last event of a row that failed with the step (`exc`: the step's exception)."""
+    return Event.failure(generation_failed(row.sub.rid, exc), row.generated)

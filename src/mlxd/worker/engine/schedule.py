@@ -75,11 +75,11 @@ class Scheduler:
                 continue
             try:
                 row = admit(self.batch, sub, tokenizer)
-            except Exception:  # a bad restore or an MLX error: this row only
+            except Exception as exc:  # a bad restore or an MLX error: this row only
                 log.exception("admitting %s failed", sub.rid)
-                sub.sink(Event.failure(generation_failed(sub.rid)))
+                sub.sink(Event.failure(generation_failed(sub.rid, exc)))
                 continue
-            row.kv_tokens = row_tokens(len(sub.prompt), sub.params.max_tokens)
+            row.kv_tokens = self._tokens(sub)
             admitted.append(row)
         return admitted
 
@@ -90,7 +90,12 @@ class Scheduler:
         if self.budget is None or not rows:  # an empty batch takes any row that passed check()
             return True
         running = [max(r.kv_tokens, len(r.sub.prompt) + r.generated) for r in rows]
-        return self.budget.admits(running, row_tokens(len(sub.prompt), sub.params.max_tokens))
+        return self.budget.admits(running, self._tokens(sub))
+
+    def _tokens(self, sub: Submission) -> int:
+        if self.budget is None:
+            return row_tokens(len(sub.prompt), sub.params.max_tokens)
+        return self.budget.tokens(len(sub.prompt), sub.params.max_tokens)
 
     def kv_reserved(self) -> int:
         """Bytes the KV budget counts for the rows in the batch now (any thread)."""

@@ -17,14 +17,12 @@ if TYPE_CHECKING:
 def engine_stats(engine: Engine) -> dict:
     """The engine's figures, plus the prompt cache's."""
     t = engine._totals
-    budget = engine._sched.budget
     return {
         "rows_active": engine.active_rows,
         "rows_queued": engine.queued_rows,
         "batch_size": engine.batch_size,
         "prefill_step": engine.plan.idle_chunk,
         "prefill_budget": engine.plan.step_budget,
-        "kv_budget_bytes": budget.budget_bytes if budget else None,
         "kv_reserved_bytes": engine._sched.kv_reserved(),
         "warmup_s": None if engine.warmup_s is None else round(engine.warmup_s, 3),
         "prompt_tokens": t.prompt_tokens,
@@ -37,4 +35,21 @@ def engine_stats(engine: Engine) -> dict:
         "memory_active_bytes": mx.get_active_memory(),
         "memory_peak_bytes": mx.get_peak_memory(),
         **(engine.cache.stats() if engine.cache else {}),
+        **memory_report(engine),
+    }
+
+
+def memory_report(engine: Engine) -> dict:
+    """What the worker holds now, as the supervisor's budget counts it: the weights, the RAM
+    prompt cache's bytes and the KV the rows in flight are counted at; and the plan's limit."""
+    plan = engine.memory_plan
+    budget = engine._sched.budget
+    weights = plan.weights_bytes if plan else engine.m.weights_bytes
+    cache = engine.cache.ram.nbytes if engine.cache else 0
+    kv = engine._sched.kv_reserved()
+    return {
+        "weights_bytes": weights,
+        "kv_budget_bytes": budget.budget_bytes if budget else None,
+        "memory_limit_bytes": plan.total_bytes if plan else None,
+        "memory_in_use_bytes": weights + cache + kv,
     }

@@ -1,0 +1,88 @@
+"""The worker's memory plan: weights, prompt cache and headroom out of a limit leave the KV
+budget; an allocation failure is told apart from other step failures (issue 18)."""
+
+import pytest
+
+from mlxd.shared.errors import PayloadTooLarge
+from mlxd.worker.engine.kvbudget import KvBudget, kv_bytes_per_token
+from mlxd.worker.engine.memplan import plan_memory
+from mlxd.worker.engine.recovery import generation_failed, is_out_of_memory
+
+GiB = 1024**3
+LLAMA_8B = {  # Llama 3.1 8B: 32 layers, 8 KV heads of 128
+    "num_hidden_layers": 32,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 8,
+    "hidden_size": 4096,
+}
+
+
+def test_the_worked_example_of_the_docs():
+    # docs/operations.md: an 8B bf16 model on a 64 GB Mac (48 GiB recommended working set).
+    plan = plan_memory(
+        machine_bytes=48 * GiB, share_bytes=None, weights_bytes=15 * GiB, prompt_cache_bytes=8 * GiB
+    )
+    assert plan.limit_bytes == 48 * GiB and plan.headroom_bytes == int(9.6 * GiB)
+    assert plan.kv_budget_bytes == 48 * GiB - 15 * GiB - 8 * GiB - int(9.6 * GiB)
+    bpt = kv_bytes_per_token(LLAMA_8B, 2)
+    assert bpt == 128 * 1024
+    budget = KvBudget.of(bpt, plan.kv_budget_bytes, 32, 32768, plan.explain())
+    assert budget is not None
+    assert budget.admits([32768, 32768], 32768) and not budget.admits([32768] * 3, 32768)
+    assert budget.admits([8192] * 14, 8192)
+
+
+def test_the_supervisors_share_bounds_the_plan():
+    plan = plan_memory(
+        machine_bytes=100 * GiB, share_bytes=20 * GiB, weights_bytes=5 * GiB, prompt_cache_bytes=GiB
+    )
+    assert plan.limit_bytes == 20 * GiB and plan.kv_budget_bytes == 10 * GiB
+    assert plan.total_bytes == 20 * GiB  # MLX's memory limit
+    assert plan.report()["memory_limit_bytes"] == 20 * GiB
+
+
+def test_a_plan_with_no_room_left_refuses_every_row_with_its_numbers():
+    plan = plan_memory(
+        machine_bytes=16 * GiB, share_bytes=None, weights_bytes=14 * GiB, prompt_cache_bytes=GiB
+    )
+    assert plan.kv_budget_bytes == 0 and plan.kv_source == "plan"
+    budget = KvBudget.of(1024, plan.kv_budget_bytes, 8, 4096, plan.explain())
+    with pytest.raises(PayloadTooLarge) as exc:
+        budget.check_alone(10, 5)
+    msg = exc.value.message
+    assert "limit 16.00 GiB - weights 14.00 GiB - prompt cache 1.00 GiB" in msg
+    assert "10 prompt tokens + 5 reserved for output" in msg
+
+
+def test_the_setting_overrides_the_plans_kv_part():
+    plan = plan_memory(
+        machine_bytes=16 * GiB,
+        share_bytes=GiB,
+        weights_bytes=2 * GiB,
+        prompt_cache_bytes=0,
+        kv_budget_bytes=3 * GiB,
+    )
+    assert plan.kv_budget_bytes == 3 * GiB and plan.explain() == "set by kv_budget_bytes"
+    assert plan.total_bytes == 2 * GiB + 3 * GiB + plan.headroom_bytes  # past the share
+
+
+@pytest.mark.parametrize(
+    "message",
+    [
+        "[metal::malloc] Attempting to allocate 8589934592 bytes which is greater than the "
+        "maximum allowed buffer size; Insufficient Memory",
+        "[cuda] cudaMallocManaged failed: out of memory",
+    ],
+)
+def test_an_allocation_failure_is_a_503_out_of_memory(message):
+    exc = RuntimeError(message)
+    assert is_out_of_memory(exc)
+    err = generation_failed("r1", exc)
+    assert err.status == 503 and err.code == "out_of_memory"
+    assert "out of memory" in err.message and err.retry_after_s
+
+
+def test_other_failures_keep_their_plain_sentence():
+    assert not is_out_of_memory(ValueError("out of memory"))  # not MLX's RuntimeError
+    err = generation_failed("r1", RuntimeError("eval an array without a primitive"))
+    assert err.code is None and "Generation failed" in err.message
