@@ -54,6 +54,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ints = lambda v: tuple(int(x) for x in v.split(",") if x.strip())  # noqa: E731
     r.add_argument("--levels", type=ints, help="concurrency levels, e.g. 1,8,16,32")
     r.add_argument("--long-prompts", type=ints, help="longprompt sizes in tokens, e.g. 2048,8192")
+    r.add_argument(
+        "--exclusive",
+        action="store_true",
+        help="longprompt: unload mlxd's model during mlx_lm.server's turns (one server's "
+        "prefills on the device at a time)",
+    )
     r.add_argument("--only", help="comma-separated workloads: " + ",".join(workloads.WORKLOADS))
     r.add_argument("--out", type=Path, help="results folder (default bench/results/<time>/)")
     r.add_argument(
@@ -141,6 +147,8 @@ async def run_suite(
         sizes = context.Sizes(**{**sizes.__dict__, "levels": a.levels})
     if a.long_prompts:
         sizes = context.Sizes(**{**sizes.__dict__, "long_prompts": a.long_prompts})
+    if a.exclusive:
+        sizes = context.Sizes(**{**sizes.__dict__, "exclusive": True})
     session = Session(model_a, model_b, work, out / "logs", swap_runs=sizes.repeats)
     figures: list[context.Figure] = []
     notes: list[str] = []

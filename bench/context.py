@@ -22,6 +22,10 @@ class Sizes:
     single_tokens: int = 256
     long_prompts: tuple[int, ...] = (2048, 8192, 16384)  # cold prompts, tokens
     long_clients: int = 4  # the "at once" figure: this many cold long prompts together
+    # longprompt with one server holding the device at a time: mlxd's model is unloaded before
+    # mlx_lm.server's turn (and warmed up again before its own), for models whose long
+    # prefills do not fit twice on one GPU.
+    exclusive: bool = False
     levels: tuple[int, ...] = (1, 8, 16, 32)
     conc_prompt: int = 512
     conc_tokens: int = 128

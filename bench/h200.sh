@@ -21,7 +21,7 @@ small)
   ;;
 large)
   timeout 560 bash bench/gpu_run.sh --shape qwen3-8b --only single,longprompt,concurrency \
-    --levels 8,16,32 --repeats 3 --out "$out/large" 2>&1 | tail -60
+    --levels 8,16,32 --repeats 3 --exclusive --out "$out/large" 2>&1 | tail -60
   ;;
 *) echo "usage: $0 profile|small|large" >&2; exit 2 ;;
 esac

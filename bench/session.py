@@ -133,7 +133,8 @@ class Session:
     async def unload_mlxd(self) -> None:
         """Unload model A through the admin API (which drains its prompt cache to SSD)."""
         async with self.mlxd.session() as s:
-            async with s.post(f"/admin/models/{MODEL_A}/unload") as r:
+            # A JSON body: the supervisor refuses body-less POSTs (no CSRF through forms).
+            async with s.post(f"/admin/models/{MODEL_A}/unload", json={}) as r:
                 r.raise_for_status()
 
     async def mlxd_swap(self, run: int, prompt: str) -> float:

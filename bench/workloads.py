@@ -76,6 +76,7 @@ async def longprompt(ctx: Context) -> list[Figure]:
         )
         for run in range(s.repeats):
             for t in _order([ctx.mlxd, ctx.mlx_lm], run):
+                await _hold_device(ctx, t)
                 res = await _one(ctx, t, ctx.prompt(n, "long"), 8)
                 ttft.add(t.name, res.ttft_s)
                 rate.add(t.name, (res.prompt_tokens or n) / res.ttft_s)
@@ -85,6 +86,17 @@ async def longprompt(ctx: Context) -> list[Figure]:
                 together.add(t.name, max(r.ttft_s for r in many))
         figs += [ttft, rate, together]
     return figs
+
+
+async def _hold_device(ctx: Context, t: Target) -> None:
+    """With `exclusive`, give `t` the device: unload mlxd's model before mlx_lm.server's turn,
+    and load it again (untimed, with a short request) before mlxd's."""
+    if not ctx.sizes.exclusive or ctx.unload_mlxd is None:
+        return
+    if t is ctx.mlx_lm:
+        await ctx.unload_mlxd()
+    else:
+        await _one(ctx, t, "warm up", 2)
 
 
 async def ssd_written_bytes(target: Target) -> float | None:
