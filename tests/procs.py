@@ -94,3 +94,9 @@ def stop(proc: subprocess.Popen, timeout_s: float = 15.0) -> int:
             proc.kill()
             proc.wait()
     return proc.returncode
+
+
+def estimate_bytes(model_dir: Path) -> int:
+    """The supervisor's estimate of a model before its worker reports: the weights on disk
+    plus the e2e daemons' kv_allowance (2 MiB)."""
+    return sum(f.stat().st_size for f in model_dir.glob("*.safetensors")) + (2 << 20)
