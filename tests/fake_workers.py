@@ -51,6 +51,7 @@ class FakeWorker:
         self.model_id = model_id
         spec = WorkerSpec.from_argv(argv)  # what a real worker would be told
         self.socket, self.generation = spec.socket, spec.generation
+        self.memory_limit_bytes = spec.memory_limit_bytes  # the supervisor's share for it
         self.pid: int | None = None
         self.returncode: int | None = None
         self.status = "ok"  # what /health says once loaded: ok, draining, failed

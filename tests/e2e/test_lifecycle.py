@@ -11,7 +11,7 @@ import httpx
 import psutil
 import pytest
 
-from procs import estimate_bytes
+from procs import TIGHT_KV_ALLOWANCE, estimate_bytes
 
 MSG = [{"role": "user", "content": "hello"}]
 
@@ -62,10 +62,14 @@ def test_keep_alive_zero_unloads_at_once(make_daemon):
 def test_eviction_takes_idle_lru_never_busy(make_daemon, tiny_model_dir, reported_bytes):
     # Three copies of the tiny model; the budget holds two of them: a loaded one counts at
     # what its worker reports, the one loading at its estimate.
-    held, loading = reported_bytes[tiny_model_dir], estimate_bytes(tiny_model_dir)
+    held = reported_bytes[tiny_model_dir]
+    loading = estimate_bytes(tiny_model_dir, TIGHT_KV_ALLOWANCE)
     d = make_daemon(
         models={"a": tiny_model_dir, "b": tiny_model_dir, "c": tiny_model_dir},
-        env={"MLXD_MEMORY_BUDGET_BYTES": str(held + loading + held // 2)},
+        env={
+            "MLXD_MEMORY_BUDGET_BYTES": str(held + loading + held // 2),
+            "MLXD_KV_ALLOWANCE_BYTES": str(TIGHT_KV_ALLOWANCE),
+        },
     )
     assert ask(d, "a").status_code == 200
     time.sleep(0.05)
@@ -94,11 +98,15 @@ def test_eviction_takes_idle_lru_never_busy(make_daemon, tiny_model_dir, reporte
 
 
 def test_busy_models_make_the_load_wait(make_daemon, tiny_model_dir, reported_bytes):
-    # The budget holds one: a as its worker reports, and half of b's estimate beside it.
-    held, loading = reported_bytes[tiny_model_dir], estimate_bytes(tiny_model_dir)
+    # The budget holds one: b's estimate, and half of what a's worker reports beside it.
+    held = reported_bytes[tiny_model_dir]
+    loading = estimate_bytes(tiny_model_dir, TIGHT_KV_ALLOWANCE)
     d = make_daemon(
         models={"a": tiny_model_dir, "b": tiny_model_dir},
-        env={"MLXD_MEMORY_BUDGET_BYTES": str(held + loading // 2)},
+        env={
+            "MLXD_MEMORY_BUDGET_BYTES": str(loading + held // 2),
+            "MLXD_KV_ALLOWANCE_BYTES": str(TIGHT_KV_ALLOWANCE),
+        },
     )
     out, started = {}, threading.Event()
     t = threading.Thread(target=stream_lines, args=(d, "a", 200, out, started))

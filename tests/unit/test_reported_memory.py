@@ -9,6 +9,7 @@ from fake_workers import FakeClock, Fleet, make_registry
 
 from mlxd.supervisor.lifecycle.states import State
 from mlxd.supervisor.lifecycle.watchdog import check_health
+from mlxd.supervisor.scheduling.admission import share_bytes
 
 
 async def use(reg, clock, model: str):
@@ -69,6 +70,40 @@ def test_the_watchdog_refreshes_the_footprint_and_eviction_follows_it(tmp_path):
         await use(reg, clock, "c")
         assert states(reg) == {"a": State.STOPPED, "b": State.READY, "c": State.READY}
         assert reg.lifecycle.counters.evictions == 1
+        await reg.shutdown()
+
+    asyncio.run(go())
+
+
+def test_each_worker_is_given_the_budget_less_what_the_others_report(tmp_path):
+    fleet, clock = Fleet(load_s=0), FakeClock()
+    fleet.memory = {"a": 600, "b": 2000}
+
+    async def go():
+        reg = make_registry(tmp_path, fleet, "a", "b", "c", clock=clock, memory_budget_bytes=4000)
+        for m in ("a", "b", "c"):
+            await use(reg, clock, m)
+        a, b, c = fleet.spawned
+        assert a.memory_limit_bytes == 4000  # alone: the whole budget
+        assert b.memory_limit_bytes == 4000 - 600
+        # 4000 - 600 - 2000 = 1400 left for c
+        assert c.memory_limit_bytes == 1400
+        await reg.shutdown()
+
+    asyncio.run(go())
+
+
+def test_the_share_is_never_below_the_models_estimate(tmp_path):
+    fleet, clock = Fleet(load_s=0), FakeClock()
+    fleet.memory = {"a": 600}
+
+    async def go():
+        reg = make_registry(tmp_path, fleet, "a", "b", clock=clock, memory_budget_bytes=3500)
+        a = await use(reg, clock, "a")
+        b = reg.lifecycle.slot_for(reg.catalog.resolve("b"))
+        assert share_bytes(reg.lifecycle, b) == 3500 - 600
+        a.reported_bytes = 3400  # a's rows grew: 100 bytes left, less than b's estimate
+        assert share_bytes(reg.lifecycle, b) == b.estimate_bytes == 1000
         await reg.shutdown()
 
     asyncio.run(go())
