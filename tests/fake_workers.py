@@ -51,10 +51,13 @@ class FakeWorker:
         self.model_id = model_id
         spec = WorkerSpec.from_argv(argv)  # what a real worker would be told
         self.socket, self.generation = spec.socket, spec.generation
+        self.memory_limit_bytes = spec.memory_limit_bytes  # the supervisor's share for it
         self.pid: int | None = None
         self.returncode: int | None = None
         self.status = "ok"  # what /health says once loaded: ok, draining, failed
         self.silent = False  # True: /health times out (a hung worker)
+        # What /health reports as memory_in_use_bytes once loaded (None: no report).
+        self.memory_bytes: int | None = fleet.memory.get(model_id)
         self._exited = asyncio.Event()
         self._loaded_at = 0.0
 
@@ -113,6 +116,7 @@ class Fleet:
         self.exit_on_start: int | None = None  # new workers exit with this code at once
         self.drained: list[FakeWorker] = []  # workers asked to drain, in order
         self.terminated: list[FakeWorker] = []  # workers sent SIGTERM, in order
+        self.memory: dict[str, int] = {}  # model id -> what its new workers report holding
 
     def spawner(self, model_id: str, argv: list[str], log_path: Path) -> FakeWorker:
         return FakeWorker(self, model_id, argv, log_path)
@@ -134,7 +138,11 @@ class Fleet:
                 status="loading", pid=w.pid, generation=w.generation, model=w.model_id
             )
         return (200 if w.status == "ok" else 503), WorkerHealth(
-            status=w.status, pid=w.pid, generation=w.generation, model=w.model_id
+            status=w.status,
+            pid=w.pid,
+            generation=w.generation,
+            model=w.model_id,
+            memory_in_use_bytes=w.memory_bytes,
         )
 
     async def get_json(self, socket: Path, path: str, timeout_s: float) -> tuple[int, dict]:

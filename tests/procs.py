@@ -94,3 +94,14 @@ def stop(proc: subprocess.Popen, timeout_s: float = 15.0) -> int:
             proc.kill()
             proc.wait()
     return proc.returncode
+
+
+# A kv_allowance for tests whose budgets are tight: the supervisor gives each worker at least
+# its estimate, and this leaves room for the tiny model's longest row (4096 positions of 4 KiB).
+TIGHT_KV_ALLOWANCE = 48 << 20
+
+
+def estimate_bytes(model_dir: Path, kv_allowance_bytes: int = 2 << 20) -> int:
+    """The supervisor's estimate of a model before its worker reports: the weights on disk
+    plus kv_allowance_bytes (the e2e daemons' default is 2 MiB)."""
+    return sum(f.stat().st_size for f in model_dir.glob("*.safetensors")) + kv_allowance_bytes

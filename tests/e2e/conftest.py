@@ -18,7 +18,7 @@ import pytest
 
 from mlxd.shared.worker_spec import WorkerSpec
 
-from procs import free_port
+from procs import free_port, uds_client
 
 
 class Daemon:
@@ -157,3 +157,22 @@ def module_daemon(tiny_model_dir, tiny_model_dir_b):
 def make_module_daemon(tiny_model_dir, tiny_model_dir_b):
     """The same as module_daemon (both names are in use)."""
     yield from _daemon_factory(tiny_model_dir, tiny_model_dir_b)
+
+
+@pytest.fixture(scope="session")
+def reported_bytes(tiny_model_dir, tiny_model_dir_b) -> dict[Path, int]:
+    """What a worker of each tiny model reports holding (/health memory_in_use_bytes) after
+    one request: what the supervisor's budget counts for it once READY. Budgets that must
+    hold so many models are built from these (the estimate, weights on disk plus
+    kv_allowance, only counts until a worker reports)."""
+    factory = _daemon_factory(tiny_model_dir, tiny_model_dir_b)
+    d = next(factory)()
+    sizes = {}
+    for name, folder in (("a", tiny_model_dir), ("b", tiny_model_dir_b)):
+        body = {"model": name, "messages": [{"role": "user", "content": "hello"}]}
+        assert d.http.post("/v1/chat/completions", json={**body, "max_tokens": 2}).is_success
+        with uds_client(d.home / "run" / f"{name}.sock", 10) as c:
+            sizes[folder] = c.get("/health").json()["memory_in_use_bytes"]
+    for _ in factory:  # stops the daemon
+        pass
+    return sizes

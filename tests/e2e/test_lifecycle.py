@@ -11,6 +11,8 @@ import httpx
 import psutil
 import pytest
 
+from procs import TIGHT_KV_ALLOWANCE, estimate_bytes
+
 MSG = [{"role": "user", "content": "hello"}]
 
 
@@ -57,13 +59,17 @@ def test_keep_alive_zero_unloads_at_once(make_daemon):
     d.wait_for(lambda: d.status("a")["status"] == "available", 10, "immediate unload")
 
 
-def test_eviction_takes_idle_lru_never_busy(make_daemon, tiny_model_dir):
-    # Three copies of the tiny model; the budget holds two of them.
-    weights = sum(f.stat().st_size for f in tiny_model_dir.glob("*.safetensors"))
-    footprint = weights + (2 << 20)
+def test_eviction_takes_idle_lru_never_busy(make_daemon, tiny_model_dir, reported_bytes):
+    # Three copies of the tiny model; the budget holds two of them: a loaded one counts at
+    # what its worker reports, the one loading at its estimate.
+    held = reported_bytes[tiny_model_dir]
+    loading = estimate_bytes(tiny_model_dir, TIGHT_KV_ALLOWANCE)
     d = make_daemon(
         models={"a": tiny_model_dir, "b": tiny_model_dir, "c": tiny_model_dir},
-        env={"MLXD_MEMORY_BUDGET_BYTES": str(int(footprint * 2.5))},
+        env={
+            "MLXD_MEMORY_BUDGET_BYTES": str(held + loading + held // 2),
+            "MLXD_KV_ALLOWANCE_BYTES": str(TIGHT_KV_ALLOWANCE),
+        },
     )
     assert ask(d, "a").status_code == 200
     time.sleep(0.05)
@@ -91,11 +97,16 @@ def test_eviction_takes_idle_lru_never_busy(make_daemon, tiny_model_dir):
     assert d.status("c")["status"] == "available"
 
 
-def test_busy_models_make_the_load_wait(make_daemon, tiny_model_dir):
-    weights = sum(f.stat().st_size for f in tiny_model_dir.glob("*.safetensors"))
+def test_busy_models_make_the_load_wait(make_daemon, tiny_model_dir, reported_bytes):
+    # The budget holds one: b's estimate, and half of what a's worker reports beside it.
+    held = reported_bytes[tiny_model_dir]
+    loading = estimate_bytes(tiny_model_dir, TIGHT_KV_ALLOWANCE)
     d = make_daemon(
         models={"a": tiny_model_dir, "b": tiny_model_dir},
-        env={"MLXD_MEMORY_BUDGET_BYTES": str(int((weights + (2 << 20)) * 1.5))},
+        env={
+            "MLXD_MEMORY_BUDGET_BYTES": str(loading + held // 2),
+            "MLXD_KV_ALLOWANCE_BYTES": str(TIGHT_KV_ALLOWANCE),
+        },
     )
     out, started = {}, threading.Event()
     t = threading.Thread(target=stream_lines, args=(d, "a", 200, out, started))

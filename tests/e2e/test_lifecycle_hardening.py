@@ -10,7 +10,7 @@ import time
 
 import httpx
 
-from procs import uds_client
+from procs import TIGHT_KV_ALLOWANCE, estimate_bytes, uds_client
 
 MSG = [{"role": "user", "content": "hello"}]
 
@@ -23,18 +23,23 @@ def ask(d, model: str, n: int = 2, timeout_s: float = 120) -> httpx.Response:
     )
 
 
-def footprint(model_dir) -> int:
-    return sum(f.stat().st_size for f in model_dir.glob("*.safetensors")) + (2 << 20)
+def budget_for_one(reported_bytes: dict, *dirs) -> int:
+    """A budget that holds either model but never one beside the other: the larger estimate
+    (a model loading counts at it), plus half of the smaller worker's report (a loaded model
+    counts at it). Daemons with it use TIGHT_KV_ALLOWANCE, so every worker's share holds rows."""
+    est = [estimate_bytes(d, TIGHT_KV_ALLOWANCE) for d in dirs]
+    return max(est) + min(reported_bytes[d] for d in dirs) // 2
 
 
 def test_two_busy_models_in_a_budget_for_one_both_get_served(
-    make_daemon, tiny_model_dir, tiny_model_dir_b
+    make_daemon, tiny_model_dir, tiny_model_dir_b, reported_bytes
 ):
-    sizes = sorted([footprint(tiny_model_dir), footprint(tiny_model_dir_b)])
+    budget = budget_for_one(reported_bytes, tiny_model_dir, tiny_model_dir_b)
     queue_timeout_s = 15.0
     d = make_daemon(
         env={
-            "MLXD_MEMORY_BUDGET_BYTES": str(sizes[1] + sizes[0] // 2),
+            "MLXD_MEMORY_BUDGET_BYTES": str(budget),
+            "MLXD_KV_ALLOWANCE_BYTES": str(TIGHT_KV_ALLOWANCE),
             "MLXD_QUEUE_TIMEOUT_S": str(queue_timeout_s),
             "MLXD_KEEP_ALIVE_S": "-1",
         }
@@ -103,10 +108,16 @@ def test_a_worker_drained_behind_the_supervisors_back_is_restarted(make_daemon):
     assert "model=b" not in "\n".join(x for x in d.logs().splitlines() if "watchdog" in x)
 
 
-def test_queue_timeout_answers_503_with_retry_after(make_daemon, tiny_model_dir, tiny_model_dir_b):
-    sizes = sorted([footprint(tiny_model_dir), footprint(tiny_model_dir_b)])
+def test_queue_timeout_answers_503_with_retry_after(
+    make_daemon, tiny_model_dir, tiny_model_dir_b, reported_bytes
+):
+    budget = budget_for_one(reported_bytes, tiny_model_dir, tiny_model_dir_b)
     d = make_daemon(
-        env={"MLXD_MEMORY_BUDGET_BYTES": str(sizes[1] + sizes[0] // 2), "MLXD_QUEUE_TIMEOUT_S": "2"}
+        env={
+            "MLXD_MEMORY_BUDGET_BYTES": str(budget),
+            "MLXD_KV_ALLOWANCE_BYTES": str(TIGHT_KV_ALLOWANCE),
+            "MLXD_QUEUE_TIMEOUT_S": "2",
+        }
     )
     assert ask(d, "a").status_code == 200
     started, out = threading.Event(), {}

@@ -18,7 +18,7 @@ SUPERVISOR = Path(__file__).resolve().parents[2] / "src" / "mlxd" / "supervisor"
 
 def _slot() -> ModelSlot:
     entry = ModelEntry("m", Path("/nonexistent"), "home", 0)
-    return ModelSlot(entry=entry, settings=None, socket=Path("/tmp/m.sock"), footprint_bytes=0)
+    return ModelSlot(entry=entry, settings=None, socket=Path("/tmp/m.sock"), estimate_bytes=0)
 
 
 def test_transition_is_a_compare_and_swap(caplog):

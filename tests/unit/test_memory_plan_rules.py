@@ -41,6 +41,18 @@ def test_the_supervisors_share_bounds_the_plan():
     assert plan.report()["memory_limit_bytes"] == 20 * GiB
 
 
+def test_a_squeezed_share_lowers_the_prompt_cache_to_leave_kv_room():
+    # 10 GiB share, 6 GiB weights, 2 GiB headroom: 2 GiB left, the cache gets half of it.
+    plan = plan_memory(
+        machine_bytes=100 * GiB,
+        share_bytes=10 * GiB,
+        weights_bytes=6 * GiB,
+        prompt_cache_bytes=8 * GiB,
+    )
+    assert plan.prompt_cache_bytes == GiB and plan.kv_budget_bytes == 10 * GiB - 8 * GiB - GiB
+    assert plan.total_bytes == 10 * GiB
+
+
 def test_a_plan_with_no_room_left_refuses_every_row_with_its_numbers():
     plan = plan_memory(
         machine_bytes=16 * GiB, share_bytes=None, weights_bytes=14 * GiB, prompt_cache_bytes=GiB

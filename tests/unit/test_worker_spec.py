@@ -46,7 +46,7 @@ def slot_for(settings: Settings, model_id: str, generation: int = 0) -> ModelSlo
         entry=entry,
         settings=settings.for_model(model_id),
         socket=sock,
-        footprint_bytes=100,
+        estimate_bytes=100,
         generation=generation,
     )
 

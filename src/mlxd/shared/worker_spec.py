@@ -67,8 +67,9 @@ class WorkerSpec(BaseModel):
     prefill_step: int | None = Field(None, ge=16)  # ... while nothing decodes; None: by device
     prefill_budget: int | None = Field(None, ge=16)  # ... while rows decode; None: by device
     kv_budget_bytes: int | None = Field(None, ge=0)  # None: from memory; 0: no KV bound
-    # The supervisor's share for this worker: its budget less what other workers use (None:
-    # the machine's memory). The worker's memory plan fits weights, caches and KV within it.
+    # The supervisor's share for this worker: its budget less what the other workers report
+    # (estimates before they do), never below this model's estimate (None: the machine's
+    # memory). The worker's memory plan fits weights, caches and KV within it.
     memory_limit_bytes: int | None = Field(None, ge=0)
     warmup: bool = True  # run the engine's shapes once before READY
     max_body_bytes: int = 32 * 1024 * 1024

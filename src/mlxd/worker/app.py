@@ -229,6 +229,8 @@ def make_engine(cfg: WorkerSpec, loaded: LoadedModel, cache: PromptCache | None)
         kv_budget_bytes=cfg.kv_budget_bytes,
     )
     apply_memory_limit(mem.total_bytes)
+    if cache is not None and mem.prompt_cache_bytes < cache.ram.cap_bytes:
+        cache.ram.cap_bytes = mem.prompt_cache_bytes  # the share left less room (still empty)
     # The setting's 0 means no KV bound; a plan that leaves 0 refuses every row (a 413).
     budget = None if mem.kv_source != "plan" and not mem.kv_budget_bytes else mem.kv_budget_bytes
     log.info(

@@ -15,7 +15,7 @@ class ModelStatus(BaseModel):
     source: str | None = None  # home, hf-cache, config (None: gone from disk since it loaded)
     path: str | None = None
     weights_bytes: int = 0
-    footprint_bytes: int = 0  # weights plus the KV allowance: what the budget counts
+    footprint_bytes: int = 0  # what the budget counts: the worker's report, else the estimate
     pid: int | None = None
     memory_bytes: int | None = None  # resident set size of the worker process
     leases: int = 0  # requests in flight

@@ -61,6 +61,7 @@ async def until_healthy(
                     warned = True
                 await upstream.close(slot.socket)
             elif status == 200 and health is not None and health.status == "ok":
+                slot.record_health(health)  # the budget counts the worker's report from READY
                 return True
         await asyncio.sleep(POLL_S)
     return False

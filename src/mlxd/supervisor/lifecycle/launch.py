@@ -32,8 +32,12 @@ def log_path(logs_dir: Path, socket: Path) -> Path:
     return logs_dir / f"{socket.stem}.log"
 
 
-def worker_spec(settings: Settings, slot: ModelSlot) -> WorkerSpec:
-    """Everything `slot`'s worker needs; `slot.settings` is already resolved (for_model)."""
+def worker_spec(
+    settings: Settings, slot: ModelSlot, memory_limit_bytes: int | None = None
+) -> WorkerSpec:
+    """Everything `slot`'s worker needs; `slot.settings` is already resolved (for_model).
+
+    `memory_limit_bytes`: the worker's share of the budget (scheduling.admission.share_bytes)."""
     s, ms = settings, slot.settings
     return WorkerSpec(
         model_path=slot.entry.path,
@@ -46,11 +50,14 @@ def worker_spec(settings: Settings, slot: ModelSlot) -> WorkerSpec:
         model_type=ms.type,
         grace_s=s.drain_timeout_s,
         ssd_cache_dir=s.cache_dir if s.ssd_cache else None,
+        memory_limit_bytes=memory_limit_bytes,
         **{name: getattr(s, name) for name in SAME_AS_SETTINGS},
         **{name: getattr(ms, name) for name in MODEL_DEFAULT_FIELDS},
     )
 
 
-def worker_argv(settings: Settings, slot: ModelSlot) -> list[str]:
+def worker_argv(
+    settings: Settings, slot: ModelSlot, memory_limit_bytes: int | None = None
+) -> list[str]:
     """The worker's command line for `slot` (after `python -m mlxd.worker`)."""
-    return worker_spec(settings, slot).to_argv()
+    return worker_spec(settings, slot, memory_limit_bytes).to_argv()

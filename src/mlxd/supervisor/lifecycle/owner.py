@@ -30,7 +30,7 @@ from mlxd.supervisor.lifecycle.process import WorkerProcess
 from mlxd.supervisor.lifecycle.slot import ModelSlot
 from mlxd.supervisor.lifecycle.states import ALIVE, COLD, MOVING, State
 from mlxd.supervisor.lifecycle.tasks import Background
-from mlxd.supervisor.scheduling.admission import Admission, make_room
+from mlxd.supervisor.scheduling.admission import Admission, make_room, share_bytes
 
 log = logging.getLogger("mlxd.registry")
 
@@ -137,7 +137,7 @@ class Lifecycle:
         slot.started_at = self.clock()
         proc = self.spawner(
             slot.id,
-            worker_argv(self.settings, slot),
+            worker_argv(self.settings, slot, share_bytes(self, slot)),
             log_path(self.settings.logs_dir, slot.socket),
         )
         slot.process = proc

@@ -29,7 +29,7 @@ class ModelSlot:
     entry: ModelEntry
     settings: ResolvedModelSettings  # the model's section, fallbacks filled in
     socket: Path
-    footprint_bytes: int
+    estimate_bytes: int  # weights on disk + kv_allowance: what the budget counts before READY
     state: State = State.STOPPED
     process: WorkerProcess | None = None
     leases: int = 0
@@ -55,6 +55,9 @@ class ModelSlot:
     last_drain: dict | None = None  # the worker's answer to its last drain
     # The keep-alive the latest request asked for (Ollama's keep_alive); None: the setting's.
     requested_keep_alive_s: float | None = None
+    # What the running worker's /health last said it holds (weights, prompt cache, KV in
+    # flight); None until it is READY. Set at READY and by each watchdog probe.
+    reported_bytes: int | None = None
 
     @classmethod
     def create(
@@ -66,7 +69,7 @@ class ModelSlot:
             entry=entry,
             settings=ms,
             socket=socket_path(settings.run_dir, entry.id, generation),
-            footprint_bytes=entry.weights_bytes + ms.kv_allowance_bytes,
+            estimate_bytes=entry.weights_bytes + ms.kv_allowance_bytes,
             generation=generation,
             last_used=now,
         )
@@ -74,6 +77,17 @@ class ModelSlot:
     @property
     def id(self) -> str:
         return self.entry.id
+
+    @property
+    def footprint_bytes(self) -> int:
+        """What the memory budget counts for this model: its worker's own report once READY,
+        the estimate before (and for a worker that never reported)."""
+        return self.estimate_bytes if self.reported_bytes is None else self.reported_bytes
+
+    def record_health(self, health: WorkerHealth) -> None:
+        """Keep what a healthy worker of this slot reports of its memory."""
+        if health.memory_in_use_bytes is not None:
+            self.reported_bytes = health.memory_in_use_bytes
 
     @property
     def keep_alive_s(self) -> float:
@@ -101,6 +115,8 @@ class ModelSlot:
             f" ({why})" if why else "",
         )
         self.state = to
+        if to in (State.STARTING, State.STOPPED, State.BACKOFF, State.FATAL):
+            self.reported_bytes = None  # no worker, or a new one: back to the estimate
         if to is State.STOPPED:  # a request's keep_alive lasts as long as the worker it kept
             self.requested_keep_alive_s = None
         self.changed.set()

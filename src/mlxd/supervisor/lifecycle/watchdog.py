@@ -3,7 +3,8 @@
 A worker silent for watchdog_timeout_s is killed; one that says it is draining or failed
 (while the supervisor did not drain it), or whose socket another process answers, is
 restarted at once: left READY it would answer 503 to every request. Either way the exit
-counts as a crash (backoff, then FATAL if it keeps happening).
+counts as a crash (backoff, then FATAL if it keeps happening). A healthy answer's memory
+report becomes the slot's footprint: what the budget, admission and eviction count.
 """
 
 from __future__ import annotations
@@ -40,6 +41,10 @@ async def check_health(lc: Lifecycle, slot: ModelSlot) -> None:
         wrong = slot.identity_mismatch(health)
         if wrong is None and status == 200 and health.status == "ok":
             slot.last_health_ok = lc.clock()
+            before = slot.footprint_bytes
+            slot.record_health(health)  # the budget follows what the worker holds now
+            if slot.footprint_bytes < before:
+                lc.signal_room()  # a load waiting for room may fit now
             return
         if wrong is not None or health.status in UNSERVING:
             why = (

@@ -100,6 +100,14 @@ def residents(lc: Lifecycle, model_id: str, skip: ModelSlot | None = None) -> li
     ]
 
 
+def share_bytes(lc: Lifecycle, slot: ModelSlot) -> int:
+    """The memory `slot`'s worker may plan within (WorkerSpec.memory_limit_bytes): the budget
+    less what the other running workers hold (their reports, else estimates), never less
+    than the model's own estimate (make_room found that much room for it)."""
+    others = sum(r.footprint_bytes for r in residents(lc, "", skip=slot))
+    return max(slot.estimate_bytes, lc.budget_bytes - others)
+
+
 async def make_room(lc: Lifecycle, slot: ModelSlot) -> None:
     """Evict idle models until `slot` fits; wait (fairly) while busy ones stand in the way."""
     give_up_at = lc.clock() + lc.settings.queue_timeout_s  # for a hot reload's load

@@ -71,11 +71,17 @@ def plan_memory(
 ) -> MemoryPlan:
     """The plan for a worker on a machine with `machine_bytes` for MLX.
 
-    `share_bytes` (None: the whole machine) is the supervisor's share for this worker;
+    `share_bytes` (None: the whole machine) is the supervisor's share for this worker (the
+    prompt cache then gets at most half of what the weights and headroom leave);
     `kv_budget_bytes` set overrides the KV part (0: no KV bound, rows bounded by `batch`).
     """
     limit = machine_bytes if share_bytes is None else min(machine_bytes, share_bytes)
     headroom = int(limit * HEADROOM_FRACTION)
+    if share_bytes is not None:
+        # A share squeezed by other workers must still leave KV room: the prompt cache then
+        # takes at most half of what the weights and headroom leave (the worker lowers its cap).
+        room = max(0, limit - weights_bytes - headroom)
+        prompt_cache_bytes = min(prompt_cache_bytes, room // 2)
     if kv_budget_bytes is not None:
         kv, source = kv_budget_bytes, "kv_budget_bytes"
     else:
