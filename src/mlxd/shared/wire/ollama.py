@@ -30,6 +30,13 @@ MAX_KEEP_ALIVE_S = 292 * 365.25 * 86400
 _UNIT_S = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
 
 
+def _refuse_images(cls, v):
+    """Images are refused (no vision yet), wherever a body can carry them."""
+    if v:
+        raise ValueError(NO_VISION)
+    return v
+
+
 class _Lenient(BaseModel):
     model_config = ConfigDict(extra="allow", strict=True)
 
@@ -202,12 +209,7 @@ class ChatMessage(_Lenient):
     tool_calls: list[ToolCallIn] | None = None
     tool_name: str | None = None
 
-    @field_validator("images")
-    @classmethod
-    def _no_images(cls, v):
-        if v:
-            raise ValueError(NO_VISION)
-        return v
+    _no_images = field_validator("images")(_refuse_images)
 
     def to_template(self) -> dict[str, Any]:
         out: dict[str, Any] = {"role": self.role, "content": self.content}
@@ -260,12 +262,7 @@ class GenerateRequest(_Generating):
     context: list[int] | None = None
     images: list[Any] | None = None
 
-    @field_validator("images")
-    @classmethod
-    def _no_images(cls, v):
-        if v:
-            raise ValueError(NO_VISION)
-        return v
+    _no_images = field_validator("images")(_refuse_images)
 
     @field_validator("suffix", "template")
     @classmethod

@@ -78,8 +78,8 @@ class DecodeBatch:
 
     # -- the rows -------------------------------------------------------------------------
     def extend(self, other) -> None:
-        """Take over rows from mlx-lm's GenerationBatch (their first token already sampled)
-        or from another DecodeBatch."""
+        """Take over rows from mlx-lm's GenerationBatch (their first token already sampled):
+        the only batch the BatchGenerator hands over."""
         if not other.uids:
             return
         n_old = len(self.uids)
@@ -91,27 +91,19 @@ class DecodeBatch:
             self.prompt_cache = other.prompt_cache
         self.tokens.extend(other.tokens)
         self.max_tokens.extend(other.max_tokens)
-        if isinstance(other, DecodeBatch):
-            self.sampling.extend(other.sampling)
-            self.extras.extend(other.extras)
-            self.contexts.extend(other.contexts)
-            self.num_tokens.extend(other.num_tokens)
-            self.matchers.extend(other.matchers)
-            nxt, lp = other._next, other._next_lp
-        else:
-            new = [_sampling_of(s) for s in other.samplers]
-            pairs = zip(new, other.logits_processors, other._token_context, strict=True)
-            for s, procs, ctx in pairs:
-                self.sampling.append(s)
-                extra = [p for p in procs or () if not getattr(p, "batched", False)]
-                self.extras.append(extra)
-                self.contexts.append(ctx if extra else None)
-            self.num_tokens.extend(other._num_tokens)
-            self.matchers.extend(other._matchers)
-            nxt = other._next_tokens
-            lp = None
-            if other._next_logprobs and any(s.logprobs for s in new):
-                lp = mx.stack(other._next_logprobs).reshape(len(other.uids), -1)
+        new = [_sampling_of(s) for s in other.samplers]
+        pairs = zip(new, other.logits_processors, other._token_context, strict=True)
+        for s, procs, ctx in pairs:
+            self.sampling.append(s)
+            extra = [p for p in procs or () if not getattr(p, "batched", False)]
+            self.extras.append(extra)
+            self.contexts.append(ctx if extra else None)
+        self.num_tokens.extend(other._num_tokens)
+        self.matchers.extend(other._matchers)
+        nxt = other._next_tokens
+        lp = None
+        if other._next_logprobs and any(s.logprobs for s in new):
+            lp = mx.stack(other._next_logprobs).reshape(len(other.uids), -1)
         self._next = nxt if self._next is None or n_old == 0 else mx.concatenate([self._next, nxt])
         self._next_lp = self._join_lp(n_old, len(other.uids), lp)
         if self._window is not None:
