@@ -65,6 +65,11 @@ class ModelSettings(BaseModel):
     system: str | None = None  # used when a request has no system or developer message
     chat_template: str | None = None  # Jinja text, or a file (relative: to $MLXD_HOME)
     aliases: list[str] = []  # other names a request's `model` may use
+    # Speculative decoding of a lone row: prompt lookup, or a small model of the same tokenizer
+    # (`draft_model`: a configured model's id, or a folder; relative: under $MLXD_HOME/models).
+    speculative: Literal["off", "ngram", "draft"] = "off"
+    draft_model: str | None = None
+    num_draft_tokens: int = Field(4, ge=1, le=16)
 
 
 class ResolvedModelSettings(ModelSettings):
@@ -233,6 +238,21 @@ def _check_model_sections(settings: Settings) -> None:
                     f"model '{mid}': chat_template {path} is neither a file nor template text"
                 )
             ms.chat_template = str(path)
+        _resolve_draft(settings, mid, ms)
+
+
+def _resolve_draft(settings: Settings, mid: str, ms: ModelSettings) -> None:
+    """A "draft" model's `draft_model` as a folder's absolute path, else a ConfigError."""
+    if ms.speculative != "draft":
+        return
+    if not ms.draft_model:
+        raise ConfigError(f"model '{mid}': speculative = \"draft\" needs a draft_model")
+    other = settings.models.get(ms.draft_model)
+    path = other.path if other is not None and other.path else Path(ms.draft_model).expanduser()
+    path = path if path.is_absolute() else settings.home_dir / "models" / path
+    if not (path / "config.json").is_file():
+        raise ConfigError(f"model '{mid}': draft_model {ms.draft_model!r} is not a model folder")
+    ms.draft_model = str(path)
 
 
 def load_settings(flags: dict[str, Any] | None = None, config: Path | None = None) -> Settings:

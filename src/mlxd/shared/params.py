@@ -39,3 +39,4 @@ class GenerationParams:
     logprobs: bool = False
     top_logprobs: int = 0
     context_window: int | None = None  # a request's own, smaller context (Ollama's num_ctx)
+    speculative: bool | None = None  # False: never draft for this row; None: the model's setting

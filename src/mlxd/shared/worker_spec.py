@@ -94,6 +94,9 @@ class WorkerSpec(BaseModel):
     max_tokens: int | None = None  # None: up to the context's end
     system: str | None = None  # for requests without a system or developer message
     chat_template: str | None = None  # Jinja text or an absolute file path (the folder's: None)
+    speculative: Literal["off", "ngram", "draft"] = "off"  # a lone row's drafting (speculate.py)
+    draft_model: Path | None = None  # the draft model's folder, for "draft"
+    num_draft_tokens: int = Field(4, ge=1, le=16)
     grammar_max_repeat: int = 1000
     grammar_max_bytes: int = 64 * 1024
     grammar_max_positions: int = 50_000

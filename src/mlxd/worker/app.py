@@ -26,6 +26,7 @@ from mlxd.worker.api import openai as openai_routes
 from mlxd.worker.api import responses as responses_routes
 from mlxd.worker.cache.layout import fingerprint, ssd_folder
 from mlxd.worker.cache.prompt_cache import PromptCache, kv_layout
+from mlxd.worker.draft_model import load_draft, spec_config
 from mlxd.worker.embed.load import load_embedder
 from mlxd.worker.engine.loop import Engine
 from mlxd.worker.engine.memplan import plan_memory
@@ -154,6 +155,8 @@ async def serve(cfg: WorkerSpec) -> int:
             state.loaded = await asyncio.to_thread(
                 load_model, cfg.model_path, cfg.model_id, cfg.context_limit, overrides=defaults
             )
+            if cfg.speculative == "draft" and cfg.draft_model is not None:
+                state.draft = await asyncio.to_thread(load_draft, cfg.draft_model, state.loaded)
     except Exception as exc:
         log.error("cannot load model=%s path=%s: %s", cfg.model_id, cfg.model_path, exc)
         await runner.cleanup()
@@ -163,7 +166,7 @@ async def serve(cfg: WorkerSpec) -> int:
     # "loading" meanwhile, and READY (state.started) only once it and the engine are up.
     state.prompt_cache = await asyncio.to_thread(make_prompt_cache, cfg, state.loaded)
     limit_buffer_cache()
-    state.engine = make_engine(cfg, state.loaded, state.prompt_cache)
+    state.engine = make_engine(cfg, state.loaded, state.prompt_cache, state.draft)
     # test-only slow prefill, read by api/generation.py
     state.engine.debug_prefill_delay_s = cfg.debug_prefill_delay_s
     state.engine.start()
@@ -213,8 +216,14 @@ def _unlink(path) -> None:
         pass
 
 
-def make_engine(cfg: WorkerSpec, loaded: LoadedModel, cache: PromptCache | None) -> Engine:
-    """The engine with the spec's batch, prefill plan and KV budget (docs/configuration.md)."""
+def make_engine(
+    cfg: WorkerSpec,
+    loaded: LoadedModel,
+    cache: PromptCache | None,
+    draft: LoadedModel | None = None,
+) -> Engine:
+    """The engine with the spec's batch, prefill plan, KV budget and speculative decoding
+    (docs/configuration.md); a draft model's weights count in the memory plan."""
     default_idle, default_budget = default_prefill()
     idle = cfg.prefill_step or default_idle
     # A busy step never prefills more than an idle one.
@@ -224,7 +233,7 @@ def make_engine(cfg: WorkerSpec, loaded: LoadedModel, cache: PromptCache | None)
     mem = plan_memory(
         machine_bytes=device_memory_bytes(),
         share_bytes=cfg.memory_limit_bytes,
-        weights_bytes=loaded.weights_bytes,
+        weights_bytes=loaded.weights_bytes + (draft.weights_bytes if draft else 0),
         prompt_cache_bytes=ram_cache_bytes(cfg) if cache is not None else 0,
         kv_budget_bytes=cfg.kv_budget_bytes,
     )
@@ -253,6 +262,7 @@ def make_engine(cfg: WorkerSpec, loaded: LoadedModel, cache: PromptCache | None)
         cache=cache,
         warmup=cfg.warmup,
         memory_plan=mem,
+        spec=spec_config(cfg.speculative, cfg.num_draft_tokens, draft),
     )
 
 

@@ -152,6 +152,14 @@ def _flag_parser(log_level: str) -> argparse.ArgumentParser:
         default=None,
         help="serve the folder as this kind of model (default: detected from its files)",
     )
+    p.add_argument(
+        "--speculative",
+        choices=("off", "ngram", "draft"),
+        default=_default("speculative"),
+        help="speculative decoding of a lone row: prompt lookup or a draft model (off)",
+    )
+    p.add_argument("--draft-model", type=Path, default=None, help="the draft model's folder")
+    _opt(p, "num_draft_tokens", int, "tokens drafted per step")
     _opt(p, "generation", int, "the supervisor's generation for this worker, echoed by /health")
     _opt(
         p,

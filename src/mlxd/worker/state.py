@@ -16,6 +16,7 @@ from mlxd.worker.model import LoadedModel
 class WorkerState:
     config: WorkerSpec
     loaded: LoadedModel | None = None
+    draft: LoadedModel | None = None  # speculative decoding's draft model, when configured
     engine: Engine | None = None
     draining: bool = False
     # Start-up finished: model loaded, prompt cache (SSD scan) ready, engine running. /health

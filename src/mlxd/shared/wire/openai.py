@@ -93,6 +93,7 @@ class SamplingRequest(_Lenient):
     stop: str | list[str] | None = None
     n: int | None = Field(None, ge=1, le=1)
     user: str | None = None
+    speculative: bool | None = None  # mlxd: false opts this request out of speculative decoding
 
     @field_validator("stop")
     @classmethod
@@ -141,6 +142,7 @@ class SamplingRequest(_Lenient):
             stop=stop,
             logprobs=want_logprobs,
             top_logprobs=top,
+            speculative=self.speculative,
         )
 
     @property

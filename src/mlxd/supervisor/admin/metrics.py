@@ -195,7 +195,17 @@ class ScrapeCollector:
             "Entries written to the SSD prompt-cache tier by reason: session, reused, drain",
             labels=["model", "reason"],
         )
+        drafted = CounterMetricFamily(
+            "mlxd_spec_drafted_tokens", "Tokens drafted by speculative decoding", labels=["model"]
+        )
+        accepted = CounterMetricFamily(
+            "mlxd_spec_accepted_tokens",
+            "Drafted tokens the target accepted (speculative decoding)",
+            labels=["model"],
+        )
         for model, st in sorted(self.workers.items()):
+            drafted.add_metric([model], _num(st, "spec_drafted_tokens"))
+            accepted.add_metric([model], _num(st, "spec_accepted_tokens"))
             ssd_bytes.add_metric([model], _num(st, "cache_ssd_written_bytes"))
             for reason in SSD_WRITE_REASONS:
                 ssd_writes.add_metric([model, reason], _num(st, f"cache_ssd_written_{reason}"))
@@ -210,7 +220,7 @@ class ScrapeCollector:
             for event, key in CACHE_EVENTS:
                 events.add_metric([model, event], _num(st, key))
         yield from (prompt, gen, hits, misses, size, hit_tokens, entries, events)
-        yield from (ssd_bytes, ssd_writes)
+        yield from (ssd_bytes, ssd_writes, drafted, accepted)
 
 
 def _num(stats: dict, key: str) -> float:

@@ -9,7 +9,10 @@ extract_cache, next), so every later token is ours:
   penalties as batched array ops; a row's own processors (a grammar) still run per row;
 - log-probabilities kept as one array, sliced only for rows that asked for them;
 - step t+1 is built and launched (`mx.async_eval`) before step t's tokens are read, so the
-  caller's per-token work (detokenizing, stop strings, hand-off) overlaps the device's.
+  caller's per-token work (detokenizing, stop strings, hand-off) overlaps the device's;
+- a lone row decodes on plain caches (mlx-lm's KVCache: no batch mask, no per-row offsets),
+  converted on the way in and back when a second row joins, and may speculate
+  (speculate.py: drafts from draft.py, checked in one forward).
 
 `clock`, when set, accumulates where a step's time goes (bench/profile.py reads it).
 """
@@ -20,13 +23,30 @@ import time
 from collections import defaultdict
 
 import mlx.core as mx
-from mlx_lm.models.cache import TokenBuffer
+from mlx_lm.models.cache import BatchKVCache, KVCache, TokenBuffer
 from mlx_lm.sample_utils import greedy_sampler
 
 from mlxd.shared.params import GenerationParams
+from mlxd.worker.engine.draft import ModelDrafter, NgramDrafter
 from mlxd.worker.engine.sampling import RowSampling, Table, penalize, sample
+from mlxd.worker.engine.speculate import SpecState, SpecStats, speculate
 
 GREEDY = RowSampling(GenerationParams(temperature=0.0))
+# Batch caches a lone row can leave for mlx-lm's plain cache and come back to (extract/merge).
+LONE_TYPES: tuple[type, ...] = (BatchKVCache,)
+
+
+class SpecConfig:
+    """A model's speculative decoding: `mode` "ngram" or "draft" (with `draft_model`), `k`
+    tokens drafted per step; `stats` counts what it did."""
+
+    def __init__(self, mode: str, k: int, draft_model=None, stats: SpecStats | None = None):
+        self.mode, self.k, self.draft_model = mode, k, draft_model
+        self.stats = stats or SpecStats()
+
+    def state(self) -> SpecState:
+        drafter = ModelDrafter(self.draft_model) if self.mode == "draft" else NgramDrafter()
+        return SpecState(drafter, self.k)
 
 
 class Token:
@@ -56,8 +76,13 @@ class Clock(defaultdict):
 class DecodeBatch:
     """Rows decoding together: their caches, tokens, sampling and stop state."""
 
-    def __init__(self, model):
+    def __init__(self, model, spec: SpecConfig | None = None):
         self.model = model
+        self.spec = spec
+        self.specs: list[SpecState | None] = []  # each row's drafter, when it may speculate
+        self._lone = False  # one row, on plain caches (prompt_cache holds mlx-lm KVCaches)
+        self._batch_types: list[type] = []  # the batch cache classes to go back to
+        self._surplus = 0  # tokens in the lone cache not yet in tokens[0] (speculate.py)
         self.uids: list[int] = []
         self.prompt_cache: list = []
         self.tokens: list[list[int]] = []  # every token in each row's cache
@@ -82,6 +107,7 @@ class DecodeBatch:
         the only batch the BatchGenerator hands over."""
         if not other.uids:
             return
+        self._leave_lone()
         n_old = len(self.uids)
         self.uids.extend(other.uids)
         if self.prompt_cache:
@@ -98,6 +124,8 @@ class DecodeBatch:
             extra = [p for p in procs or () if not getattr(p, "batched", False)]
             self.extras.append(extra)
             self.contexts.append(ctx if extra else None)
+            may = self.spec is not None and s.speculate and not extra and not s.penalties
+            self.specs.append(self.spec.state() if may else None)
         self.num_tokens.extend(other._num_tokens)
         self.matchers.extend(other._matchers)
         nxt = other._next_tokens
@@ -110,6 +138,7 @@ class DecodeBatch:
             width = self._window.shape[1]
             self._window = mx.concatenate([self._window, _window_of(other.tokens, width)])
         self._table = None
+        self._enter_lone()
 
     def _join_lp(self, n_old: int, n_new: int, lp: mx.array | None) -> mx.array | None:
         if n_old == 0 or self._next_lp is None and lp is None:
@@ -121,9 +150,13 @@ class DecodeBatch:
 
     def filter(self, keep: list[int]) -> None:
         """Keep only the rows at positions `keep`."""
+        for i in set(range(len(self.uids))) - set(keep):
+            if self.specs[i] is not None:
+                self.specs[i].drafter.release()
         if not keep:
             self.prompt_cache = []
-        else:
+            self._lone = False
+        elif not self._lone:
             for c in self.prompt_cache:
                 c.filter(keep)
         for name in (
@@ -135,6 +168,7 @@ class DecodeBatch:
             "max_tokens",
             "num_tokens",
             "matchers",
+            "specs",
         ):
             values = getattr(self, name)
             setattr(self, name, [values[i] for i in keep])
@@ -146,15 +180,42 @@ class DecodeBatch:
         else:
             self._next = self._next_lp = self._window = None
         self._table = None
+        self._enter_lone()
 
     def extract_cache(self, idx: int) -> list:
+        if self._lone:  # a copy of what the row's tokens cover (a view: the row may go on)
+            return [_head(c, c.offset - self._surplus) for c in self.prompt_cache]
         return [c.extract(idx) for c in self.prompt_cache]
+
+    def _enter_lone(self) -> None:
+        """A single row moves to plain caches (when every layer's cache can come back)."""
+        if self._lone or len(self.uids) != 1:
+            return
+        if not self.prompt_cache or not all(type(c) in LONE_TYPES for c in self.prompt_cache):
+            return
+        self._batch_types = [type(c) for c in self.prompt_cache]
+        self.prompt_cache = [c.extract(0) for c in self.prompt_cache]
+        self._lone = True
+
+    def _leave_lone(self) -> None:
+        if self._lone:
+            pairs = zip(self._batch_types, self.prompt_cache, strict=True)
+            self.prompt_cache = [kind.merge([c]) for kind, c in pairs]
+            self._lone = False
 
     # -- the step -------------------------------------------------------------------------
     def next(self) -> list[Token]:
         """Feed the tokens computed last step, launch the next step, return the fed tokens."""
         if not self.uids:
             return []
+        st = self.specs[0] if self._lone else None
+        if st is not None and self.spec is not None:
+            if st.skip:
+                st.skip -= 1
+            else:
+                out = speculate(self, st, self.spec.stats)
+                if out is not None:
+                    return out
         clock = self.clock
         t0 = time.perf_counter()
         fed, fed_lp = self._next, self._next_lp
@@ -202,6 +263,28 @@ class DecodeBatch:
             outputs.append(self._window)
         mx.async_eval(*outputs)
 
+    def emit_lone(self, tokens: list[int], lp: mx.array | None) -> list[Token]:
+        """The lone row's tokens from a speculative step, in order, up to where it ends
+        (its cache already holds them all; `_surplus` keeps a hand-off to what it emitted)."""
+        out = []
+        uid = self.uids[0]
+        for j, tok in enumerate(tokens):
+            self._surplus = len(tokens) - j - 1
+            self.tokens[0].append(tok)
+            self.num_tokens[0] += 1
+            finish = "length" if self.num_tokens[0] >= self.max_tokens[0] else None
+            if self.matchers[0].advance(tok):
+                finish = "stop"
+            if finish is None:
+                out.append(Token(uid, tok, None, None, None, lp, j))
+                continue
+            cache = self.extract_cache(0)
+            out.append(Token(uid, tok, finish, cache, self.tokens[0], lp, j))
+            self.filter([])
+            break
+        self._surplus = 0
+        return out
+
     def _responses(self, tokens: list[int], lp: mx.array | None) -> list[Token]:
         keep, out = [], []
         for i, (uid, tok) in enumerate(zip(self.uids, tokens)):
@@ -229,6 +312,15 @@ def _sampling_of(sampler) -> RowSampling:
     if not isinstance(s, RowSampling):
         raise TypeError(f"rows need a RowSampling sampler, got {type(sampler).__name__}")
     return s
+
+
+def _head(c: KVCache, n: int) -> KVCache:
+    """A plain cache of `c`'s first `n` positions."""
+    out = KVCache()
+    if c.keys is not None:
+        out.keys, out.values = c.keys[..., :n, :], c.values[..., :n, :]
+        out.offset = n
+    return out
 
 
 def _window_of(tokens: list[list[int]], w: int) -> mx.array:

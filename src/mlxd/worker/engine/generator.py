@@ -9,11 +9,14 @@ from __future__ import annotations
 
 from mlx_lm.generate import BatchGenerator
 
-from mlxd.worker.engine.decode import DecodeBatch
+from mlxd.worker.engine.decode import DecodeBatch, SpecConfig
 
 
-def make_generator(model, *, batch: int, chunk: int, stream) -> BatchGenerator:
-    """A BatchGenerator of `batch` rows that prefills in `chunk`s and decodes through ours."""
+def make_generator(
+    model, *, batch: int, chunk: int, stream, spec: SpecConfig | None = None
+) -> BatchGenerator:
+    """A BatchGenerator of `batch` rows that prefills in `chunk`s and decodes through ours
+    (speculating for a lone row when `spec` says how)."""
     gen = BatchGenerator(
         model,
         completion_batch_size=batch,
@@ -21,7 +24,7 @@ def make_generator(model, *, batch: int, chunk: int, stream) -> BatchGenerator:
         prefill_step_size=chunk,
         stream=stream,
     )
-    gen._generation_batch = DecodeBatch(model)
+    gen._generation_batch = DecodeBatch(model, spec)
     return gen
 
 

@@ -25,7 +25,7 @@ from mlx_lm.models.cache import can_trim_prompt_cache, make_prompt_cache
 from mlxd.shared.errors import MlxdError, Unavailable
 from mlxd.worker.cache.prompt_cache import PromptCache
 from mlxd.worker.engine.batch import Batch
-from mlxd.worker.engine.decode import Clock
+from mlxd.worker.engine.decode import Clock, SpecConfig
 from mlxd.worker.engine.emit import emit
 from mlxd.worker.engine.generator import decode_batch, make_generator
 from mlxd.worker.engine.inbox import (
@@ -80,8 +80,10 @@ class Engine:
         warmup: bool = True,
         trace: Callable[[StepTrace], None] | None = None,
         memory_plan: MemoryPlan | None = None,
+        spec: SpecConfig | None = None,
     ):
         self.m = loaded
+        self.spec = spec  # speculative decoding of a lone row (None: off)
         self.cache = cache
         self.trimmable = can_trim_prompt_cache(make_prompt_cache(loaded.model))
         self.batch_size = batch
@@ -318,7 +320,11 @@ class Engine:
 
     def _new_generator(self) -> BatchGenerator:
         gen = make_generator(
-            self.m.model, batch=self.batch_size, chunk=self.plan.idle_chunk, stream=self._stream
+            self.m.model,
+            batch=self.batch_size,
+            chunk=self.plan.idle_chunk,
+            stream=self._stream,
+            spec=self.spec,
         )
         decode_batch(gen).clock = self.clock
         if self.memory_plan is not None:  # the generator wired the whole working set

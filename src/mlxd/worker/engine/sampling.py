@@ -45,6 +45,7 @@ class RowSampling:
         if self.window == 0:  # penalties that look at nothing change nothing
             self.repetition, self.presence, self.frequency = 1.0, 0.0, 0.0
         self.logprobs = params.logprobs  # the decode batch keeps log-probabilities for it
+        self.speculate = params.speculative is not False  # the model's setting decides the rest
 
     @property
     def greedy(self) -> bool:

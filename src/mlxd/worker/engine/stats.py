@@ -35,6 +35,7 @@ def engine_stats(engine: Engine) -> dict:
         "memory_active_bytes": mx.get_active_memory(),
         "memory_peak_bytes": mx.get_peak_memory(),
         **(engine.cache.stats() if engine.cache else {}),
+        **spec_report(engine),
         **memory_report(engine),
     }
 
@@ -52,4 +53,20 @@ def memory_report(engine: Engine) -> dict:
         "kv_budget_bytes": budget.budget_bytes if budget else None,
         "memory_limit_bytes": plan.total_bytes if plan else None,
         "memory_in_use_bytes": weights + cache + kv,
+    }
+
+
+def spec_report(engine: Engine) -> dict:
+    """Speculative decoding's counters: verify steps, tokens drafted and accepted."""
+    spec = engine.spec
+    if spec is None:
+        return {"speculative": "off"}
+    st = spec.stats
+    rate = round(st.accepted / st.drafted, 4) if st.drafted else 0.0
+    return {
+        "speculative": spec.mode,
+        "spec_steps": st.steps,
+        "spec_drafted_tokens": st.drafted,
+        "spec_accepted_tokens": st.accepted,
+        "spec_acceptance_rate": rate,
     }

@@ -1,0 +1,95 @@
+"""Drafters for speculative decoding: guesses of a row's next tokens, checked by the target.
+
+- NgramDrafter (prompt lookup): the tokens that followed the last time the row's most recent
+  n tokens appeared, in its prompt or its output. Free (no model, no memory), and strong where
+  coding agents spend their time: rewriting a file repeats long stretches of the prompt.
+- ModelDrafter: a small model of the same tokenizer, greedy over its own cache of the row.
+
+A drafter only proposes; speculate.py verifies every proposal with one forward of the target,
+so what a row emits never depends on the drafter.
+"""
+
+from __future__ import annotations
+
+import mlx.core as mx
+from mlx_lm.models.cache import make_prompt_cache, trim_prompt_cache
+
+# Longest and shortest suffix looked up; a 1-token match is a guess too weak to pay its verify.
+NGRAM_MAX = 3
+NGRAM_MIN = 2
+# A draft model catches up on a row's tokens (its prompt, the first time) in chunks this long.
+CATCH_UP_CHUNK = 2048
+
+
+class NgramDrafter:
+    """Prompt lookup over one row's tokens, indexed as they grow (O(1) per token)."""
+
+    def __init__(self):
+        self._seen: dict[tuple[int, ...], int] = {}  # n-gram -> index of the token after it
+        self._n = 0  # tokens indexed (a row's tokens only grow)
+
+    def propose(self, tokens: list[int], k: int) -> list[int]:
+        """Up to `k` tokens that followed the latest earlier occurrence of the suffix."""
+        self._index(tokens)
+        for n in range(NGRAM_MAX, NGRAM_MIN - 1, -1):
+            if len(tokens) <= n:
+                continue
+            at = self._seen.get(tuple(tokens[-n:]))
+            if at is not None:
+                return tokens[at : at + k]
+        return []
+
+    def _index(self, tokens: list[int]) -> None:
+        # Every n-gram that has a follower: the suffix itself is indexed once one arrives.
+        start, self._n = self._n, len(tokens)
+        for end in range(max(start, NGRAM_MIN), len(tokens)):
+            for n in range(NGRAM_MIN, NGRAM_MAX + 1):
+                if end >= n:
+                    self._seen[tuple(tokens[end - n : end])] = end
+
+    def accepted(self, n_cached: int) -> None:
+        """Nothing to keep in step: the index reads the row's tokens as they are."""
+
+    def release(self) -> None:
+        """Nothing held."""
+
+
+class ModelDrafter:
+    """Greedy drafts from a small model over its own KV cache of one row."""
+
+    def __init__(self, model):
+        self.model = model
+        self._cache = make_prompt_cache(model)
+        self._n = 0  # tokens of the row the draft cache holds
+
+    def propose(self, tokens: list[int], k: int) -> list[int]:
+        """Catch up on the row's tokens not yet in the draft cache, then draft `k` greedily.
+
+        The draft model sees every token but the last through its cache; drafting feeds the
+        last, then each draft: `k` forwards, one evaluation."""
+        if k <= 0 or not tokens:
+            return []
+        behind = tokens[self._n : -1]
+        for i in range(0, len(behind), CATCH_UP_CHUNK):
+            self.model(mx.array([behind[i : i + CATCH_UP_CHUNK]]), cache=self._cache)
+            mx.eval([c.state for c in self._cache])
+        self._n = len(tokens) - 1
+        y = mx.array([[tokens[-1]]])
+        drafts = []
+        for _ in range(k):
+            y = mx.argmax(self.model(y, cache=self._cache)[:, -1, :], axis=-1, keepdims=True)
+            drafts.append(y)
+        out = mx.concatenate(drafts, axis=1)
+        mx.eval(out)
+        self._n += k  # the last token and k - 1 drafts went in; the k-th draft did not
+        return out[0].tolist()
+
+    def accepted(self, n_cached: int) -> None:
+        """The row's cache now holds `n_cached` tokens: drop the draft cache's rejected ones."""
+        if self._n > n_cached:
+            trim_prompt_cache(self._cache, self._n - n_cached)
+            self._n = n_cached
+
+    def release(self) -> None:
+        self._cache = make_prompt_cache(self.model)
+        self._n = 0

@@ -1,0 +1,114 @@
+"""Speculative decoding for a lone decoding row: draft k tokens, verify them in one forward.
+
+The row's pending token y (sampled last step, not yet in the cache) and the drafts d1..dk go
+through the target at once; position j's logits give the token z_j that plain decoding would
+draw there, with the same sampler and, for a seeded row, the same key (a seeded row's key is
+split once per position, as plain decoding splits it once per token). Drafts are accepted
+while d_{j+1} == z_j; the first z_a that disagrees (or follows the last draft) is the next
+pending token, and the k - a rejected positions are trimmed from the KV cache. So a row emits
+exactly the tokens it would have without speculation (greedy or seeded), and an unseeded row
+keeps its distribution (the chance a draft survives is the target's probability of it).
+
+Only a lone row speculates (decode.py keeps it on plain, trimmable caches): in a batch, rows
+accept different numbers of drafts, and mlx-lm's batch cache can only trim every row alike.
+Batching already spends the weight traffic on several rows, which is what speculation buys
+a lone row (docs/design.md). Rows with penalties or a grammar don't speculate: both read
+the row's history, which drafts would change under them.
+
+`SpecState.skip` backs off after misses, so a row whose text doesn't repeat (free writing
+under prompt lookup) goes back to the pipelined step, which speculation gives up.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+import mlx.core as mx
+from mlx_lm.models.cache import trim_prompt_cache
+
+from mlxd.worker.engine.sampling import Table, penalize, sample
+
+if TYPE_CHECKING:
+    from mlxd.worker.engine.decode import DecodeBatch, Token
+
+MAX_SKIP = 16  # after repeated misses, try drafting again at least this often
+
+
+@dataclass
+class SpecStats:
+    """Counters over the engine's life (/stats and /metrics read them)."""
+
+    steps: int = 0  # verify forwards
+    drafted: int = 0
+    accepted: int = 0
+
+
+@dataclass
+class SpecState:
+    """One row's drafter and its back-off."""
+
+    drafter: object
+    k: int
+    skip: int = 0  # pipelined steps to run before drafting again
+    misses: int = 0
+    _next_skip: int = field(default=1, repr=False)
+
+    def hit(self) -> None:
+        self.misses, self._next_skip = 0, 1
+
+    def miss(self) -> None:
+        self.misses += 1
+        self.skip = self._next_skip
+        self._next_skip = min(self._next_skip * 2, MAX_SKIP)
+
+
+def speculate(b: DecodeBatch, st: SpecState, stats: SpecStats) -> list[Token] | None:
+    """One speculative step of `b`'s lone row; None when there was nothing to draft (the
+    caller then runs the plain step, with the pending token already evaluated)."""
+    fed, fed_lp = b._next, b._next_lp
+    mx.eval(fed)
+    y = int(fed.item())
+    room = b.max_tokens[0] - b.num_tokens[0] - 1  # tokens the row may still emit after y
+    k = min(st.k, room)
+    drafts = st.drafter.propose(b.tokens[0] + [y], k) if k > 0 else []
+    if not drafts:
+        st.miss()
+        return None
+    row = b.sampling[0]
+    n = len(drafts) + 1
+    logits = b.model(mx.array([[y, *drafts]]), cache=b.prompt_cache)[0]
+    table = Table.of([row] * n, logits.shape[-1])  # one row, n positions
+    logits = penalize(logits, table, None)  # bias only: penalised rows never get here
+    logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
+    key = row.key
+    z = sample(logprobs, table)  # splits a seeded row's key n times: put it right below
+    mx.eval(z)
+    z_host = z.tolist()
+    a = 0
+    while a < len(drafts) and drafts[a] == z_host[a]:
+        a += 1
+    if key is not None and not row.greedy:
+        row.key = _advance(key, a + 1)
+    trim_prompt_cache(b.prompt_cache, len(drafts) - a)
+    st.drafter.accepted(len(b.tokens[0]) + 1 + a)
+    stats.steps += 1
+    stats.drafted += len(drafts)
+    stats.accepted += a
+    if a:
+        st.hit()
+    else:
+        st.miss()
+    lps = None
+    if row.logprobs:
+        lps = mx.concatenate([fed_lp.astype(logprobs.dtype), logprobs[:a]])
+    b._next = z[a : a + 1]
+    b._next_lp = logprobs[a : a + 1] if row.logprobs else None
+    return b.emit_lone([y, *drafts[:a]], lps)
+
+
+def _advance(key: mx.array, n: int) -> mx.array:
+    """The key after `n` tokens' splits (sampling.sample splits once per token)."""
+    for _ in range(n):
+        key, _sub = mx.random.split(key)
+    return key
