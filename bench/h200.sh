@@ -3,6 +3,7 @@
 #   bash bench/h200.sh profile    # bench profile on both shapes (builds the 8B model once)
 #   bash bench/h200.sh small      # bench run, 0.6B shape: single, concurrency 1-32, proxy
 #   bash bench/h200.sh large      # bench run, 8B shape: single, longprompt, concurrency 8-32
+#   bash bench/h200.sh spec       # bench speculative (prompt lookup) on both shapes
 # Results go to $OUT (the device tool brings them back).
 set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -15,6 +16,10 @@ profile)
   timeout 270 python3 -m bench profile --shape qwen3-0.6b --batches 1,8,32 2>&1 | tee "$out/profile-0.6b.md"
   timeout 290 python3 -m bench profile --shape qwen3-8b --batches 1,8,32 --repeats 2 2>&1 | tee "$out/profile-8b.md"
   ;;
+spec)
+  timeout 200 python3 -m bench speculative --shape qwen3-0.6b --tokens 256 2>&1 | tee "$out/spec-0.6b.md"
+  timeout 250 python3 -m bench speculative --shape qwen3-8b --tokens 256 2>&1 | tee "$out/spec-8b.md"
+  ;;
 small)
   timeout 560 bash bench/gpu_run.sh --shape qwen3-0.6b --only single,concurrency,proxy \
     --levels 1,8,16,32 --repeats 3 --out "$out/small" 2>&1 | tail -60
@@ -23,5 +28,5 @@ large)
   timeout 560 bash bench/gpu_run.sh --shape qwen3-8b --only single,longprompt,concurrency \
     --levels 8,16,32 --repeats 3 --exclusive --out "$out/large" 2>&1 | tail -60
   ;;
-*) echo "usage: $0 profile|small|large" >&2; exit 2 ;;
+*) echo "usage: $0 profile|small|large|spec" >&2; exit 2 ;;
 esac
