@@ -40,9 +40,7 @@ def daemon(module_daemon, tiny_model_dir, tiny_model_dir_b, tmp_path_factory):
 
 
 def _turn(client, model, messages):
-    r = client.chat.completions.create(
-        model=model, messages=messages, max_tokens=24, temperature=0
-    )
+    r = client.chat.completions.create(model=model, messages=messages, max_tokens=24, temperature=0)
     return r.choices[0].message.content, r.usage
 
 

@@ -89,7 +89,8 @@ def test_batched_rows_and_a_row_left_alone_give_the_same_text(target):
     # Three rows share the batch, then the ones that finish early leave one row alone (it
     # moves to the lone path and speculates), all with the texts of plain decoding.
     params = [
-        GenerationParams(max_tokens=n, temperature=t, seed=3) for n, t in ((8, 0), (12, 0.8), (48, 0))
+        GenerationParams(max_tokens=n, temperature=t, seed=3)
+        for n, t in ((8, 0), (12, 0.8), (48, 0))
     ]
     plain, _ = _run(target, None, params)
     fast, stats = _run(target, spec_config("draft", 4, target), params)
