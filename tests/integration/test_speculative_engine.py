@@ -111,6 +111,7 @@ def test_prompt_lookup_drafts_what_followed_the_last_occurrence():
     tokens += [7, 2, 3]  # (2, 3) last followed by 7 now, and (7, 2, 3) was never seen
     assert d.propose(tokens, 2) == [7, 2]
     assert NgramDrafter().propose([5, 6, 7, 8], 4) == []  # nothing repeats: no draft
+    assert NgramDrafter().propose([4, 8, 1, 2, 1, 2], 5) == [1, 2, 1, 2, 1]  # a period goes on
 
 
 def test_a_draft_model_with_another_tokenizer_is_refused(tmp_path, tiny_model_dir, target):

@@ -36,7 +36,7 @@ class NgramDrafter:
                 continue
             at = self._seen.get(tuple(tokens[-n:]))
             if at is not None:
-                return tokens[at : at + k]
+                return _copy(tokens, at, k)
         return []
 
     def _index(self, tokens: list[int]) -> None:
@@ -52,6 +52,16 @@ class NgramDrafter:
 
     def release(self) -> None:
         """Nothing held."""
+
+
+def _copy(tokens: list[int], at: int, k: int) -> list[int]:
+    """`k` tokens from `at` on, reading into the copy itself past the end (a repeating
+    stretch near the end continues its period, as an overlapping LZ77 copy does)."""
+    out: list[int] = []
+    while len(out) < k:
+        i = at + len(out)
+        out.append(tokens[i] if i < len(tokens) else out[i - len(tokens)])
+    return out
 
 
 class ModelDrafter:

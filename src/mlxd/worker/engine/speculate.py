@@ -15,6 +15,11 @@ Batching already spends the weight traffic on several rows, which is what specul
 a lone row (docs/design.md). Rows with penalties or a grammar don't speculate: both read
 the row's history, which drafts would change under them.
 
+The verify forward always has k + 1 positions (short drafts are padded) and attends over the
+cache's whole allocated buffer, masked (BucketView): its shapes change only every 256 tokens.
+On MLX's CUDA backend every new (positions, key length) pair of a multi-token forward costs a
+kernel compile of ~60 ms; unpadded, every verify step would pay it.
+
 `SpecState.skip` backs off after misses, so a row whose text doesn't repeat (free writing
 under prompt lookup) goes back to the pipelined step, which speculation gives up.
 """
@@ -76,8 +81,10 @@ def speculate(b: DecodeBatch, st: SpecState, stats: SpecStats) -> list[Token] | 
         st.miss()
         return None
     row = b.sampling[0]
-    n = len(drafts) + 1
-    logits = b.model(mx.array([[y, *drafts]]), cache=b.prompt_cache)[0]
+    n = k + 1  # padded: one shape per 256 tokens of context (see above)
+    inp = [y, *drafts] + [drafts[-1]] * (k - len(drafts))
+    views = [BucketView(c) for c in b.prompt_cache]
+    logits = b.model(mx.array([inp]), cache=views)[0]
     table = Table.of([row] * n, logits.shape[-1])  # one row, n positions
     logits = penalize(logits, table, None)  # bias only: penalised rows never get here
     logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
@@ -90,7 +97,7 @@ def speculate(b: DecodeBatch, st: SpecState, stats: SpecStats) -> list[Token] | 
         a += 1
     if key is not None and not row.greedy:
         row.key = _advance(key, a + 1)
-    trim_prompt_cache(b.prompt_cache, len(drafts) - a)
+    trim_prompt_cache(b.prompt_cache, k - a)
     st.drafter.accepted(len(b.tokens[0]) + 1 + a)
     stats.steps += 1
     stats.drafted += len(drafts)
@@ -112,3 +119,32 @@ def _advance(key: mx.array, n: int) -> mx.array:
     for _ in range(n):
         key, _sub = mx.random.split(key)
     return key
+
+
+class BucketView:
+    """A plain KVCache seen by one forward as its whole allocated buffer (a multiple of 256
+    positions, as KVCache grows it) with the unused tail masked out."""
+
+    def __init__(self, cache):
+        self.c = cache
+
+    @property
+    def offset(self) -> int:
+        return self.c.offset
+
+    def update_and_fetch(self, keys: mx.array, values: mx.array):
+        self.c.update_and_fetch(keys, values)
+        return self.c.keys, self.c.values
+
+    def make_mask(self, n: int, **_kw) -> mx.array:
+        """Causal over the positions written so far; the buffer's capacity after this update
+        is computed as KVCache.update_and_fetch will grow it."""
+        c, off = self.c, self.c.offset
+        grow = (n + c.step - 1) // c.step * c.step
+        if c.keys is None:
+            cap = grow
+        elif off + n > c.keys.shape[2]:
+            cap = off + grow
+        else:
+            cap = c.keys.shape[2]
+        return mx.arange(cap)[None] <= mx.arange(off, off + n)[:, None]

@@ -14,6 +14,7 @@ import time
 import mlx.core as mx
 
 from mlxd.shared.params import GenerationParams
+from mlxd.worker.engine.decode import SpecConfig
 from mlxd.worker.engine.generator import make_generator
 from mlxd.worker.engine.planner import PlanConfig, warmup_shapes
 from mlxd.worker.engine.sampling import RowSampling, make_row_processors
@@ -37,9 +38,10 @@ SAMPLED = GenerationParams(
 MAX_STEPS = 10_000  # a bound on one shape's loop, whatever the generator does
 
 
-def warm_up(model, stream, plan: PlanConfig, batch: int, context_limit: int) -> int:
+def warm_up(model, stream, plan: PlanConfig, batch: int, context_limit: int, spec=None) -> int:
     """Run every shape once; returns the steps it took. The CPU runs small shapes only: it
-    has no GPU kernels to compile, and the code paths are the same."""
+    has no GPU kernels to compile, and the code paths are the same. With `spec` (a
+    SpecConfig), a lone row on a repeating prompt also runs the verify forward."""
     chunks, buckets = warmup_shapes(plan, batch, context_limit, mx.default_device() == mx.cpu)
     gen = make_generator(model, batch=batch, chunk=max(chunks), stream=stream)
     steps = 0
@@ -55,14 +57,20 @@ def warm_up(model, stream, plan: PlanConfig, batch: int, context_limit: int) -> 
                 samplers[-1] = RowSampling(SAMPLED)
             processors = [make_row_processors(s, []) for s in samplers]
             steps += _run(gen, [4] * b, max(chunks), 2, samplers, processors)
+        if spec is not None:
+            gen.close()
+            own = SpecConfig(spec.mode, spec.k, spec.draft_model)  # not the engine's counters
+            gen = make_generator(model, batch=batch, chunk=max(chunks), stream=stream, spec=own)
+            prompt = [1 + i % 3 for i in range(24)]  # drafts for prompt lookup too
+            steps += _run(gen, [0], max(chunks), 3 * spec.k, prompts=[prompt])
     finally:
         gen.close()
         mx.clear_cache()
     return steps
 
 
-def _run(gen, lengths, chunk, max_tokens=1, samplers=None, processors=None) -> int:
-    prompts = [[(7 * i + j) % 100 + 1 for j in range(n)] for i, n in enumerate(lengths)]
+def _run(gen, lengths, chunk, max_tokens=1, samplers=None, processors=None, prompts=None) -> int:
+    prompts = prompts or [[(7 * i + j) % 100 + 1 for j in range(n)] for i, n in enumerate(lengths)]
     n = len(prompts)
     gen.insert(prompts, [max_tokens] * n, samplers=samplers, logits_processors=processors)
     left, steps = len(prompts), 0
@@ -75,11 +83,13 @@ def _run(gen, lengths, chunk, max_tokens=1, samplers=None, processors=None) -> i
     return steps
 
 
-def timed_warm_up(model, stream, plan: PlanConfig, batch: int, context_limit: int) -> float:
+def timed_warm_up(
+    model, stream, plan: PlanConfig, batch: int, context_limit: int, spec=None
+) -> float:
     """warm_up, logged; a failure is logged and skipped (warm-up only saves time later)."""
     t0 = time.monotonic()
     try:
-        steps = warm_up(model, stream, plan, batch, context_limit)
+        steps = warm_up(model, stream, plan, batch, context_limit, spec)
     except Exception:
         log.exception("warm-up failed; serving without it")
         return 0.0
