@@ -65,6 +65,8 @@ class ModelSettings(BaseModel):
     system: str | None = None  # used when a request has no system or developer message
     chat_template: str | None = None  # Jinja text, or a file (relative: to $MLXD_HOME)
     aliases: list[str] = []  # other names a request's `model` may use
+    kv_bits: Literal[4, 8] | None = None  # quantized KV cache (None: the model's float dtype)
+    kv_group_size: Literal[32, 64, 128] = 64  # KV elements sharing one scale and bias
 
 
 class ResolvedModelSettings(ModelSettings):

@@ -51,6 +51,8 @@ def worker_spec(
         grace_s=s.drain_timeout_s,
         ssd_cache_dir=s.cache_dir if s.ssd_cache else None,
         memory_limit_bytes=memory_limit_bytes,
+        kv_bits=ms.kv_bits,
+        kv_group_size=ms.kv_group_size,
         **{name: getattr(s, name) for name in SAME_AS_SETTINGS},
         **{name: getattr(ms, name) for name in MODEL_DEFAULT_FIELDS},
     )
