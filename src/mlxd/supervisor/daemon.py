@@ -14,8 +14,8 @@ from aiohttp import web
 from mlxd.shared.config import Settings
 from mlxd.shared.middleware import error_middleware, request_id_middleware
 from mlxd.supervisor import urlfile
-from mlxd.supervisor.admin.logstream import add_log_stream
 from mlxd.supervisor.admin.fit import add_fit_route
+from mlxd.supervisor.admin.logstream import add_log_stream
 from mlxd.supervisor.admin.memory import add_memory_route
 from mlxd.supervisor.admin.metrics import add_metrics, observe_middleware
 from mlxd.supervisor.admin.routes import add_admin_routes

@@ -14,6 +14,7 @@ import psutil
 from aiohttp import web
 
 from mlxd.shared.exit_codes import EXIT_MODEL_LOAD_ERROR, EXIT_OK, EXIT_PARENT_GONE
+from mlxd.shared.memory_plan import plan_memory
 from mlxd.shared.middleware import error_middleware, request_id_middleware
 from mlxd.shared.model_facts import read_model_facts
 from mlxd.shared.worker_spec import MODEL_DEFAULT_FIELDS, WorkerSpec
@@ -28,7 +29,6 @@ from mlxd.worker.cache.layout import fingerprint, ssd_folder
 from mlxd.worker.cache.prompt_cache import PromptCache, kv_layout
 from mlxd.worker.embed.load import load_embedder
 from mlxd.worker.engine.loop import Engine
-from mlxd.shared.memory_plan import plan_memory
 from mlxd.worker.engine.planner import MIN_CHUNK, PlanConfig
 from mlxd.worker.lifeline import watch_parent
 from mlxd.worker.model import (

@@ -5,9 +5,9 @@ from __future__ import annotations
 from mlxd.supervisor.ctl.tables import size, table
 
 
-def _bits(n: int | None) -> str | None:
+def _bits(n: int | None) -> str:
     if n is None:
-        return None
+        return "?"
     return "float" if n == 16 else f"{n}-bit"
 
 
@@ -41,7 +41,7 @@ def fit_text(body: dict) -> str:
             "",
             f"now: {loaded['state']}, holds {size(loaded['footprint_bytes'])}"
             f" ({'reported' if loaded['reported'] else 'estimated'}), KV"
-            f" {_bits(loaded.get('kv_bits')) or '?'} reserved"
+            f" {_bits(loaded.get('kv_bits'))} reserved"
             f" {size(loaded.get('kv_reserved_bytes')) or '-'} of"
             f" {size(loaded.get('kv_budget_bytes')) or '-'}; budget free for it"
             f" {size(b['free_bytes'])}",
