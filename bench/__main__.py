@@ -4,6 +4,7 @@
     python -m bench run --model ~/models/Qwen3-8B    # a real model folder
     python -m bench run --shape qwen3-8b --only single,concurrency
     python -m bench profile --shape qwen3-8b --batches 1,8,32   # where a decode step goes
+    python -m bench kvquant                          # KV bytes, tok/s, agreement per kv_bits
 
 See docs/benchmarks.md for what each workload measures and the goals.
 """
@@ -33,6 +34,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m bench", description=__doc__.splitlines()[0])
     sub = p.add_subparsers(dest="command", required=True)
     sub.add_parser("profile", help="split a decode step's time (bench/profile.py)", add_help=False)
+    sub.add_parser("kvquant", help="KV schemes side by side (bench/kvquant.py)", add_help=False)
     r = sub.add_parser("run", help="run the side-by-side benchmark")
     r.add_argument(
         "--model", type=Path, help="mlx-lm model folder (default: a random model built for --shape)"
@@ -219,6 +221,10 @@ def main(argv: list[str] | None = None) -> int:
         from . import profile
 
         return profile.main(argv[1:])
+    if argv[:1] == ["kvquant"]:  # KV schemes side by side, in one process: bench/kvquant.py
+        from . import kvquant
+
+        return kvquant.main(argv[1:])
     a = parse_args(argv)
     signal.signal(signal.SIGTERM, _exit_on_sigterm)
     gpu = _accelerated()
