@@ -65,7 +65,9 @@ def default_models(work: Path) -> list[tuple[str, Path]]:
     return out
 
 
-def greedy(loaded, prompts: list[list[int]], n: int, bias: dict) -> tuple[list[list[int]], float, int]:
+def greedy(
+    loaded, prompts: list[list[int]], n: int, bias: dict
+) -> tuple[list[list[int]], float, int]:
     """Each row's n greedy tokens, decode tok/s once every row decodes, measured KV bytes per
     token (the batch caches' bytes over rows x positions held, just before the end)."""
     import mlx.core as mx
