@@ -15,9 +15,13 @@ from dataclasses import dataclass
 import mlx.core as mx
 from mlx.utils import tree_map
 from mlx_lm.models.base import create_causal_mask
-from mlx_lm.models.cache import KVCache, QuantizedKVCache, _BaseCache, dynamic_roll
-
-GROUP_SIZES = (32, 64, 128)  # what mx.quantize accepts
+from mlx_lm.models.cache import (
+    KVCache,
+    QuantizedKVCache,
+    _BaseCache,
+    dynamic_roll,
+    make_prompt_cache,
+)
 
 
 @dataclass(frozen=True)
@@ -43,8 +47,6 @@ def apply_kv_scheme(model, bits: int | None, group_size: int = 64) -> KvScheme:
     cannot): for others, and for head dims the group size does not divide, ValueError."""
     if bits is None:
         return KvScheme()
-    from mlx_lm.models.cache import make_prompt_cache
-
     caches = make_prompt_cache(model)
     if not caches or not all(type(c) is KVCache for c in caches):
         kinds = sorted({type(c).__name__ for c in caches})
@@ -60,8 +62,6 @@ def apply_kv_scheme(model, bits: int | None, group_size: int = 64) -> KvScheme:
 
 def _head_dims(model) -> list[int]:
     """The K and V head dims, from one token through a fresh plain cache."""
-    from mlx_lm.models.cache import make_prompt_cache
-
     caches = make_prompt_cache(model)
     model(mx.array([[0]]), cache=caches)
     return sorted({c.keys.shape[-1] for c in caches} | {c.values.shape[-1] for c in caches})
