@@ -64,7 +64,7 @@ def test_batched_quantized_rows_decode_as_each_row_alone(q8):
         assert got[i] == alone(q8.model, prompt, N), i
 
 
-def test_quantized_batch_converts_to_and_from_the_plain_cache(q8):
+def test_quantized_batch_converts_to_and_from_the_plain_cache(q8, fp):
     rows = []
     for prompt in PROMPTS[:2]:
         cache = make_prompt_cache(q8.model)
@@ -77,6 +77,15 @@ def test_quantized_batch_converts_to_and_from_the_plain_cache(q8):
     assert isinstance(back[0], QuantizedKVCache) and back[0].offset == 7
     for got, want in zip(back[0].keys, rows[0][0].keys):
         assert mx.array_equal(got, want[..., :7, :])
+    # mlx-lm's own quantized cache and a float one (quantized on the way in) merge too.
+    plain = [QuantizedKVCache(group_size=64, bits=8) for _ in q8.model.layers]
+    floats = make_prompt_cache(fp.model)
+    for cache in (plain, floats):
+        q8.model(mx.array([PROMPTS[0]]), cache=cache)
+    mixed = BatchQuantizedKVCache.merge([plain[0], floats[0], rows[1][0]])
+    assert mixed.left_padding.tolist() == [33, 33, 0] and mixed.bits == 8
+    for got, want in zip(mixed.extract(0).keys, mixed.extract(1).keys):
+        assert mx.array_equal(got, want)  # the same prompt, quantized alike
     # A trimmed batch drops the last positions of every row (speculative decoding's undo).
     assert merged[0].trim(3) == 3 and merged[0].extract(1).offset == 37
     # Bytes held by one layer: 2 rows x 40 positions at the plan's bytes per token and layer.

@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from mlxd.shared.config import ConfigError, load_settings
 from mlxd.shared.fit import dtype_bytes_of, fit_schemes
 from mlxd.shared.kv_math import KvShape, kv_bytes_per_token, max_context, max_rows
 from mlxd.shared.memory_plan import plan_memory
@@ -86,3 +87,15 @@ def test_the_fingerprint_covers_the_kv_scheme(tmp_path):
     (tmp_path / "config.json").write_text('{"model_type": "llama"}')
     prints = {s: fingerprint(tmp_path, s) for s in ("kv-fp", "kv-q8g64", "kv-q4g64", "kv-q4g32")}
     assert len(set(prints.values())) == 4
+
+
+def test_config_takes_4_or_8_bits_and_the_group_sizes_mlx_has(tmp_path):
+    toml = tmp_path / "config.toml"
+    toml.write_text('[models."a"]\nkv_bits = 4\nkv_group_size = 32\n')
+    ms = load_settings(config=toml).for_model("a")
+    assert (ms.kv_bits, ms.kv_group_size) == (4, 32)
+    assert load_settings(config=toml).for_model("b").kv_bits is None
+    for bad in ("kv_bits = 3", "kv_bits = 16", "kv_group_size = 48"):
+        toml.write_text(f'[models."a"]\n{bad}\n')
+        with pytest.raises(ConfigError, match="kv_"):
+            load_settings(config=toml)
