@@ -9,7 +9,7 @@ import pytest
 from mlx_lm.models.cache import QuantizedKVCache, make_prompt_cache
 
 from mlxd.worker.engine.generator import make_generator
-from mlxd.worker.engine.kvquant import BatchQuantizedKVCache, QuantizedRowCache
+from mlxd.worker.engine.kvquant import BatchQuantizedKVCache, QuantizedRowCache, head
 from mlxd.worker.model import load_model
 
 PROMPTS = [list(range(5, 5 + n)) for n in (7, 40, 13, 90)]
@@ -88,6 +88,9 @@ def test_quantized_batch_converts_to_and_from_the_plain_cache(q8, fp):
         assert mx.array_equal(got, want)  # the same prompt, quantized alike
     # A trimmed batch drops the last positions of every row (speculative decoding's undo).
     assert merged[0].trim(3) == 3 and merged[0].extract(1).offset == 37
+    # A lone row's plain cache, cut to what its tokens cover, goes back into a batch.
+    lone = head(back[0], 5)
+    assert lone.offset == 5 and BatchQuantizedKVCache.merge([lone]).size() == 5
     # Bytes held by one layer: 2 rows x 40 positions at the plan's bytes per token and layer.
     assert merged[0].nbytes == 2 * 40 * q8.kv_bytes_per_token // len(q8.model.layers)
 

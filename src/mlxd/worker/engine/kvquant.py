@@ -78,6 +78,15 @@ class QuantizedRowCache(QuantizedKVCache):
         return BatchQuantizedKVCache.merge(caches)
 
 
+def head(c: QuantizedKVCache, n: int) -> QuantizedRowCache:
+    """A quantized row cache of `c`'s first `n` positions (a view: `c` may go on)."""
+    out = QuantizedRowCache(group_size=c.group_size, bits=c.bits)
+    if c.keys is not None:
+        out.keys, out.values = tree_map(lambda x: x[..., :n, :], (c.keys, c.values))
+        out.offset = n
+    return out
+
+
 def _quantized(c, group_size: int, bits: int):
     """(keys, values) triples of a row cache up to its offset, quantizing a plain one."""
     if c.keys is None or c.offset == 0:
