@@ -1,6 +1,7 @@
 """`python -m bench run`: mlxd and mlx_lm.server side by side on the same model folder.
 
     python -m bench run --quick                      # tiny random model, a few minutes on CPU
+    python -m bench kvquant                          # KV bytes, tok/s, agreement per kv_bits
     python -m bench run --model ~/models/Qwen3-8B    # a real model folder
     python -m bench run --shape qwen3-8b --only single,concurrency
     python -m bench profile --shape qwen3-8b --batches 1,8,32   # where a decode step goes
@@ -70,6 +71,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="where built models are kept (default: a "
         "temp dir for tiny, ~/.cache/mlxd-bench/models for the others)",
     )
+    sub.add_parser("kvquant", help="KV schemes side by side (bench/kvquant.py)", add_help=False)
     a = p.parse_args(argv)
     a.only = _pick_workloads(p, a.only)
     if a.repeats is not None and a.repeats < 3:
@@ -217,6 +219,10 @@ def _meta(a, sizes, session, gpu: bool, model_label: str, notes: list[str]) -> d
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["kvquant"]:  # KV schemes side by side, in one process: bench/kvquant.py
+        from . import kvquant
+
+        return kvquant.main(argv[1:])
     if argv[:1] == ["profile"]:  # one process with MLX in it: see bench/profile.py
         from . import profile
 

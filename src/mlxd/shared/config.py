@@ -53,6 +53,8 @@ class ModelSettings(BaseModel):
     batch: int | None = Field(None, ge=1)
     context_limit: int | None = Field(None, ge=16)
     kv_allowance_bytes: int | None = Field(None, ge=0)
+    kv_bits: Literal[4, 8] | None = None  # quantized KV cache (None: the model's float dtype)
+    kv_group_size: Literal[32, 64, 128] = 64  # KV elements sharing one scale and bias
     enable_thinking: bool | None = None  # None: the chat template's default
     type: Literal["chat", "embedding"] | None = None  # None: detected (shared/model_facts.py)
     # Request defaults (docs/configuration.md): a request's own value wins; unset ones fall back

@@ -67,6 +67,8 @@ class WorkerSpec(BaseModel):
     prefill_step: int | None = Field(None, ge=16)  # ... while nothing decodes; None: by device
     prefill_budget: int | None = Field(None, ge=16)  # ... while rows decode; None: by device
     kv_budget_bytes: int | None = Field(None, ge=0)  # None: from memory; 0: no KV bound
+    kv_bits: Literal[4, 8] | None = None  # quantized KV (None: the model's float dtype)
+    kv_group_size: Literal[32, 64, 128] = 64  # elements sharing one scale and bias
     # The supervisor's share for this worker: its budget less what the other workers report
     # (estimates before they do), never below this model's estimate (None: the machine's
     # memory). The worker's memory plan fits weights, caches and KV within it.

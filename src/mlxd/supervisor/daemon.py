@@ -14,6 +14,7 @@ from aiohttp import web
 from mlxd.shared.config import Settings
 from mlxd.shared.middleware import error_middleware, request_id_middleware
 from mlxd.supervisor import urlfile
+from mlxd.supervisor.admin.fit import add_fit_route
 from mlxd.supervisor.admin.logstream import add_log_stream
 from mlxd.supervisor.admin.memory import add_memory_route
 from mlxd.supervisor.admin.metrics import add_metrics, observe_middleware
@@ -68,6 +69,7 @@ def build_app(settings: Settings, registry: Registry) -> web.Application:
     add_admin_routes(app)
     add_metrics(app)
     add_memory_route(app)  # the dashboard's: /admin/memory, /admin/logs/stream, /ui
+    add_fit_route(app)  # /admin/fit?model=ID
     add_log_stream(app)
     add_ui_routes(app)
     add_cors(app)

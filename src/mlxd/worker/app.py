@@ -14,6 +14,7 @@ import psutil
 from aiohttp import web
 
 from mlxd.shared.exit_codes import EXIT_MODEL_LOAD_ERROR, EXIT_OK, EXIT_PARENT_GONE
+from mlxd.shared.memory_plan import plan_memory
 from mlxd.shared.middleware import error_middleware, request_id_middleware
 from mlxd.shared.model_facts import read_model_facts
 from mlxd.shared.worker_spec import MODEL_DEFAULT_FIELDS, WorkerSpec
@@ -29,7 +30,6 @@ from mlxd.worker.cache.prompt_cache import PromptCache, kv_layout
 from mlxd.worker.draft_model import load_draft, spec_config
 from mlxd.worker.embed.load import load_embedder
 from mlxd.worker.engine.loop import Engine
-from mlxd.worker.engine.memplan import plan_memory
 from mlxd.worker.engine.planner import MIN_CHUNK, PlanConfig
 from mlxd.worker.lifeline import watch_parent
 from mlxd.worker.model import (
@@ -153,7 +153,13 @@ async def serve(cfg: WorkerSpec) -> int:
         else:
             defaults = {name: getattr(cfg, name) for name in MODEL_DEFAULT_FIELDS}
             state.loaded = await asyncio.to_thread(
-                load_model, cfg.model_path, cfg.model_id, cfg.context_limit, overrides=defaults
+                load_model,
+                cfg.model_path,
+                cfg.model_id,
+                cfg.context_limit,
+                overrides=defaults,
+                kv_bits=cfg.kv_bits,
+                kv_group_size=cfg.kv_group_size,
             )
             if cfg.speculative == "draft" and cfg.draft_model is not None:
                 state.draft = await asyncio.to_thread(load_draft, cfg.draft_model, state.loaded)
@@ -294,7 +300,7 @@ def make_prompt_cache(cfg: WorkerSpec, loaded) -> PromptCache | None:
         ssd_dir = cfg.ssd_cache_dir / "unusable"  # where the tier would be if all else fails
         try:
             ssd_dir = ssd_folder(
-                cfg.ssd_cache_dir, cfg.model_id, fingerprint(cfg.model_path, "kv-fp")
+                cfg.ssd_cache_dir, cfg.model_id, fingerprint(cfg.model_path, loaded.kv.name)
             )
             layout = kv_layout(loaded.model)  # what every SSD entry is checked against
         except Exception as exc:  # no layout: the tier turns itself off in start()

@@ -93,6 +93,20 @@ def _flag_parser(log_level: str) -> argparse.ArgumentParser:
         " memory; 0: rows bounded by --batch only)",
     )
     p.add_argument(
+        "--kv-bits",
+        type=int,
+        choices=(4, 8),
+        default=None,
+        help="quantize the KV cache to this many bits (default: the model's float dtype)",
+    )
+    p.add_argument(
+        "--kv-group-size",
+        type=int,
+        choices=(32, 64, 128),
+        default=_default("kv_group_size"),
+        help="KV elements sharing one scale and bias when quantized (64)",
+    )
+    p.add_argument(
         "--memory-limit-bytes",
         type=int,
         default=None,

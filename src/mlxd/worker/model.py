@@ -16,7 +16,8 @@ from mlx.utils import tree_flatten
 from mlx_lm import load
 
 from mlxd.shared.config import is_template_text
-from mlxd.worker.engine.kvbudget import kv_bytes_per_token
+from mlxd.shared.kv_math import kv_bytes_per_token
+from mlxd.worker.engine.kvquant import KvScheme, apply_kv_scheme
 
 log = logging.getLogger("mlxd.worker.model")
 
@@ -46,6 +47,7 @@ class LoadedModel:
     path: Path
     context_limit: int
     defaults: SamplingDefaults
+    kv: KvScheme = KvScheme()  # how its KV is held (kv_bits; kvquant.py)
 
     @property
     def eos_ids(self) -> list[int]:
@@ -80,8 +82,16 @@ class LoadedModel:
 
     @cached_property
     def kv_bytes_per_token(self) -> int | None:
-        """K and V bytes one token of a row holds (None: the config does not say)."""
-        return kv_bytes_per_token(self.config, _float_bytes(self.model))
+        """K and V bytes one token of a row holds, in its KV scheme (None: the config does
+        not say)."""
+        return kv_bytes_per_token(
+            self.config, self.kv_dtype_bytes, self.kv.bits, self.kv.group_size
+        )
+
+    @cached_property
+    def kv_dtype_bytes(self) -> int:
+        """Bytes of the float dtype K and V (or their scales) are computed in."""
+        return _float_bytes(self.model)
 
 
 def _float_bytes(model) -> int:
@@ -152,11 +162,14 @@ def load_model(
     context_limit: int | None = None,
     upcast_on_cpu: bool = True,
     overrides: dict[str, Any] | None = None,
+    kv_bits: int | None = None,
+    kv_group_size: int = 64,
 ) -> LoadedModel:
     """Load `path`; raises on any problem with the folder (the caller maps it to an exit code).
 
     `overrides` are the config section's defaults (WorkerSpec MODEL_DEFAULT_FIELDS): the set
-    ones win over the folder's generation_config.json and chat template."""
+    ones win over the folder's generation_config.json and chat template. `kv_bits` quantizes
+    the model's KV (a model whose caches cannot be quantized raises ValueError)."""
     model, tokenizer, config = load(str(path), return_config=True)
     overrides = {k: v for k, v in (overrides or {}).items() if v is not None}
     if "chat_template" in overrides:
@@ -166,6 +179,7 @@ def load_model(
         # scales runs ~100x slower than with float32): compute in float32 on the CPU.
         model.set_dtype(mx.float32)
         mx.eval(model.parameters())  # here: lazy arrays belong to this thread's stream
+    kv = apply_kv_scheme(model, kv_bits, kv_group_size)
     native = int(config.get("max_position_embeddings") or 0) or 32768
     limit = min(context_limit, native) if context_limit else native
     loaded = LoadedModel(
@@ -176,6 +190,7 @@ def load_model(
         path=path,
         context_limit=limit,
         defaults=replace(_read_defaults(path), **overrides),
+        kv=kv,
     )
     _ = loaded.max_token_bytes  # read the vocabulary now, not on the first request
     return loaded

@@ -147,3 +147,52 @@ class MemoryReport(BaseModel):
     max_loaded_models: int  # 0: no limit
     models: list[MemoryModel]
     eviction_order: list[str]  # idle evictable models, the first one is evicted first
+
+
+class FitScheme(BaseModel):
+    """What one KV scheme makes room for, in GET /admin/fit."""
+
+    kv_bits: int  # 16: the model's own float KV (see kv_dtype_bytes); 8 or 4: quantized
+    bytes_per_token: int  # K and V over all layers
+    max_context_at_batch_1: int  # the longest row (prompt + output), at most the context
+    max_batch_at_context: int  # rows of the whole context at once (the `batch` setting caps)
+    fits_context: bool  # one row of the whole context fits
+
+
+class FitLoaded(BaseModel):
+    """The model's worker as it is now, in GET /admin/fit."""
+
+    state: str
+    footprint_bytes: int  # what the budget counts: the worker's report, else the estimate
+    reported: bool  # footprint_bytes is the worker's own report
+    memory_bytes: int | None = None  # the worker's resident set size
+    memory_limit_bytes: int | None = None  # its memory plan's limit (worker /stats)
+    kv_bits: int | None = None  # its KV scheme (16: float)
+    kv_bytes_per_token: int | None = None
+    kv_budget_bytes: int | None = None
+    kv_reserved_bytes: int | None = None  # what the rows in flight are counted at
+    rows_active: int | None = None
+
+
+class FitReport(BaseModel):
+    """GET /admin/fit?model=ID: for this machine, what fits per KV scheme; what is loaded."""
+
+    object: Literal["fit"] = "fit"
+    model: str
+    context_length: int  # the context a worker serves (the model's, within context_limit)
+    batch: int  # the model's `batch` setting
+    kv_bits: int  # the model's configured scheme (16: float)
+    kv_group_size: int
+    kv_dtype_bytes: int  # bytes of the float K and V (and of the scales when quantized)
+    layers: int
+    kv_heads: int
+    head_dim: int
+    machine_memory_bytes: int
+    budget_bytes: int  # the supervisor's memory budget
+    free_bytes: int  # the budget less what the other running models hold now
+    weights_bytes: int  # the model's weight files
+    prompt_cache_bytes: int  # the RAM prompt-cache cap the plan leaves
+    headroom_bytes: int
+    kv_budget_bytes: int  # what the plan leaves the rows in flight (the model alone)
+    schemes: list[FitScheme]
+    loaded: FitLoaded | None = None  # None: no worker runs for it

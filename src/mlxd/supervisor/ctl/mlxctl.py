@@ -21,6 +21,7 @@ from mlxd.supervisor.ctl import local as ctl_local
 from mlxd.supervisor.ctl import tables as ctl_tables
 from mlxd.supervisor.ctl import target
 from mlxd.supervisor.ctl.client import AdminClient, CtlError, model_path
+from mlxd.supervisor.ctl.fit_table import fit_text
 
 DEFAULT_URL = target.DEFAULT_URL
 FOLLOW_INTERVAL_S = 0.5
@@ -71,6 +72,12 @@ def cmd_unload_all(args, client: AdminClient) -> int:
 def cmd_show(args, client: AdminClient) -> int:
     body = client.get(model_path(args.model))
     _out(args, body, ctl_tables.show_text(body))
+    return 0
+
+
+def cmd_fit(args, client: AdminClient) -> int:
+    body = client.get("/admin/fit", model=args.model)
+    _out(args, body, fit_text(body))
     return 0
 
 
@@ -194,6 +201,8 @@ def build_parser() -> argparse.ArgumentParser:
     add("ps", cmd_ps, "models with a worker (state, pid, memory, leases, keep-alive)")
     add("models", cmd_models, "every model mlxd can serve", aliases=["ls"])
     add("show", cmd_show, "a model's state, folder, settings and defaults").add_argument("model")
+    fit = add("fit", cmd_fit, "the largest context and batch that fit, per KV scheme")
+    fit.add_argument("model")
     for name, what in (
         ("load", "start a model's worker now"),
         ("drain", "stop a model and refuse requests until it is loaded again"),

@@ -46,6 +46,8 @@ def worker_spec(
         generation=slot.generation,
         batch=ms.batch,
         context_limit=ms.context_limit,
+        kv_bits=ms.kv_bits,
+        kv_group_size=ms.kv_group_size,
         enable_thinking=ms.enable_thinking,
         model_type=ms.type,
         grace_s=s.drain_timeout_s,

@@ -1,40 +1,74 @@
-"""MLX KV caches to and from the NumPy arrays the SSD format stores (zero-copy one way)."""
+"""MLX KV caches to and from the NumPy arrays the SSD format stores (zero-copy one way).
+
+Plain KVCache layers and quantized ones (kvquant.py: packed values, scales, biases) travel;
+bfloat16 travels as its uint16 bits (NumPy has no bfloat16).
+"""
 
 from __future__ import annotations
 
 import mlx.core as mx
 import numpy as np
-from mlx_lm.models.cache import KVCache
+from mlx_lm.models.cache import KVCache, QuantizedKVCache
 
 from mlxd.worker.cache.format import pack_kv, unpack_kv
+from mlxd.worker.engine.kvquant import QuantizedRowCache
+
+
+def storable(layers: list) -> bool:
+    """Whether the SSD tier can hold these layers (plain or quantized KV, all one kind)."""
+    return bool(layers) and (
+        all(type(c) is KVCache for c in layers)
+        or all(isinstance(c, QuantizedKVCache) for c in layers)
+    )
+
+
+def _bits_view(a: mx.array) -> mx.array:
+    return a.view(mx.uint16) if a.dtype == mx.bfloat16 else a
 
 
 def to_numpy(layers: list) -> tuple[dict[str, np.ndarray], dict[str, str], list]:
-    """Zero-copy NumPy views of KVCache layers, as the SSD format names and stores them, and
-    the evaluated MLX arrays behind them (they must outlive the views)."""
-    keep = []
+    """Zero-copy NumPy views of KV layers, as the SSD format names and stores them, and the
+    evaluated MLX arrays behind them (they must outlive the views)."""
+    keep: list = []
+    quant = isinstance(layers[0], QuantizedKVCache)
     for c in layers:
         for a in (c.keys, c.values):
-            a = a[..., : c.offset, :]
-            if a.dtype == mx.bfloat16:
-                a = a.view(mx.uint16)
-            keep.append(a)
+            if quant:
+                keep.extend(_bits_view(x[..., : c.offset, :]) for x in a)
+            else:
+                keep.append(_bits_view(a[..., : c.offset, :]))
     mx.eval(keep)
     views = [np.asarray(memoryview(a)) for a in keep]
-    arrays, meta = pack_kv(list(zip(views[::2], views[1::2])), str(layers[0].keys.dtype))
+    if quant:
+        sides = [tuple(views[i : i + 3]) for i in range(0, len(views), 3)]
+        dtype = str(layers[0].keys[1].dtype)
+    else:
+        sides, dtype = views, str(layers[0].keys.dtype)
+    arrays, meta = pack_kv(list(zip(sides[::2], sides[1::2])), dtype)
     return arrays, meta, keep
 
 
-def from_numpy(arrays: dict[str, np.ndarray]) -> list:
-    """KVCache layers holding an SSD entry's arrays, evaluated."""
-    layers = []
+def _mx(a: np.ndarray, bf16: bool) -> mx.array:
+    x = mx.array(a)
+    return x.view(mx.bfloat16) if bf16 and x.dtype == mx.uint16 else x
+
+
+def from_numpy(arrays: dict[str, np.ndarray], quant: tuple[int, int] | None = None) -> list:
+    """KV cache layers holding an SSD entry's arrays, evaluated; `quant` (bits, group size)
+    for a quantized entry."""
+    layers: list = []
     pairs, bf16 = unpack_kv(arrays)
     for k, v in pairs:
-        c = KVCache()
-        k, v = mx.array(k), mx.array(v)
-        if bf16:
-            k, v = k.view(mx.bfloat16), v.view(mx.bfloat16)
-        c.keys, c.values, c.offset = k, v, k.shape[2]
+        if quant is not None and isinstance(k, tuple):
+            bits, group = quant
+            c = QuantizedRowCache(group_size=group, bits=bits)
+            c.keys = tuple(_mx(x, bf16) for x in k)
+            c.values = tuple(_mx(x, bf16) for x in v)
+            c.offset = c.keys[0].shape[2]
+        else:
+            c = KVCache()
+            c.keys, c.values = _mx(k, bf16), _mx(v, bf16)
+            c.offset = c.keys.shape[2]
         layers.append(c)
-    mx.eval([c.state[:2] for c in layers])
+    mx.eval([(c.keys, c.values) for c in layers])
     return layers

@@ -19,10 +19,10 @@ from pathlib import Path
 
 import mlx.core as mx
 import numpy as np
-from mlx_lm.models.cache import KVCache, make_prompt_cache
+from mlx_lm.models.cache import QuantizedKVCache, make_prompt_cache
 
 from mlxd.worker.cache.format import BF16_STORED, Layout, LayoutMismatch, check_layout
-from mlxd.worker.cache.kv_arrays import from_numpy, to_numpy
+from mlxd.worker.cache.kv_arrays import from_numpy, storable, to_numpy
 from mlxd.worker.cache.quiet_log import QuietLog
 from mlxd.worker.cache.ram import EARN_TOKENS, Entry, RamCache, usable_length, view
 from mlxd.worker.cache.ssd import SsdEntry, SsdStore
@@ -36,20 +36,36 @@ WRITE_REASONS = ("session", "reused", "drain")
 
 def kv_layout(model) -> Layout | None:
     """Per-layer (key heads, key dim, value heads, value dim, stored dtype) of the KV this
-    model makes, from one token through a fresh cache; None when its caches are not all plain
-    KVCache (the only kind the SSD tier holds)."""
+    model makes, from one token through a fresh cache, plus (bits, group size) when it is
+    quantized; None when its caches are neither all plain KVCache nor all quantized (the
+    kinds the SSD tier holds)."""
     caches = make_prompt_cache(model)
-    if not caches or not all(type(c) is KVCache for c in caches):
+    if not storable(caches):
         return None
     model(mx.array([[0]]), cache=caches)
-    mx.eval([c.state for c in caches])
-    out = []
+    mx.eval([(c.keys, c.values) for c in caches])
+    out: list[tuple] = []
     for c in caches:
-        k, v = c.keys, c.values
+        if isinstance(c, QuantizedKVCache):
+            (k, ks, _), (v, _, _) = c.keys, c.values
+            # Packed values are uint32 holding 32 / bits elements each: the dims they stand for.
+            per = 32 // c.bits
+            kd, vd, dtype = k.shape[3] * per, v.shape[3] * per, ks.dtype
+            quant: tuple = (c.bits, c.group_size)
+        else:
+            k, v = c.keys, c.values
+            kd, vd, dtype, quant = k.shape[3], v.shape[3], k.dtype, ()
         # bfloat16 travels as uint16 (NumPy has no bfloat16): what the file holds is checked.
-        stored = BF16_STORED if k.dtype == mx.bfloat16 else str(k.dtype).rsplit(".", 1)[-1]
-        out.append((k.shape[1], k.shape[3], v.shape[1], v.shape[3], stored))
+        stored = BF16_STORED if dtype == mx.bfloat16 else str(dtype).rsplit(".", 1)[-1]
+        out.append((k.shape[1], kd, v.shape[1], vd, stored, *quant))
     return tuple(out)
+
+
+def layout_quant(layout: Layout | None) -> tuple[int, int] | None:
+    """(bits, group size) of a quantized layout, else None."""
+    if not layout or len(layout[0]) != 7:
+        return None
+    return int(layout[0][5]), int(layout[0][6])
 
 
 def write_reason(e: Entry) -> str:
@@ -157,7 +173,7 @@ class PromptCache:
         if self.ssd.layout is None:
             raise LayoutMismatch("no layout to check the entry against")
         check_layout(arrays, self.ssd.layout, len(e.tokens))  # again: the arrays may be shared
-        layers = from_numpy(arrays)
+        layers = from_numpy(arrays, layout_quant(self.ssd.layout))
         self.ssd_hits += 1
         if self.ram.insert(ns, e.tokens, layers, e.session, persisted=True) is None:
             # Too large to keep in RAM: serve this request straight from the restore.
@@ -226,9 +242,9 @@ class PromptCache:
     def _enqueue(self, e: Entry, block: bool = False) -> None:
         if not self.ssd_writable:
             return  # no array copies for a tier that cannot take them
-        if not all(type(c) is KVCache for c in e.layers):
-            # Only plain KV caches travel to the SSD tier for now: such entries stay in RAM
-            # (never demoted) and are not queued again.
+        if not storable(e.layers):
+            # Only plain and quantized KV caches travel to the SSD tier for now: other
+            # entries stay in RAM (never demoted) and are not queued again.
             if not e.ram_only:
                 self.unsupported += 1
             e.ram_only = True

@@ -13,7 +13,12 @@ from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from mlx_lm.models.cache import KVCache, can_trim_prompt_cache, trim_prompt_cache
+from mlx_lm.models.cache import (
+    KVCache,
+    QuantizedKVCache,
+    can_trim_prompt_cache,
+    trim_prompt_cache,
+)
 
 from mlxd.worker.cache.trie import TokenTrie
 
@@ -72,6 +77,14 @@ def view(layers: list, length: int, full: int) -> list:
             v.keys, v.values, v.offset = c.keys, c.values, length
             out.append(v)
         return out
+    if all(isinstance(c, QuantizedKVCache) for c in layers):
+        # The same arrays at a shorter offset: a batch's merge copies them, never writes them.
+        views = []
+        for c in layers:
+            q = copy.copy(c)
+            q.offset = length
+            views.append(q)
+        return views
     out = copy.deepcopy(layers)
     if length < full:
         trim_prompt_cache(out, full - length)

@@ -24,6 +24,10 @@ def engine_stats(engine: Engine) -> dict:
         "prefill_step": engine.plan.idle_chunk,
         "prefill_budget": engine.plan.step_budget,
         "kv_reserved_bytes": engine._sched.kv_reserved(),
+        "kv_bits": engine.m.kv.bits,  # None: the model's float dtype
+        "kv_group_size": engine.m.kv.group_size,
+        "kv_bytes_per_token": engine.m.kv_bytes_per_token,
+        "kv_dtype_bytes": engine.m.kv_dtype_bytes,
         "warmup_s": None if engine.warmup_s is None else round(engine.warmup_s, 3),
         "prompt_tokens": t.prompt_tokens,
         "generation_tokens": t.generation_tokens,
