@@ -28,12 +28,13 @@ from mlx_lm.sample_utils import greedy_sampler
 
 from mlxd.shared.params import GenerationParams
 from mlxd.worker.engine.draft import ModelDrafter, NgramDrafter
+from mlxd.worker.engine.kvquant import BatchQuantizedKVCache, head
 from mlxd.worker.engine.sampling import RowSampling, Table, penalize, sample
 from mlxd.worker.engine.speculate import SpecState, SpecStats, speculate
 
 GREEDY = RowSampling(GenerationParams(temperature=0.0))
 # Batch caches a lone row can leave for mlx-lm's plain cache and come back to (extract/merge).
-LONE_TYPES: tuple[type, ...] = (BatchKVCache,)
+LONE_TYPES: tuple[type, ...] = (BatchKVCache, BatchQuantizedKVCache)
 
 
 class SpecConfig:
@@ -81,6 +82,7 @@ class DecodeBatch:
         self.spec = spec
         self.specs: list[SpecState | None] = []  # each row's drafter, when it may speculate
         self._lone = False  # one row, on plain caches (prompt_cache holds mlx-lm KVCaches)
+        self._float = False  # ... and they are float KVCaches (speculate.py's verify needs it)
         self._batch_types: list[type] = []  # the batch cache classes to go back to
         self._surplus = 0  # tokens in the lone cache not yet in tokens[0] (speculate.py)
         self.uids: list[int] = []
@@ -184,7 +186,8 @@ class DecodeBatch:
 
     def extract_cache(self, idx: int) -> list:
         if self._lone:  # a copy of what the row's tokens cover (a view: the row may go on)
-            return [_head(c, c.offset - self._surplus) for c in self.prompt_cache]
+            n = self.prompt_cache[0].offset - self._surplus
+            return [_head(c, n) if type(c) is KVCache else head(c, n) for c in self.prompt_cache]
         return [c.extract(idx) for c in self.prompt_cache]
 
     def _enter_lone(self) -> None:
@@ -196,6 +199,7 @@ class DecodeBatch:
         self._batch_types = [type(c) for c in self.prompt_cache]
         self.prompt_cache = [c.extract(0) for c in self.prompt_cache]
         self._lone = True
+        self._float = all(type(c) is KVCache for c in self.prompt_cache)
 
     def _leave_lone(self) -> None:
         if self._lone:
@@ -208,7 +212,7 @@ class DecodeBatch:
         """Feed the tokens computed last step, launch the next step, return the fed tokens."""
         if not self.uids:
             return []
-        st = self.specs[0] if self._lone else None
+        st = self.specs[0] if self._lone and self._float else None
         if st is not None and self.spec is not None:
             if st.skip:
                 st.skip -= 1
