@@ -54,6 +54,24 @@ SAME_AS_SETTINGS = (
 )
 
 
+class GroupSpec(BaseModel):
+    """This worker's place in a worker group (docs/scale-out.md): one rank of `size`, joined by
+    mx.distributed over `backend`. Rank 0 serves the socket; the others follow it."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    size: int = Field(ge=2)
+    rank: int = Field(0, ge=0)
+    backend: Literal["ring", "nccl"] = "ring"
+    hosts: tuple[str, ...] = ()  # one address per rank, rank 0's first; empty: all on this host
+    # ring: mlx.launch's hostfile (a JSON list of ["ip:port", ...], one per rank);
+    # nccl: rank 0's "ip:port"; mpi: nothing here (mpirun places the ranks).
+    hostfile: Path | None = None
+    coordinator: str | None = None
+    # Rank 0's "ip:port" for the doorbell (worker/group/channel.py): idle followers wait there.
+    doorbell: str | None = None
+
+
 class WorkerSpec(BaseModel):
     """One worker's model, socket, limits, caches and log level (see docs/worker.md)."""
 
@@ -102,6 +120,7 @@ class WorkerSpec(BaseModel):
     grammar_compile_concurrency: int = Field(2, ge=1)
     grammar_queue_timeout_s: float = 10.0
     grammar_cache_bytes: int = 256 * 1024**2
+    group: GroupSpec | None = None  # None: a worker of its own
 
     @field_validator("log_level")
     @classmethod

@@ -8,6 +8,7 @@ import os
 import signal
 import sys
 import time
+from collections.abc import Callable
 
 import mlx.core as mx
 import psutil
@@ -30,6 +31,8 @@ from mlxd.worker.embed.load import load_embedder
 from mlxd.worker.engine.loop import Engine
 from mlxd.worker.engine.memplan import plan_memory
 from mlxd.worker.engine.planner import MIN_CHUNK, PlanConfig
+from mlxd.worker.group.follower import run_follower
+from mlxd.worker.group.lead import join_as_lead, lead_engine
 from mlxd.worker.lifeline import watch_parent
 from mlxd.worker.model import (
     LoadedModel,
@@ -144,6 +147,14 @@ async def serve(cfg: WorkerSpec) -> int:
     embedding = state.facts.type == "embedding"
     if embedding:  # no chat rows: no prompt cache, no decode warm-up (docs/api.md)
         cfg = cfg.model_copy(update={"prompt_cache_bytes": 0, "warmup": False})
+    channel = None  # a worker group's rank 0 (worker/group/): no prompt cache there yet
+    if cfg.group is not None:
+        cfg = cfg.model_copy(update={"prompt_cache_bytes": 0})
+        channel, code = await asyncio.to_thread(join_as_lead, cfg, embedding)
+        if channel is None:
+            await runner.cleanup()
+            _unlink(sock)
+            return code
     try:
         if embedding:
             state.loaded = await asyncio.to_thread(
@@ -152,7 +163,12 @@ async def serve(cfg: WorkerSpec) -> int:
         else:
             defaults = {name: getattr(cfg, name) for name in MODEL_DEFAULT_FIELDS}
             state.loaded = await asyncio.to_thread(
-                load_model, cfg.model_path, cfg.model_id, cfg.context_limit, overrides=defaults
+                load_model,
+                cfg.model_path,
+                cfg.model_id,
+                cfg.context_limit,
+                overrides=defaults,
+                group=channel.group if channel else None,
             )
     except Exception as exc:
         log.error("cannot load model=%s path=%s: %s", cfg.model_id, cfg.model_path, exc)
@@ -163,7 +179,7 @@ async def serve(cfg: WorkerSpec) -> int:
     # "loading" meanwhile, and READY (state.started) only once it and the engine are up.
     state.prompt_cache = await asyncio.to_thread(make_prompt_cache, cfg, state.loaded)
     limit_buffer_cache()
-    state.engine = make_engine(cfg, state.loaded, state.prompt_cache)
+    state.engine = make_engine(cfg, state.loaded, state.prompt_cache, lead_engine(channel))
     # test-only slow prefill, read by api/generation.py
     state.engine.debug_prefill_delay_s = cfg.debug_prefill_delay_s
     state.engine.start()
@@ -213,8 +229,14 @@ def _unlink(path) -> None:
         pass
 
 
-def make_engine(cfg: WorkerSpec, loaded: LoadedModel, cache: PromptCache | None) -> Engine:
-    """The engine with the spec's batch, prefill plan and KV budget (docs/configuration.md)."""
+def make_engine(
+    cfg: WorkerSpec,
+    loaded: LoadedModel,
+    cache: PromptCache | None,
+    engine_cls: Callable[..., Engine] = Engine,
+) -> Engine:
+    """The engine with the spec's batch, prefill plan and KV budget (docs/configuration.md);
+    `engine_cls`: a worker group's rank makes its own (worker/group/engine.py)."""
     default_idle, default_budget = default_prefill()
     idle = cfg.prefill_step or default_idle
     # A busy step never prefills more than an idle one.
@@ -245,7 +267,7 @@ def make_engine(cfg: WorkerSpec, loaded: LoadedModel, cache: PromptCache | None)
         mem.total_bytes / 1024**3,
         cfg.warmup,
     )
-    return Engine(
+    return engine_cls(
         loaded,
         batch=cfg.batch,
         plan=plan,
@@ -309,6 +331,8 @@ def main(cfg: WorkerSpec) -> int:
         stream=sys.stderr,
     )
     log.debug("spec %s", cfg.model_dump_json())
+    if cfg.group is not None and cfg.group.rank > 0:  # a follower rank serves no socket
+        return run_follower(cfg)
     try:
         import uvloop
 

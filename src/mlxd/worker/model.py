@@ -17,6 +17,7 @@ from mlx_lm import load
 
 from mlxd.shared.config import is_template_text
 from mlxd.worker.engine.kvbudget import kv_bytes_per_token
+from mlxd.worker.group.shard import shard_model
 
 log = logging.getLogger("mlxd.worker.model")
 
@@ -152,12 +153,16 @@ def load_model(
     context_limit: int | None = None,
     upcast_on_cpu: bool = True,
     overrides: dict[str, Any] | None = None,
+    group: Any = None,
 ) -> LoadedModel:
     """Load `path`; raises on any problem with the folder (the caller maps it to an exit code).
 
     `overrides` are the config section's defaults (WorkerSpec MODEL_DEFAULT_FIELDS): the set
-    ones win over the folder's generation_config.json and chat template."""
-    model, tokenizer, config = load(str(path), return_config=True)
+    ones win over the folder's generation_config.json and chat template. With a worker
+    `group` (an mx.distributed.Group), only this rank's shard is loaded (worker/group/)."""
+    model, tokenizer, config = load(str(path), return_config=True, lazy=group is not None)
+    if group is not None:
+        shard_model(model, config, group)
     overrides = {k: v for k, v in (overrides or {}).items() if v is not None}
     if "chat_template" in overrides:
         _set_chat_template(tokenizer, overrides.pop("chat_template"))

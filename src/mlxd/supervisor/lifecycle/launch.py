@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from mlxd.shared.config import Settings
-from mlxd.shared.worker_spec import MODEL_DEFAULT_FIELDS, SAME_AS_SETTINGS, WorkerSpec
+from mlxd.shared.worker_spec import MODEL_DEFAULT_FIELDS, SAME_AS_SETTINGS, GroupSpec, WorkerSpec
 
 if TYPE_CHECKING:  # slot.py names its socket with socket_path() below
     from mlxd.supervisor.lifecycle.slot import ModelSlot
@@ -51,6 +51,12 @@ def worker_spec(
         grace_s=s.drain_timeout_s,
         ssd_cache_dir=s.cache_dir if s.ssd_cache else None,
         memory_limit_bytes=memory_limit_bytes,
+        # A worker group's rank 0; lifecycle/group.py makes the other ranks' specs from it.
+        group=(
+            GroupSpec(size=ms.ranks, backend=ms.backend, hosts=tuple(ms.hosts))
+            if ms.ranks > 1
+            else None
+        ),
         **{name: getattr(s, name) for name in SAME_AS_SETTINGS},
         **{name: getattr(ms, name) for name in MODEL_DEFAULT_FIELDS},
     )

@@ -1,0 +1,195 @@
+"""The engines of a worker group: rank 0's (LeadEngine) and its followers' (FollowerEngine).
+
+Tensor-parallel ranks must make the same model calls in the same order, or a collective
+inside the model waits forever. Both engines are the ordinary Engine (loop.py), with one
+change: where the loop takes its inbox commands, rank 0 takes them, broadcasts the ones that
+change the batch (wire.py: new rows, cancellations, the stop, the drain's close) and applies
+them; each follower applies the same events at the same iteration. Everything else the loop
+decides (admission under the batch size and KV budget, prefill chunks, stops, finishes)
+follows from those events and from tokens, which agree on every rank: the logits are
+all-reduced, the random seed and the KV budget are rank 0's (the hello).
+
+So that rank 0's decisions never depend on timing, a cancellation takes effect (sets
+`sub.cancelled`) when the event is applied, not when the request leaves, and a drain's
+"admit nothing more" is an event too. Structured output (a per-row grammar, compiled on rank
+0's event loop) and the prompt cache are not offered on a group yet (docs/scale-out.md).
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import random
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+
+import mlx.core as mx
+
+from mlxd.shared.errors import BadRequest, MlxdError, Unavailable
+from mlxd.worker.engine.inbox import Cancel, Command, RunJob, Stop, Submit
+from mlxd.worker.engine.kvbudget import KvBudget
+from mlxd.worker.engine.loop import Engine
+from mlxd.worker.engine.planner import PlanConfig
+from mlxd.worker.engine.rows import Event, Submission
+from mlxd.worker.group import wire
+from mlxd.worker.group.channel import Channel
+
+log = logging.getLogger("mlxd.worker.group")
+
+NO_GRAMMAR = "Structured output is not available on a model served by a worker group"
+NOT_ON_GROUP = "Embedding jobs are not available on a worker group"
+
+
+@dataclass(frozen=True)
+class CloseGroup:
+    """Rank 0's drain passed its deadline: every rank admits nothing more from here on."""
+
+
+class LeadEngine(Engine):
+    """Rank 0: the ordinary engine, sharing each iteration's commands with its followers."""
+
+    def __init__(self, loaded, *, channel: Channel, **kw):
+        super().__init__(loaded, **kw)
+        self.channel = channel
+        self._kv_budget_bytes = kw.get("kv_budget_bytes")
+        self._seqs = itertools.count(1)
+        self._seq_of: dict[int, int] = {}  # id(sub) -> its row's seq (engine thread only)
+
+    # -- the event loop's side -----------------------------------------------------------
+    def submit(self, sub: Submission) -> None:
+        if sub.processors:  # compiled here only: the followers could not apply it
+            raise BadRequest(NO_GRAMMAR)
+        sink = sub.sink
+
+        def forget(event: Event, key: int = id(sub)) -> None:
+            if event.finish_reason is not None:
+                self._seq_of.pop(key, None)
+            sink(event)
+
+        sub.sink = forget
+        super().submit(sub)
+
+    def cancel(self, sub: Submission, reason: MlxdError | None = None) -> None:
+        # sub.cancelled is set when every rank applies the cancel (_apply), never earlier.
+        sub.cancel_reason = reason
+        self._inbox.put(Cancel(sub))
+
+    def cancel_all(self) -> int:
+        self._inbox.put(CloseGroup())  # type: ignore[arg-type]
+        subs = [row.sub for row in list(self._batch.rows.values())] + list(self._sched.waiting)
+        for sub in subs:
+            self.cancel(sub, Unavailable("The model is being unloaded; this request was cancelled"))
+        return len(subs)
+
+    # -- the engine thread ---------------------------------------------------------------
+    def _loop(self) -> None:
+        seed = random.getrandbits(63)
+        p = self.plan
+        hello = wire.Hello(seed, p.idle_chunk, p.step_budget, p.min_chunk, self._kv_budget_bytes)
+        self.channel.exchange(wire.encode_hello(hello))
+        mx.random.seed(seed)  # unseeded rows draw the same numbers on every rank
+        super()._loop()
+
+    def _commands(self, block: bool) -> Iterable[Command]:
+        events: list[wire.RowEvent] = []
+        local: list = []
+        for cmd in self._inbox.take(block=block):
+            if isinstance(cmd, Submit):
+                sub = cmd.sub
+                seq = self._seq_of[id(sub)] = next(self._seqs)
+                events.append(
+                    wire.RowEvent(
+                        wire.SUBMIT,
+                        seq,
+                        sub.rid,
+                        tuple(sub.prompt),
+                        sub.params,
+                        sub.ns,
+                        sub.boundary,
+                    )
+                )
+            elif isinstance(cmd, Cancel):
+                seq = self._seq_of.pop(id(cmd.sub), None)
+                if seq is None:
+                    continue  # its row is over already: nothing to drop anywhere
+                events.append(wire.RowEvent(wire.CANCEL, seq))
+            elif isinstance(cmd, Stop):
+                events.append(wire.RowEvent(wire.STOP))
+            elif isinstance(cmd, CloseGroup):
+                events.append(wire.RowEvent(wire.CLOSE))
+            elif isinstance(cmd, RunJob):
+                cmd.job.fail(Unavailable(NOT_ON_GROUP))
+                continue
+            local.append(cmd)  # cache commands are rank 0's alone (no cache on a group)
+        self.channel.exchange(wire.encode(events), idle=block, stream=self._stream)
+        return self._apply(local)
+
+    def _apply(self, cmds: list) -> Iterator[Command]:
+        for cmd in cmds:
+            if isinstance(cmd, CloseGroup):
+                self.closing = True
+                continue
+            if isinstance(cmd, Cancel):
+                cmd.sub.cancelled = True
+            yield cmd
+
+
+class FollowerEngine(Engine):
+    """A follower rank: the same engine, fed by rank 0's events; its rows' events go nowhere
+    (rank 0 answers the requests)."""
+
+    def __init__(self, loaded, *, channel: Channel, **kw):
+        super().__init__(loaded, **kw)
+        self.channel = channel
+        self._subs: dict[int, Submission] = {}
+
+    def _loop(self) -> None:
+        hello = wire.decode_hello(self.channel.exchange())
+        mx.random.seed(hello.seed)
+        self.plan = PlanConfig(hello.idle_chunk, hello.step_budget, hello.min_chunk)
+        self._sched.plan_cfg = self.plan
+        m = self.m
+        self._sched.budget = KvBudget.of(
+            m.kv_bytes_per_token,
+            hello.kv_budget_bytes,
+            self.batch_size,
+            m.context_limit,
+            "rank 0's memory plan",
+        )
+        super()._loop()
+
+    def _commands(self, block: bool) -> Iterable[Command]:
+        return self._apply(wire.decode(self.channel.exchange(idle=block, stream=self._stream)))
+
+    def _apply(self, events: list[wire.RowEvent]) -> Iterator[Command]:
+        for e in events:
+            if e.kind == wire.SUBMIT:
+                assert e.params is not None
+                sub = Submission(
+                    rid=e.rid,
+                    prompt=list(e.prompt),
+                    params=e.params,
+                    sink=self._sink(e.seq),
+                    ns=e.ns,
+                    boundary=e.boundary,
+                )
+                self._subs[e.seq] = sub
+                yield Submit(sub)
+            elif e.kind == wire.CANCEL:
+                sub = self._subs.pop(e.seq, None)
+                if sub is not None:
+                    sub.cancelled = True
+                    yield Cancel(sub)
+            elif e.kind == wire.STOP:
+                yield Stop()
+            elif e.kind == wire.CLOSE:
+                self.closing = True
+
+    def _sink(self, seq: int):
+        def sink(event: Event) -> None:
+            if event.finish_reason is not None:
+                self._subs.pop(seq, None)
+                if event.error is not None:  # rank 0 hears the same; a follower only logs it
+                    log.warning("row %d ended in error: %s", seq, event.error)
+
+        return sink

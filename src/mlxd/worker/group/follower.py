@@ -1,0 +1,55 @@
+"""A follower rank's process: its shard of the model and an engine fed by rank 0, no HTTP.
+
+It lives as long as its engine: rank 0's stop reaches it as an event, and it exits 0 once
+its engine has stopped. If its engine dies it exits 1, and the supervisor restarts the whole
+group (lifecycle/group.py).
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+
+from mlxd.shared.exit_codes import EXIT_CRASH, EXIT_MODEL_LOAD_ERROR, EXIT_OK
+from mlxd.shared.worker_spec import MODEL_DEFAULT_FIELDS, WorkerSpec
+from mlxd.worker.group.channel import Channel, open_doorbell
+from mlxd.worker.group.engine import FollowerEngine
+from mlxd.worker.group.shard import join_group
+from mlxd.worker.model import limit_buffer_cache, load_model
+
+log = logging.getLogger("mlxd.worker.group")
+
+
+def run_follower(cfg: WorkerSpec) -> int:
+    """Join the group, load this rank's shard, step with rank 0 until it stops; the exit code."""
+    from mlxd.worker.app import make_engine  # the same engine settings as rank 0's
+
+    assert cfg.group is not None
+    try:
+        group = join_group(cfg.group)
+        g = cfg.group
+        bells = open_doorbell(g.doorbell, g.rank, g.size) if g.doorbell else []
+    except Exception as exc:
+        log.error("cannot join the worker group of model=%s: %s", cfg.model_id, exc)
+        return EXIT_CRASH
+    defaults = {name: getattr(cfg, name) for name in MODEL_DEFAULT_FIELDS}
+    try:
+        loaded = load_model(
+            cfg.model_path, cfg.model_id, cfg.context_limit, overrides=defaults, group=group
+        )
+    except Exception as exc:
+        log.error("cannot load model=%s path=%s: %s", cfg.model_id, cfg.model_path, exc)
+        return EXIT_MODEL_LOAD_ERROR
+    limit_buffer_cache()
+    cfg = cfg.model_copy(update={"prompt_cache_bytes": 0})
+    engine = make_engine(
+        cfg, loaded, None, functools.partial(FollowerEngine, channel=Channel(group, bells))
+    )
+    engine.start()
+    log.info("following rank 0: model=%s rank=%d", cfg.model_id, cfg.group.rank)
+    while not engine.join(1.0):
+        pass
+    if engine.dead is not None:
+        log.error("engine stopped: %s", engine.dead)
+        return EXIT_CRASH
+    return EXIT_OK

@@ -1,0 +1,108 @@
+"""What rank 0 tells its followers each engine iteration, as bytes (no MLX here).
+
+An iteration's events are the inbox commands every rank must apply at the same step: a new
+row (its tokenized prompt and resolved parameters), a cancellation, the stop, the drain's
+"admit nothing more". Rows are named by a sequence number rank 0 assigns, since request ids
+come from clients and need not be unique. The first message of a group is the hello: what
+rank 0 decided for all (the random seed, the prefill plan, the KV budget).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+from mlxd.shared.params import GenerationParams
+
+SUBMIT, CANCEL, STOP, CLOSE = "submit", "cancel", "stop", "close"
+
+
+@dataclass(frozen=True)
+class RowEvent:
+    """One event of an iteration; `seq` names the row (0 for stop and close)."""
+
+    kind: str
+    seq: int = 0
+    rid: str = ""
+    prompt: tuple[int, ...] = ()
+    params: GenerationParams | None = None
+    ns: str = ""
+    boundary: int = 0
+
+
+@dataclass(frozen=True)
+class Hello:
+    """Rank 0's decisions that make every rank's engine the same one."""
+
+    seed: int
+    idle_chunk: int
+    step_budget: int
+    min_chunk: int
+    kv_budget_bytes: int | None
+
+
+def params_to_json(p: GenerationParams) -> dict[str, Any]:
+    d = dataclasses.asdict(p)
+    d["logit_bias"] = [[int(k), float(v)] for k, v in p.logit_bias.items()]
+    return d
+
+
+def params_from_json(d: dict[str, Any]) -> GenerationParams:
+    d = dict(d)
+    d["logit_bias"] = {int(k): float(v) for k, v in d.get("logit_bias") or []}
+    d["stop"] = tuple(d.get("stop") or ())
+    return GenerationParams(**d)
+
+
+def encode(events: list[RowEvent]) -> bytes:
+    """An iteration's events as bytes; no events: empty bytes (the cheapest message)."""
+    if not events:
+        return b""
+    out = []
+    for e in events:
+        item: dict[str, Any] = {"k": e.kind, "s": e.seq}
+        if e.kind == SUBMIT:
+            assert e.params is not None
+            item.update(
+                rid=e.rid,
+                p=list(e.prompt),
+                g=params_to_json(e.params),
+                ns=e.ns,
+                b=e.boundary,
+            )
+        out.append(item)
+    return orjson.dumps(out)
+
+
+def decode(data: bytes) -> list[RowEvent]:
+    """The events `encode` wrote."""
+    if not data:
+        return []
+    events = []
+    for item in orjson.loads(data):
+        if item["k"] == SUBMIT:
+            events.append(
+                RowEvent(
+                    SUBMIT,
+                    item["s"],
+                    item["rid"],
+                    tuple(item["p"]),
+                    params_from_json(item["g"]),
+                    item["ns"],
+                    item["b"],
+                )
+            )
+        else:
+            events.append(RowEvent(item["k"], item["s"]))
+    return events
+
+
+def encode_hello(h: Hello) -> bytes:
+    return orjson.dumps(dataclasses.asdict(h))
+
+
+def decode_hello(data: bytes) -> Hello:
+    return Hello(**orjson.loads(data))
