@@ -64,8 +64,8 @@ def rank_specs(spec: WorkerSpec, hosts: list[str], hostfile: Path | None) -> lis
         update: dict = {"group": g}
         if spec.memory_limit_bytes is not None and hosts[rank] == hosts[0]:
             # The group's share of this host's budget, split between the ranks on it.
-            local = sum(1 for h in hosts if h == hosts[0])
-            update["memory_limit_bytes"] = spec.memory_limit_bytes // local
+            on_host = sum(1 for h in hosts if h == hosts[0])
+            update["memory_limit_bytes"] = spec.memory_limit_bytes // on_host
         out.append(spec.model_copy(update=update))
     if hostfile is not None and group.backend == "ring":
         write_hostfile(hostfile, [f"{h}:{p}" for h, p in zip(hosts, ports, strict=False)])
