@@ -18,13 +18,17 @@ CONFIG = """
 [models.g]
 group_size = 2
 backend = "ring"
+[models.odd]
+group_size = 3
 """
 MSG = [{"role": "user", "content": "Tell me about the sea"}]
 
 
 @pytest.fixture(scope="module")
 def d(module_daemon, tiny_model_dir):
-    return module_daemon(models={"a": tiny_model_dir, "g": tiny_model_dir}, config=CONFIG)
+    return module_daemon(
+        models={"a": tiny_model_dir, "g": tiny_model_dir, "odd": tiny_model_dir}, config=CONFIG
+    )
 
 
 def ranks(d, model: str = "g") -> dict[int, int]:
@@ -117,3 +121,31 @@ def test_kill_rank_one_restarts_the_group(d):
     assert sorted(after) == [0, 1] and not set(after.values()) & set(before.values())
     model = d.http.get("/admin/models/g").json()
     assert model["restarts"] >= 1
+
+
+def test_structured_output_is_refused_on_a_group(d):
+    r = d.http.post(
+        "/v1/chat/completions",
+        json={
+            "model": "g",
+            "messages": MSG,
+            "max_tokens": 8,
+            "response_format": {"type": "json_object"},
+        },
+    )
+    assert r.status_code == 400
+    assert "worker group" in r.json()["error"]["message"]
+
+
+def test_a_model_that_cannot_be_split_is_refused(d):
+    # The tiny model's 4 attention heads do not split 3 ways: every rank refuses at load.
+    r = d.http.post("/v1/chat/completions", json={"model": "odd", "messages": MSG, "max_tokens": 4})
+    assert r.status_code == 503
+    error = r.json()["error"]["message"]
+    assert "could not be loaded" in error
+    # FATAL once every rank is reaped (a load error is not retried).
+    state = lambda: d.http.get("/admin/models/odd").json()["state"]  # noqa: E731
+    d.wait_for(lambda: state() == "fatal", 30, "the group to be FATAL")
+    model = d.http.get("/admin/models/odd").json()
+    assert "does not split into 3 equal shards" in model["last_error"]
+    assert not d.worker_pids("odd")
