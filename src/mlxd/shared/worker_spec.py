@@ -64,9 +64,9 @@ class GroupSpec(BaseModel):
     rank: int = Field(0, ge=0)
     backend: Literal["ring", "nccl"] = "ring"
     hosts: tuple[str, ...] = ()  # one address per rank, rank 0's first; empty: all on this host
-    # ring: mlx.launch's hostfile (a JSON list of ["ip:port", ...], one per rank);
-    # nccl: rank 0's "ip:port"; mpi: nothing here (mpirun places the ranks).
-    hostfile: Path | None = None
+    # ring: every rank's "ip:port", rank 0's first (the worker writes mlx.launch's hostfile
+    # from them); nccl: rank 0's "ip:port" as the coordinator.
+    peers: tuple[str, ...] = ()
     coordinator: str | None = None
     # Rank 0's "ip:port" for the doorbell (worker/group/channel.py): idle followers wait there.
     doorbell: str | None = None

@@ -3,7 +3,7 @@ process (docs/scale-out.md).
 
 `spawn_worker` is the lifecycle's spawner: a spec without a group gives a plain WorkerProcess,
 one with a group gives a GroupProcess. The group spawns every rank (local ranks as children of
-their own, ranks on other hosts through ssh), writes the ring backend's hostfile, and answers
+their own, ranks on other hosts through ssh), gives each its peers' addresses, and answers
 the WorkerProcess verbs for all of them: its pid is rank 0's (the one serving the socket), a
 stop is rank 0's to carry out (it tells its followers to stop in lockstep), and the exit of any
 rank ends the whole group, so the lifecycle's crash and restart rules apply to the group.
@@ -12,9 +12,7 @@ rank ends the whole group, so the lifecycle's crash and restart rules apply to t
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
-import os
 import shlex
 import signal
 import socket
@@ -42,7 +40,7 @@ def spawn_worker(
     return GroupProcess(model_id, spec, log_path, tail_lines)
 
 
-def rank_specs(spec: WorkerSpec, hosts: list[str], hostfile: Path | None) -> list[WorkerSpec]:
+def rank_specs(spec: WorkerSpec, hosts: list[str]) -> list[WorkerSpec]:
     """Every rank's spec, from rank 0's: `hosts` is one address per rank (local: 127.0.0.1)."""
     group = spec.group
     assert group is not None
@@ -57,27 +55,21 @@ def rank_specs(spec: WorkerSpec, hosts: list[str], hostfile: Path | None) -> lis
             size=group.size,
             rank=rank,
             backend=group.backend,
-            hostfile=hostfile if group.backend == "ring" else None,
+            peers=tuple(f"{h}:{p}" for h, p in zip(hosts, ports, strict=False))
+            if group.backend == "ring"
+            else (),
             coordinator=coordinator if group.backend == "nccl" else None,
             doorbell=doorbell,
         )
         update: dict = {"group": g}
-        if spec.memory_limit_bytes is not None and hosts[rank] == hosts[0]:
-            # The group's share of this host's budget, split between the ranks on it.
+        if spec.memory_limit_bytes is not None:
+            # The group's share of this host's budget, split between the ranks on it; a rank
+            # on another host plans with that host's memory.
             on_host = sum(1 for h in hosts if h == hosts[0])
-            update["memory_limit_bytes"] = spec.memory_limit_bytes // on_host
+            mine = hosts[rank] == hosts[0]
+            update["memory_limit_bytes"] = spec.memory_limit_bytes // on_host if mine else None
         out.append(spec.model_copy(update=update))
-    if hostfile is not None and group.backend == "ring":
-        write_hostfile(hostfile, [f"{h}:{p}" for h, p in zip(hosts, ports, strict=False)])
     return out
-
-
-def write_hostfile(path: Path, addresses: list[str]) -> None:
-    """mlx.launch's ring hostfile: a JSON list with one list of "ip:port" per rank."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as f:
-        json.dump([[a] for a in addresses], f)
 
 
 def free_ports(n: int) -> list[int]:
@@ -137,8 +129,7 @@ class GroupProcess(WorkerProcess):
         return None
 
     async def spawn(self, env=None) -> None:
-        hostfile = self.spec.socket.with_suffix(".ring.json")
-        specs = rank_specs(self.spec, self.hosts, hostfile)
+        specs = rank_specs(self.spec, self.hosts)
         for rank, spec in enumerate(specs):
             path = self.log_path if rank == 0 else self._rank_log(rank)
             argv = spec.to_argv()

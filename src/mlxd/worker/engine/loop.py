@@ -69,6 +69,8 @@ class Engine:
     hears a StepTrace after every step.
     """
 
+    grammars = True  # rows may carry their own logits processors (not on a worker group yet)
+
     def __init__(
         self,
         loaded: LoadedModel,

@@ -48,6 +48,8 @@ class CloseGroup:
 class LeadEngine(Engine):
     """Rank 0: the ordinary engine, sharing each iteration's commands with its followers."""
 
+    grammars = False  # a grammar compiled here could not run on the followers
+
     def __init__(self, loaded, *, channel: Channel, **kw):
         super().__init__(loaded, **kw)
         self.channel = channel

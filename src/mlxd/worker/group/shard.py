@@ -14,6 +14,7 @@ import logging
 import mlx.core as mx
 
 from mlxd.shared.worker_spec import GroupSpec
+from mlxd.worker.group.env import forget_hostfile
 
 log = logging.getLogger("mlxd.worker.group")
 
@@ -24,7 +25,10 @@ class UnsupportedModel(ValueError):
 
 def join_group(spec: GroupSpec):
     """This process's mx.distributed group, checked against the spec."""
-    group = mx.distributed.init(strict=True, backend=spec.backend)
+    try:
+        group = mx.distributed.init(strict=True, backend=spec.backend)
+    finally:
+        forget_hostfile()  # read at init
     if group.size() != spec.size or group.rank() != spec.rank:
         raise RuntimeError(
             f"the {spec.backend} backend joined rank {group.rank()} of {group.size()}, "
@@ -57,15 +61,3 @@ def shard_model(model, config: dict, group) -> None:
     model.shard(group)
     mx.eval(model.parameters())
     mx.eval(mx.distributed.all_sum(mx.array(1.0), group=group, stream=mx.cpu))
-
-
-def group_env(spec: GroupSpec) -> dict[str, str]:
-    """The environment the backend reads to find its peers (set by the entry point, the one
-    place a worker touches its environment), as mlx.launch would set it."""
-    env = {"MLX_RANK": str(spec.rank), "MLX_WORLD_SIZE": str(spec.size)}
-    if spec.backend == "ring" and spec.hostfile is not None:
-        env["MLX_HOSTFILE"] = str(spec.hostfile)
-    if spec.backend == "nccl" and spec.coordinator:
-        host, _, port = spec.coordinator.rpartition(":")
-        env.update(NCCL_HOST_IP=host, NCCL_PORT=port)
-    return env
