@@ -123,6 +123,25 @@ def test_kill_rank_one_restarts_the_group(d):
     assert model["restarts"] >= 1
 
 
+def test_prompt_cache_hits_on_every_rank(d):
+    # Rank 0 and its follower each keep their shard of the conversation's KV under the same
+    # entry: a hit on rank 0 is a hit on rank 1, and the answer stays the same.
+    msgs = [{"role": "user", "content": "Remember these words: " + "harbour lantern tide " * 20}]
+    extra = {"prompt_cache_key": "conversation-1"}
+    replies = [
+        d.openai().chat.completions.create(
+            model="g", messages=msgs, max_tokens=12, temperature=0, extra_body=extra
+        )
+        for _ in range(2)
+    ]
+    single = d.openai().chat.completions.create(
+        model="a", messages=msgs, max_tokens=12, temperature=0
+    )
+    assert replies[1].usage.prompt_tokens_details.cached_tokens > 50
+    texts = {r.choices[0].message.content for r in [*replies, single]}
+    assert len(texts) == 1
+
+
 def test_structured_output_is_asked_for_in_words_on_a_group(d):
     # A grammar could not run on the followers: the request is answered unconstrained, with
     # a Warning, as when a grammar cannot be compiled.

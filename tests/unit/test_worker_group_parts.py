@@ -99,15 +99,22 @@ def test_events_round_trip():
         max_tokens=9, temperature=0.5, seed=7, logit_bias={3: -1.5}, stop=("\n\n",), logprobs=True
     )
     events = [
-        wire.RowEvent(wire.SUBMIT, 1, "req-1", (1, 2, 3), p, "ns", 2),
+        wire.RowEvent(wire.SUBMIT, 1, "req-1", (1, 2, 3), p, "ns", 2, "conversation-1"),
+        wire.RowEvent(wire.SUBMIT, 2, "req-1", (4,), GenerationParams(), "ns"),
         wire.RowEvent(wire.CANCEL, 1),
+        wire.RowEvent(wire.FORGET, session="conversation-1"),
         wire.RowEvent(wire.CLOSE),
         wire.RowEvent(wire.STOP),
     ]
     assert wire.decode(wire.encode(events)) == events
     assert wire.encode([]) == b"" and wire.decode(b"") == []
     hello = wire.Hello(
-        seed=2**62, idle_chunk=512, step_budget=256, min_chunk=64, kv_budget_bytes=None
+        seed=2**62,
+        idle_chunk=512,
+        step_budget=256,
+        min_chunk=64,
+        kv_budget_bytes=None,
+        cache_ram_bytes=1 << 30,
     )
     assert wire.decode_hello(wire.encode_hello(hello)) == hello
 

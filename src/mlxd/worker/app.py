@@ -147,9 +147,9 @@ async def serve(cfg: WorkerSpec) -> int:
     embedding = state.facts.type == "embedding"
     if embedding:  # no chat rows: no prompt cache, no decode warm-up (docs/api.md)
         cfg = cfg.model_copy(update={"prompt_cache_bytes": 0, "warmup": False})
-    channel = None  # a worker group's rank 0 (worker/group/): no prompt cache there yet
+    channel = None  # a worker group's rank 0 (worker/group/): no SSD cache tier there yet
     if cfg.group is not None:
-        cfg = cfg.model_copy(update={"prompt_cache_bytes": 0})
+        cfg = cfg.model_copy(update={"ssd_cache_dir": None})
         channel, code = await asyncio.to_thread(join_as_lead, cfg, embedding)
         if channel is None:
             await runner.cleanup()

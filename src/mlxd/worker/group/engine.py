@@ -11,8 +11,12 @@ all-reduced, the random seed and the KV budget are rank 0's (the hello).
 
 So that rank 0's decisions never depend on timing, a cancellation takes effect (sets
 `sub.cancelled`) when the event is applied, not when the request leaves, and a drain's
-"admit nothing more" is an event too. Structured output (a per-row grammar, compiled on rank
-0's event loop) and the prompt cache are not offered on a group yet (docs/scale-out.md).
+"admit nothing more" is an event too. The prompt cache's RAM tier runs on every rank with
+rank 0's cap: its trie changes only at admissions and row ends, which agree, and every rank's
+entry for a prefix holds that rank's shard, of the same size, so hits and evictions agree too.
+Its SSD tier (time-driven write-behind and demotion, restores read on rank 0's event loop) and
+structured output (a grammar compiled on rank 0) are not offered on a group yet
+(docs/scale-out.md).
 """
 
 from __future__ import annotations
@@ -20,13 +24,14 @@ from __future__ import annotations
 import itertools
 import logging
 import random
+import threading
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
 import mlx.core as mx
 
 from mlxd.shared.errors import BadRequest, MlxdError, Unavailable
-from mlxd.worker.engine.inbox import Cancel, Command, RunJob, Stop, Submit
+from mlxd.worker.engine.inbox import Cancel, CloseSession, Command, RunJob, Stop, Submit
 from mlxd.worker.engine.kvbudget import KvBudget
 from mlxd.worker.engine.loop import Engine
 from mlxd.worker.engine.planner import PlanConfig
@@ -87,7 +92,10 @@ class LeadEngine(Engine):
     def _loop(self) -> None:
         seed = random.getrandbits(63)
         p = self.plan
-        hello = wire.Hello(seed, p.idle_chunk, p.step_budget, p.min_chunk, self._kv_budget_bytes)
+        cap = self.cache.ram.cap_bytes if self.cache is not None else 0
+        hello = wire.Hello(
+            seed, p.idle_chunk, p.step_budget, p.min_chunk, self._kv_budget_bytes, cap
+        )
         self.channel.exchange(wire.encode_hello(hello))
         mx.random.seed(seed)  # unseeded rows draw the same numbers on every rank
         super()._loop()
@@ -108,6 +116,7 @@ class LeadEngine(Engine):
                         sub.params,
                         sub.ns,
                         sub.boundary,
+                        sub.session,
                     )
                 )
             elif isinstance(cmd, Cancel):
@@ -119,10 +128,12 @@ class LeadEngine(Engine):
                 events.append(wire.RowEvent(wire.STOP))
             elif isinstance(cmd, CloseGroup):
                 events.append(wire.RowEvent(wire.CLOSE))
+            elif isinstance(cmd, CloseSession):
+                events.append(wire.RowEvent(wire.FORGET, session=cmd.session))
             elif isinstance(cmd, RunJob):
                 cmd.job.fail(Unavailable(NOT_ON_GROUP))
                 continue
-            local.append(cmd)  # cache commands are rank 0's alone (no cache on a group)
+            local.append(cmd)  # PersistCache is rank 0's alone (no SSD tier on a group)
         self.channel.exchange(wire.encode(events), idle=block, stream=self._stream)
         return self._apply(local)
 
@@ -151,6 +162,8 @@ class FollowerEngine(Engine):
         self.plan = PlanConfig(hello.idle_chunk, hello.step_budget, hello.min_chunk)
         self._sched.plan_cfg = self.plan
         m = self.m
+        if self.cache is not None:  # the same cap: the same evictions as rank 0's
+            self.cache.ram.cap_bytes = hello.cache_ram_bytes
         self._sched.budget = KvBudget.of(
             m.kv_bytes_per_token,
             hello.kv_budget_bytes,
@@ -173,6 +186,7 @@ class FollowerEngine(Engine):
                     params=e.params,
                     sink=self._sink(e.seq),
                     ns=e.ns,
+                    session=e.session,
                     boundary=e.boundary,
                 )
                 self._subs[e.seq] = sub
@@ -186,6 +200,8 @@ class FollowerEngine(Engine):
                 yield Stop()
             elif e.kind == wire.CLOSE:
                 self.closing = True
+            elif e.kind == wire.FORGET and e.session is not None:
+                yield CloseSession(e.session, threading.Event())
 
     def _sink(self, seq: int):
         def sink(event: Event) -> None:

@@ -22,7 +22,7 @@ log = logging.getLogger("mlxd.worker.group")
 
 def run_follower(cfg: WorkerSpec) -> int:
     """Join the group, load this rank's shard, step with rank 0 until it stops; the exit code."""
-    from mlxd.worker.app import make_engine  # the same engine settings as rank 0's
+    from mlxd.worker.app import make_engine, make_prompt_cache  # as rank 0 makes them
 
     assert cfg.group is not None
     try:
@@ -40,11 +40,11 @@ def run_follower(cfg: WorkerSpec) -> int:
     except Exception as exc:
         log.error("cannot load model=%s path=%s: %s", cfg.model_id, cfg.model_path, exc)
         return EXIT_MODEL_LOAD_ERROR
+    cfg = cfg.model_copy(update={"ssd_cache_dir": None})  # RAM tier only, as rank 0's
+    cache = make_prompt_cache(cfg, loaded)
     limit_buffer_cache()
-    cfg = cfg.model_copy(update={"prompt_cache_bytes": 0})
-    engine = make_engine(
-        cfg, loaded, None, functools.partial(FollowerEngine, channel=Channel(group, bells))
-    )
+    follower = functools.partial(FollowerEngine, channel=Channel(group, bells))
+    engine = make_engine(cfg, loaded, cache, follower)
     engine.start()
     log.info("following rank 0: model=%s rank=%d", cfg.model_id, cfg.group.rank)
     while not engine.join(1.0):

@@ -1,10 +1,11 @@
 """What rank 0 tells its followers each engine iteration, as bytes (no MLX here).
 
 An iteration's events are the inbox commands every rank must apply at the same step: a new
-row (its tokenized prompt and resolved parameters), a cancellation, the stop, the drain's
-"admit nothing more". Rows are named by a sequence number rank 0 assigns, since request ids
-come from clients and need not be unique. The first message of a group is the hello: what
-rank 0 decided for all (the random seed, the prefill plan, the KV budget).
+row (its tokenized prompt, resolved parameters, cache namespace and session), a cancellation,
+a closed session, the stop, the drain's "admit nothing more". Rows are named by a sequence
+number rank 0 assigns, since request ids come from clients and need not be unique. The first
+message of a group is the hello: what rank 0 decided for all (the random seed, the prefill
+plan, the KV budget, the RAM prompt-cache cap).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import orjson
 from mlxd.shared.params import GenerationParams
 
 SUBMIT, CANCEL, STOP, CLOSE = "submit", "cancel", "stop", "close"
+FORGET = "forget"  # a session's prompt-cache entries go, on every rank
 
 
 @dataclass(frozen=True)
@@ -31,6 +33,7 @@ class RowEvent:
     params: GenerationParams | None = None
     ns: str = ""
     boundary: int = 0
+    session: str | None = None  # the row's (SUBMIT) or the one to forget (FORGET)
 
 
 @dataclass(frozen=True)
@@ -42,6 +45,7 @@ class Hello:
     step_budget: int
     min_chunk: int
     kv_budget_bytes: int | None
+    cache_ram_bytes: int  # the RAM prompt-cache cap (0: none); entries are equal on every rank
 
 
 def params_to_json(p: GenerationParams) -> dict[str, Any]:
@@ -73,6 +77,8 @@ def encode(events: list[RowEvent]) -> bytes:
                 ns=e.ns,
                 b=e.boundary,
             )
+        if e.session is not None:
+            item["se"] = e.session
         out.append(item)
     return orjson.dumps(out)
 
@@ -93,10 +99,11 @@ def decode(data: bytes) -> list[RowEvent]:
                     params_from_json(item["g"]),
                     item["ns"],
                     item["b"],
+                    item.get("se"),
                 )
             )
         else:
-            events.append(RowEvent(item["k"], item["s"]))
+            events.append(RowEvent(item["k"], item["s"], session=item.get("se")))
     return events
 
 
