@@ -54,7 +54,10 @@ def test_greedy_output_equals_single_process(d):
     single = chat(d, "a")
     assert group.choices[0].message.content == single.choices[0].message.content
     assert group.usage.completion_tokens == single.usage.completion_tokens
-    assert sorted(ranks(d)) == [0, 1]  # two processes serve g
+    pids = ranks(d)
+    assert sorted(pids) == [0, 1]  # two processes serve g, one model to the admin API
+    model = d.http.get("/admin/models/g").json()
+    assert (model["state"], model["pid"], model["ranks"]) == ("ready", pids[0], [pids[0], pids[1]])
 
 
 def test_batch_of_four_streams_completes(d):

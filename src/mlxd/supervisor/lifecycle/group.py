@@ -119,6 +119,15 @@ class GroupProcess(WorkerProcess):
         return [p.pid for p in self.ranks]
 
     @property
+    def local_pids(self) -> list[int]:
+        """The ranks running on this host (a remote rank's pid is its ssh client's)."""
+        return [
+            p.pid
+            for p, h in zip(self.ranks, self.hosts, strict=False)
+            if p.pid is not None and (p is self.ranks[0] or h == "127.0.0.1")
+        ]
+
+    @property
     def returncode(self) -> int | None:
         """The group's exit: set once any rank has exited (the group cannot serve then)."""
         if self._code is not None:

@@ -25,6 +25,7 @@ import itertools
 import logging
 import random
 import threading
+import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
@@ -43,6 +44,24 @@ log = logging.getLogger("mlxd.worker.group")
 
 NO_GRAMMAR = "Structured output is not available on a model served by a worker group"
 NOT_ON_GROUP = "Embedding jobs are not available on a worker group"
+# An iteration comes at least every IDLE_WAKE_S when idle and after every step when busy; one
+# this late means the ranks are stuck in a collective (they parted): /health says so.
+STALL_S = 300.0
+STALL_CHECK_S = 5.0
+
+
+class GroupDiverged(RuntimeError):
+    """This rank can no longer step with the others: the group must restart."""
+
+
+class Lockstep:
+    """What both engines of a group share: a failed step ends the engine (a rebuild on one
+    rank alone would part it from the others; the supervisor restarts the whole group)."""
+
+    def _new_generator(self):
+        if self._batch.gen is not None:  # a rebuild after a failed step
+            raise GroupDiverged("a step failed on this rank; the worker group must restart")
+        return super()._new_generator()
 
 
 @dataclass(frozen=True)
@@ -50,7 +69,7 @@ class CloseGroup:
     """Rank 0's drain passed its deadline: every rank admits nothing more from here on."""
 
 
-class LeadEngine(Engine):
+class LeadEngine(Lockstep, Engine):
     """Rank 0: the ordinary engine, sharing each iteration's commands with its followers."""
 
     grammars = False  # a grammar compiled here could not run on the followers
@@ -61,6 +80,17 @@ class LeadEngine(Engine):
         self._kv_budget_bytes = kw.get("kv_budget_bytes")
         self._seqs = itertools.count(1)
         self._seq_of: dict[int, int] = {}  # id(sub) -> its row's seq (engine thread only)
+        self._beat: float | None = None  # when the last iteration began (None: not yet)
+        threading.Thread(target=self._watch, name="mlxd-group-watch", daemon=True).start()
+
+    def _watch(self) -> None:
+        """Mark the engine dead (so /health fails and the group restarts) when no iteration
+        came for STALL_S: a hang no rank can leave by itself."""
+        while not self._stopped.wait(STALL_CHECK_S):
+            beat = self._beat
+            if beat is not None and self.dead is None and time.monotonic() - beat > STALL_S:
+                log.error("no engine iteration for %.0fs: the worker group is stuck", STALL_S)
+                self.dead = f"the worker group made no progress for {STALL_S:.0f}s"
 
     # -- the event loop's side -----------------------------------------------------------
     def submit(self, sub: Submission) -> None:
@@ -101,6 +131,7 @@ class LeadEngine(Engine):
         super()._loop()
 
     def _commands(self, block: bool) -> Iterable[Command]:
+        self._beat = time.monotonic()
         events: list[wire.RowEvent] = []
         local: list = []
         for cmd in self._inbox.take(block=block):
@@ -147,7 +178,7 @@ class LeadEngine(Engine):
             yield cmd
 
 
-class FollowerEngine(Engine):
+class FollowerEngine(Lockstep, Engine):
     """A follower rank: the same engine, fed by rank 0's events; its rows' events go nowhere
     (rank 0 answers the requests)."""
 
