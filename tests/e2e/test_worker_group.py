@@ -174,3 +174,15 @@ def test_a_model_that_cannot_be_split_is_refused(d):
     model = d.http.get("/admin/models/odd").json()
     assert "does not split into 3 equal shards" in model["last_error"]
     assert not d.worker_pids("odd")
+
+
+def test_unload_stops_every_rank_cleanly(d):
+    assert chat(d, "g", 2).choices[0].finish_reason == "length"
+    before = ranks(d)
+    restarts = d.http.get("/admin/models/g").json()["restarts"]
+    r = d.http.post("/admin/models/g/unload").json()
+    assert r["result"] == "unloaded" and r["model"]["state"] == "stopped"
+    d.wait_for(lambda: not any(psutil.pid_exists(p) for p in before.values()), 30, "ranks gone")
+    # A clean stop (rank 0 told its follower to stop in lockstep), not a crash.
+    assert d.http.get("/admin/models/g").json()["restarts"] == restarts
+    assert chat(d, "g", 2).choices[0].finish_reason == "length"  # loads again on demand
