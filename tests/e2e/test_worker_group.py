@@ -145,6 +145,34 @@ def test_prompt_cache_hits_on_every_rank(d):
     assert len(texts) == 1
 
 
+def test_drain_persists_every_ranks_shard_and_a_restart_restores_them(d):
+    long = " ".join(f"Note {i}: the keeper counted {i * 3} ships." for i in range(25))
+    msgs = [{"role": "user", "content": long}]
+
+    def ask():
+        return d.openai().chat.completions.create(
+            model="g", messages=msgs, max_tokens=8, temperature=0
+        )
+
+    def unload():
+        assert d.http.post("/admin/models/g/unload").json()["result"] == "unloaded"
+
+    first = ask()
+    unload()  # the drain: every rank writes its own shard of the entry, under one name
+    shards = {p.parent.name: p.name for p in (d.home / "cache").rglob("*.safetensors")}
+    assert set(shards) == {"rank0-of-2", "rank1-of-2"} and len(set(shards.values())) == 1
+    again = ask()  # a fresh group: every rank restores its shard from its own folder
+    assert again.usage.prompt_tokens_details.cached_tokens >= 0.9 * again.usage.prompt_tokens
+    assert again.choices[0].message.content == first.choices[0].message.content
+    # Rank 1 loses its shard: no rank restores (a miss everywhere), and the answer holds.
+    unload()
+    for p in (d.home / "cache").rglob("rank1-of-2/*"):
+        p.unlink()
+    cold = ask()
+    assert cold.usage.prompt_tokens_details.cached_tokens < 0.5 * cold.usage.prompt_tokens
+    assert cold.choices[0].message.content == first.choices[0].message.content
+
+
 def test_structured_output_is_asked_for_in_words_on_a_group(d):
     # A grammar could not run on the followers: the request is answered unconstrained, with
     # a Warning, as when a grammar cannot be compiled.

@@ -100,7 +100,8 @@ def test_events_round_trip():
     )
     events = [
         wire.RowEvent(wire.SUBMIT, 1, "req-1", (1, 2, 3), p, "ns", 2, "conversation-1"),
-        wire.RowEvent(wire.SUBMIT, 2, "req-1", (4,), GenerationParams(), "ns"),
+        wire.RowEvent(wire.SUBMIT, 2, "req-1", (4,), GenerationParams(), "ns", restore=(4,)),
+        wire.RowEvent(wire.PERSIST),
         wire.RowEvent(wire.CANCEL, 1),
         wire.RowEvent(wire.FORGET, session="conversation-1"),
         wire.RowEvent(wire.CLOSE),

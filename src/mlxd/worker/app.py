@@ -32,7 +32,7 @@ from mlxd.worker.engine.loop import Engine
 from mlxd.worker.engine.memplan import plan_memory
 from mlxd.worker.engine.planner import MIN_CHUNK, PlanConfig
 from mlxd.worker.group.follower import run_follower
-from mlxd.worker.group.lead import join_as_lead, lead_engine
+from mlxd.worker.group.lead import GROUP_IDLE_S, join_as_lead, lead_engine
 from mlxd.worker.lifeline import watch_parent
 from mlxd.worker.model import (
     LoadedModel,
@@ -147,9 +147,9 @@ async def serve(cfg: WorkerSpec) -> int:
     embedding = state.facts.type == "embedding"
     if embedding:  # no chat rows: no prompt cache, no decode warm-up (docs/api.md)
         cfg = cfg.model_copy(update={"prompt_cache_bytes": 0, "warmup": False})
-    channel = None  # a worker group's rank 0 (worker/group/): no SSD cache tier there yet
+    channel = None  # a worker group's rank 0 (worker/group/)
     if cfg.group is not None:
-        cfg = cfg.model_copy(update={"ssd_cache_dir": None})
+        cfg = cfg.model_copy(update={"cache_idle_s": GROUP_IDLE_S})
         channel, code = await asyncio.to_thread(join_as_lead, cfg, embedding)
         if channel is None:
             await runner.cleanup()
@@ -308,6 +308,8 @@ def make_prompt_cache(cfg: WorkerSpec, loaded) -> PromptCache | None:
             ssd_dir = ssd_folder(
                 cfg.ssd_cache_dir, cfg.model_id, fingerprint(cfg.model_path, "kv-fp")
             )
+            if cfg.group is not None:  # each rank keeps its own shard of every entry
+                ssd_dir = ssd_dir / f"rank{cfg.group.rank}-of-{cfg.group.size}"
             layout = kv_layout(loaded.model)  # what every SSD entry is checked against
         except Exception as exc:  # no layout: the tier turns itself off in start()
             log.warning("SSD prompt cache unusable for model=%s: %s", cfg.model_id, exc)

@@ -27,7 +27,7 @@ log = logging.getLogger("mlxd.child")
 REMOTE_BASE_PORT = 32323
 DOORBELL_PORT = 32322  # rank 0's doorbell, when the ranks are on other hosts
 # After rank 0 stopped cleanly, its followers (told to stop in the same step) get this long.
-FOLLOWER_GRACE_S = 10.0
+FOLLOWER_GRACE_S = 30.0  # a follower flushes its SSD cache writes first
 
 
 def spawn_worker(

@@ -109,6 +109,14 @@ class Channel:
         out = mx.distributed.all_sum(mx.array(buf), group=self.group, stream=stream)
         return bytes(np.array(out, copy=False))
 
+    def any(self, flag: bool, stream=None) -> bool:
+        """Whether `flag` is true on any rank (every rank calls this at the same point)."""
+        stream = stream if stream is not None else mx.cpu
+        n = mx.distributed.all_sum(
+            mx.array([int(flag)], dtype=mx.int32), group=self.group, stream=stream
+        )
+        return int(n.item()) > 0
+
     def _ring(self) -> None:
         if self.rank == 0:
             for s in self.bells:

@@ -11,11 +11,13 @@ all-reduced, the random seed and the KV budget are rank 0's (the hello).
 
 So that rank 0's decisions never depend on timing, a cancellation takes effect (sets
 `sub.cancelled`) when the event is applied, not when the request leaves, and a drain's
-"admit nothing more" is an event too. The prompt cache's RAM tier runs on every rank with
-rank 0's cap: its trie changes only at admissions and row ends, which agree, and every rank's
-entry for a prefix holds that rank's shard, of the same size, so hits and evictions agree too.
-Its SSD tier (time-driven write-behind and demotion, restores read on rank 0's event loop) and
-structured output (a grammar compiled on rank 0) are not offered on a group yet
+"admit nothing more" is an event too. The prompt cache runs on every rank with rank 0's
+RAM cap: its trie changes only at admissions and row ends, which agree, and every rank's entry
+for a prefix holds that rank's shard, of the same size, so hits and evictions agree too. Its
+SSD tier keeps each rank's shard in a folder of its own, under the same entry name; idle
+demotion (driven by time) is off, a drain's persist is an event, and an SSD restore rank 0
+read for a row is made on every rank or on none (an all_sum of "mine is unusable" at the
+row's event). Structured output (a grammar compiled on rank 0) is not offered on a group yet
 (docs/scale-out.md).
 """
 
@@ -32,7 +34,16 @@ from dataclasses import dataclass
 import mlx.core as mx
 
 from mlxd.shared.errors import BadRequest, MlxdError, Unavailable
-from mlxd.worker.engine.inbox import Cancel, CloseSession, Command, RunJob, Stop, Submit
+from mlxd.worker.cache.format import check_layout
+from mlxd.worker.engine.inbox import (
+    Cancel,
+    CloseSession,
+    Command,
+    PersistCache,
+    RunJob,
+    Stop,
+    Submit,
+)
 from mlxd.worker.engine.kvbudget import KvBudget
 from mlxd.worker.engine.loop import Engine
 from mlxd.worker.engine.planner import PlanConfig
@@ -148,6 +159,7 @@ class LeadEngine(Lockstep, Engine):
                         sub.ns,
                         sub.boundary,
                         sub.session,
+                        tuple(sub.restored[0].tokens) if sub.restored else (),
                     )
                 )
             elif isinstance(cmd, Cancel):
@@ -161,10 +173,12 @@ class LeadEngine(Lockstep, Engine):
                 events.append(wire.RowEvent(wire.CLOSE))
             elif isinstance(cmd, CloseSession):
                 events.append(wire.RowEvent(wire.FORGET, session=cmd.session))
+            elif isinstance(cmd, PersistCache):
+                events.append(wire.RowEvent(wire.PERSIST))
             elif isinstance(cmd, RunJob):
                 cmd.job.fail(Unavailable(NOT_ON_GROUP))
                 continue
-            local.append(cmd)  # PersistCache is rank 0's alone (no SSD tier on a group)
+            local.append(cmd)
         self.channel.exchange(wire.encode(events), idle=block, stream=self._stream)
         return self._apply(local)
 
@@ -175,6 +189,10 @@ class LeadEngine(Lockstep, Engine):
                 continue
             if isinstance(cmd, Cancel):
                 cmd.sub.cancelled = True
+            if isinstance(cmd, Submit) and cmd.sub.restored is not None:
+                # Every rank restores its shard of the entry, or none does.
+                if self.channel.any(False, self._stream):
+                    cmd.sub.restored = None
             yield cmd
 
 
@@ -220,6 +238,10 @@ class FollowerEngine(Lockstep, Engine):
                     session=e.session,
                     boundary=e.boundary,
                 )
+                if e.restore:  # rank 0 restores an SSD entry: this rank its own shard of it
+                    sub.restored = self._read_shard(e.ns, e.restore)
+                    if self.channel.any(sub.restored is None, self._stream):
+                        sub.restored = None
                 self._subs[e.seq] = sub
                 yield Submit(sub)
             elif e.kind == wire.CANCEL:
@@ -233,6 +255,28 @@ class FollowerEngine(Lockstep, Engine):
                 self.closing = True
             elif e.kind == wire.FORGET and e.session is not None:
                 yield CloseSession(e.session, threading.Event())
+            elif e.kind == wire.PERSIST:
+                yield PersistCache(threading.Event())
+
+    def _read_shard(self, ns: str, tokens: tuple[int, ...]):
+        """(entry, arrays) of this rank's SSD entry for exactly `tokens`, checked; None when
+        it has none it can use (then no rank restores: the row prefills as a miss)."""
+        cache = self.cache
+        ssd = cache.ssd if cache is not None else None
+        if ssd is None or ssd.layout is None:
+            return None
+        e, _ = ssd.best(ns, list(tokens))
+        if e is None or tuple(e.tokens) != tokens:
+            return None
+        try:
+            arrays = ssd.read(e)
+            if arrays is None:
+                return None
+            check_layout(arrays, ssd.layout, len(tokens))
+        except Exception as exc:  # this rank's copy is unusable: a miss on every rank
+            log.warning("SSD shard of a restored entry unusable: %s", exc)
+            return None
+        return e, arrays
 
     def _sink(self, seq: int):
         def sink(event: Event) -> None:

@@ -14,10 +14,13 @@ from mlxd.shared.exit_codes import EXIT_CRASH, EXIT_MODEL_LOAD_ERROR, EXIT_OK
 from mlxd.shared.worker_spec import MODEL_DEFAULT_FIELDS, WorkerSpec
 from mlxd.worker.group.channel import Channel, open_doorbell
 from mlxd.worker.group.engine import FollowerEngine
+from mlxd.worker.group.lead import GROUP_IDLE_S
 from mlxd.worker.group.shard import join_group
 from mlxd.worker.model import limit_buffer_cache, load_model
 
 log = logging.getLogger("mlxd.worker.group")
+
+FLUSH_S = 25.0  # within the supervisor's grace for followers (lifecycle/group.py)
 
 
 def run_follower(cfg: WorkerSpec) -> int:
@@ -40,7 +43,7 @@ def run_follower(cfg: WorkerSpec) -> int:
     except Exception as exc:
         log.error("cannot load model=%s path=%s: %s", cfg.model_id, cfg.model_path, exc)
         return EXIT_MODEL_LOAD_ERROR
-    cfg = cfg.model_copy(update={"ssd_cache_dir": None})  # RAM tier only, as rank 0's
+    cfg = cfg.model_copy(update={"cache_idle_s": GROUP_IDLE_S})  # as rank 0's
     cache = make_prompt_cache(cfg, loaded)
     limit_buffer_cache()
     follower = functools.partial(FollowerEngine, channel=Channel(group, bells))
@@ -49,6 +52,8 @@ def run_follower(cfg: WorkerSpec) -> int:
     log.info("following rank 0: model=%s rank=%d", cfg.model_id, cfg.group.rank)
     while not engine.join(1.0):
         pass
+    if cache is not None:  # a drain's writes land before the process goes
+        cache.flush(FLUSH_S)
     if engine.dead is not None:
         log.error("engine stopped: %s", engine.dead)
         return EXIT_CRASH

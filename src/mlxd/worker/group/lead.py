@@ -15,6 +15,10 @@ from mlxd.worker.group.shard import join_group
 
 log = logging.getLogger("mlxd.worker.group")
 
+# A group's ranks never demote prompt-cache entries by idle time (each rank's clock would
+# decide alone); they leave RAM by the byte cap, the same on every rank.
+GROUP_IDLE_S = 1e12
+
 
 def join_as_lead(cfg: WorkerSpec, embedding: bool) -> tuple[Channel | None, int]:
     """(the group's channel, 0), or (None, the exit code) when this worker cannot lead it."""

@@ -2,7 +2,7 @@
 
 An iteration's events are the inbox commands every rank must apply at the same step: a new
 row (its tokenized prompt, resolved parameters, cache namespace and session), a cancellation,
-a closed session, the stop, the drain's "admit nothing more". Rows are named by a sequence
+a closed session, a drain's persist and "admit nothing more", the stop. Rows are named by a sequence
 number rank 0 assigns, since request ids come from clients and need not be unique. The first
 message of a group is the hello: what rank 0 decided for all (the random seed, the prefill
 plan, the KV budget, the RAM prompt-cache cap).
@@ -20,6 +20,7 @@ from mlxd.shared.params import GenerationParams
 
 SUBMIT, CANCEL, STOP, CLOSE = "submit", "cancel", "stop", "close"
 FORGET = "forget"  # a session's prompt-cache entries go, on every rank
+PERSIST = "persist"  # every rank queues its RAM entries for its SSD tier (a drain)
 
 
 @dataclass(frozen=True)
@@ -34,6 +35,7 @@ class RowEvent:
     ns: str = ""
     boundary: int = 0
     session: str | None = None  # the row's (SUBMIT) or the one to forget (FORGET)
+    restore: tuple[int, ...] = ()  # SUBMIT: the tokens of the SSD entry rank 0 read for it
 
 
 @dataclass(frozen=True)
@@ -79,6 +81,8 @@ def encode(events: list[RowEvent]) -> bytes:
             )
         if e.session is not None:
             item["se"] = e.session
+        if e.restore:
+            item["r"] = list(e.restore)
         out.append(item)
     return orjson.dumps(out)
 
@@ -100,6 +104,7 @@ def decode(data: bytes) -> list[RowEvent]:
                     item["ns"],
                     item["b"],
                     item.get("se"),
+                    tuple(item.get("r") or ()),
                 )
             )
         else:
