@@ -64,13 +64,13 @@ def test_local_ranks_get_one_hostfile_ports_and_the_budget_split(tmp_path):
     specs = rank_specs(spec, ["127.0.0.1"] * 3)
     assert [s.group.rank for s in specs] == [0, 1, 2]
     assert len({s.group.peers for s in specs}) == 1
-    assert len({s.group.doorbell for s in specs}) == 1
+    assert len({s.group.link for s in specs}) == 1
     assert all(s.memory_limit_bytes == 8000 // 3 for s in specs)
     hostfile = write_hostfile(specs[2].group)
     hosts = json.loads(Path(hostfile).read_text())
     assert len(hosts) == 3 and all(len(h) == 1 for h in hosts)
     ports = [int(h[0].split(":")[1]) for h in hosts]
-    assert len(set(ports + [int(specs[0].group.doorbell.split(":")[1])])) == 4
+    assert len(set(ports + [int(specs[0].group.link.split(":")[1])])) == 4
     env = group_env(specs[2].group, hostfile)
     assert env == {"MLX_RANK": "2", "MLX_WORLD_SIZE": "3", "MLX_HOSTFILE": hostfile}
     Path(hostfile).unlink()

@@ -68,8 +68,8 @@ class GroupSpec(BaseModel):
     # from them); nccl: rank 0's "ip:port" as the coordinator.
     peers: tuple[str, ...] = ()
     coordinator: str | None = None
-    # Rank 0's "ip:port" for the doorbell (worker/group/channel.py): idle followers wait there.
-    doorbell: str | None = None
+    # Rank 0's "ip:port" for the links (worker/group/channel.py): each iteration's events.
+    link: str | None = None
 
 
 class WorkerSpec(BaseModel):

@@ -25,7 +25,7 @@ log = logging.getLogger("mlxd.child")
 
 # Ranks on other hosts listen from this port on (mlx.launch's default starting port).
 REMOTE_BASE_PORT = 32323
-DOORBELL_PORT = 32322  # rank 0's doorbell, when the ranks are on other hosts
+LINK_PORT = 32322  # rank 0's links to its followers, when the ranks are on other hosts
 # After rank 0 stopped cleanly, its followers (told to stop in the same step) get this long.
 FOLLOWER_GRACE_S = 30.0  # a follower flushes its SSD cache writes first
 
@@ -45,10 +45,10 @@ def rank_specs(spec: WorkerSpec, hosts: list[str]) -> list[WorkerSpec]:
     group = spec.group
     assert group is not None
     local = all(h == "127.0.0.1" for h in hosts)
-    # One port per rank for the backend, and rank 0's doorbell (worker/group/channel.py).
-    ports = free_ports(group.size + 1) if local else [*_remote_ports(hosts), DOORBELL_PORT]
+    # One port per rank for the backend, and rank 0's links (worker/group/channel.py).
+    ports = free_ports(group.size + 1) if local else [*_remote_ports(hosts), LINK_PORT]
     coordinator = f"{hosts[0]}:{ports[0]}"
-    doorbell = f"{hosts[0]}:{ports[-1]}"
+    link = f"{hosts[0]}:{ports[-1]}"
     out = []
     for rank in range(group.size):
         g = GroupSpec(
@@ -59,7 +59,7 @@ def rank_specs(spec: WorkerSpec, hosts: list[str]) -> list[WorkerSpec]:
             if group.backend == "ring"
             else (),
             coordinator=coordinator if group.backend == "nccl" else None,
-            doorbell=doorbell,
+            link=link,
         )
         update: dict = {"group": g}
         if spec.memory_limit_bytes is not None:

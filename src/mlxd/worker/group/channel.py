@@ -1,14 +1,15 @@
-"""Rank 0's bytes to every rank of the group, over mx.distributed itself, and the doorbell.
+"""Rank 0's bytes to every rank of the group, in the same order on every rank.
 
-A broadcast is two all_sums on the CPU stream: the length (followers add 0), then the bytes
-(followers add zeros). Every rank calls `exchange` at the same point of its loop; one with
-nothing to say sends the length 0 and the second sum is skipped.
+Each follower holds one plain TCP connection to rank 0, the link (`open_links`), beside MLX's
+own connections: rank 0 writes each iteration's frame (a 4-byte length, then the bytes) to
+every link, and a follower reads its frame at the same point of its loop. The model's tensors
+travel over mx.distributed; this control stream never mixes with them, so a broadcast neither
+waits for the step the decode loop launched ahead nor interleaves with its collectives, and an
+idle follower blocks in `recv` instead of in the ring backend's polling (which keeps a core
+busy). A follower whose link closes knows rank 0 is gone and stops.
 
-MLX's ring backend waits for its peers by polling, which keeps a core busy: fine while the
-group decodes, not while it idles. So an idle iteration (every rank knows it is one: the
-batch is empty on all of them) first waits on the doorbell, a plain TCP connection from each
-follower to rank 0 that rank 0 rings just before the collective. A follower whose doorbell
-closes knows rank 0 is gone and stops.
+Without links (a group joined by other means), the same frames go over the group itself: two
+all_sums on the engine's stream (the length, then the bytes; followers add zeros).
 """
 
 from __future__ import annotations
@@ -26,19 +27,19 @@ log = logging.getLogger("mlxd.worker.group")
 CONNECT_TIMEOUT_S = 120.0  # ranks load at their own pace before they meet here
 
 
-class RankZeroGone(RuntimeError):
-    """The doorbell closed: rank 0 exited."""
+class LinkClosed(RuntimeError):
+    """A link closed: the rank at its other end exited."""
 
 
-def _address(doorbell: str) -> tuple[str, int]:
-    host, _, port = doorbell.rpartition(":")
+def _address(link: str) -> tuple[str, int]:
+    host, _, port = link.rpartition(":")
     return host, int(port)
 
 
-def open_doorbell(doorbell: str, rank: int, size: int) -> list[socket.socket]:
-    """Rank 0: listen on `doorbell` and accept every follower (by the rank it says); a
+def open_links(link: str, rank: int, size: int) -> list[socket.socket]:
+    """Rank 0: listen on `link` and accept every follower (by the rank it says); a
     follower: connect to it. Returns the connections (a follower's list holds one)."""
-    host, port = _address(doorbell)
+    host, port = _address(link)
     deadline = time.monotonic() + CONNECT_TIMEOUT_S
     if rank > 0:
         while True:
@@ -80,24 +81,22 @@ def open_doorbell(doorbell: str, rank: int, size: int) -> list[socket.socket]:
 
 
 class Channel:
-    """The group's broadcast from rank 0 (`group`: an mx.distributed.Group; `bells`: the
-    doorbell connections, open_doorbell's)."""
+    """The group's broadcast from rank 0 (`group`: an mx.distributed.Group; `links`: rank 0's
+    connections to each follower, or a follower's one to rank 0, open_links's)."""
 
-    def __init__(self, group, bells: list[socket.socket] | None = None):
+    def __init__(self, group, links: list[socket.socket] | None = None):
         self.group = group
         self.rank = group.rank()
         self.size = group.size()
-        self.bells = bells or []
+        self.links = links or []
 
     def exchange(self, payload: bytes = b"", idle: bool = False, stream=None) -> bytes:
         """Rank 0: send `payload`, get it back; followers: get rank 0's (theirs is ignored).
-        `idle`: ring the doorbell first (followers wait on it, not in the collective).
-        `stream`: the engine's. The model's own collectives of a step launched ahead
-        (decode.py) are still in flight there; on any other stream this broadcast's messages
-        would interleave with theirs."""
+        `stream` (without links): the engine's, so the all_sums are ordered after the model's
+        own collectives of the step launched ahead; on another stream they would interleave."""
+        if self.links:
+            return self._send(payload) if self.rank == 0 else self._recv()
         stream = stream if stream is not None else mx.cpu
-        if idle:
-            self._ring()
         mine = payload if self.rank == 0 else b""
         n = mx.distributed.all_sum(
             mx.array([len(mine)], dtype=mx.int32), group=self.group, stream=stream
@@ -111,15 +110,43 @@ class Channel:
 
     def any(self, flag: bool, stream=None) -> bool:
         """Whether `flag` is true on any rank (every rank calls this at the same point)."""
+        if self.links:
+            return self._vote(flag)
         stream = stream if stream is not None else mx.cpu
         n = mx.distributed.all_sum(
             mx.array([int(flag)], dtype=mx.int32), group=self.group, stream=stream
         )
         return int(n.item()) > 0
 
-    def _ring(self) -> None:
+    # -- over the links -------------------------------------------------------------------
+    def _send(self, payload: bytes) -> bytes:
+        frame = struct.pack("!I", len(payload)) + payload
+        for s in self.links:
+            s.sendall(frame)
+        return payload
+
+    def _recv(self) -> bytes:
+        (n,) = struct.unpack("!I", _read(self.links[0], 4))
+        return _read(self.links[0], n) if n else b""
+
+    def _vote(self, flag: bool) -> bool:
+        # Followers send their vote up; rank 0 answers with the outcome, before its next frame.
         if self.rank == 0:
-            for s in self.bells:
-                s.sendall(b"\x01")
-        elif self.bells and self.bells[0].recv(1) == b"":
-            raise RankZeroGone("rank 0 of the worker group exited")
+            outcome = flag
+            for s in self.links:
+                outcome = _read(s, 1) != b"\0" or outcome
+            for s in self.links:
+                s.sendall(b"\1" if outcome else b"\0")
+            return outcome
+        self.links[0].sendall(b"\1" if flag else b"\0")
+        return _read(self.links[0], 1) != b"\0"
+
+
+def _read(s: socket.socket, n: int) -> bytes:
+    buf = bytearray()
+    while len(buf) < n:
+        chunk = s.recv(n - len(buf))
+        if not chunk:
+            raise LinkClosed("a worker group's link closed: a rank exited")
+        buf += chunk
+    return bytes(buf)

@@ -16,8 +16,8 @@ RAM cap: its trie changes only at admissions and row ends, which agree, and ever
 for a prefix holds that rank's shard, of the same size, so hits and evictions agree too. Its
 SSD tier keeps each rank's shard in a folder of its own, under the same entry name; idle
 demotion (driven by time) is off, a drain's persist is an event, and an SSD restore rank 0
-read for a row is made on every rank or on none (an all_sum of "mine is unusable" at the
-row's event). Structured output (a grammar compiled on rank 0) is not offered on a group yet
+read for a row is made on every rank or on none (a vote of "mine is unusable" at the row's
+event). Structured output (a grammar compiled on rank 0) is not offered on a group yet
 (docs/scale-out.md).
 """
 

@@ -12,7 +12,7 @@ import logging
 
 from mlxd.shared.exit_codes import EXIT_CRASH, EXIT_MODEL_LOAD_ERROR, EXIT_OK
 from mlxd.shared.worker_spec import MODEL_DEFAULT_FIELDS, WorkerSpec
-from mlxd.worker.group.channel import Channel, open_doorbell
+from mlxd.worker.group.channel import Channel, open_links
 from mlxd.worker.group.engine import FollowerEngine
 from mlxd.worker.group.lead import GROUP_IDLE_S
 from mlxd.worker.group.shard import join_group
@@ -31,7 +31,7 @@ def run_follower(cfg: WorkerSpec) -> int:
     try:
         group = join_group(cfg.group)
         g = cfg.group
-        bells = open_doorbell(g.doorbell, g.rank, g.size) if g.doorbell else []
+        links = open_links(g.link, g.rank, g.size) if g.link else []
     except Exception as exc:
         log.error("cannot join the worker group of model=%s: %s", cfg.model_id, exc)
         return EXIT_CRASH
@@ -46,7 +46,7 @@ def run_follower(cfg: WorkerSpec) -> int:
     cfg = cfg.model_copy(update={"cache_idle_s": GROUP_IDLE_S})  # as rank 0's
     cache = make_prompt_cache(cfg, loaded)
     limit_buffer_cache()
-    follower = functools.partial(FollowerEngine, channel=Channel(group, bells))
+    follower = functools.partial(FollowerEngine, channel=Channel(group, links))
     engine = make_engine(cfg, loaded, cache, follower)
     engine.start()
     log.info("following rank 0: model=%s rank=%d", cfg.model_id, cfg.group.rank)

@@ -9,7 +9,7 @@ from collections.abc import Callable
 from mlxd.shared.exit_codes import EXIT_CRASH, EXIT_MODEL_LOAD_ERROR
 from mlxd.shared.worker_spec import WorkerSpec
 from mlxd.worker.engine.loop import Engine
-from mlxd.worker.group.channel import Channel, open_doorbell
+from mlxd.worker.group.channel import Channel, open_links
 from mlxd.worker.group.engine import LeadEngine
 from mlxd.worker.group.shard import join_group
 
@@ -31,8 +31,8 @@ def join_as_lead(cfg: WorkerSpec, embedding: bool) -> tuple[Channel | None, int]
         return None, EXIT_MODEL_LOAD_ERROR
     try:
         group = join_group(cfg.group)
-        bells = open_doorbell(cfg.group.doorbell, 0, cfg.group.size) if cfg.group.doorbell else []
-        return Channel(group, bells), 0
+        links = open_links(cfg.group.link, 0, cfg.group.size) if cfg.group.link else []
+        return Channel(group, links), 0
     except Exception as exc:
         log.error("cannot join the worker group of model=%s: %s", cfg.model_id, exc)
         return None, EXIT_CRASH
