@@ -6,6 +6,8 @@ from __future__ import annotations
 import asyncio
 import json
 import signal
+import socket
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -19,6 +21,7 @@ from mlxd.supervisor.lifecycle.launch import worker_spec
 from mlxd.supervisor.lifecycle.process import WorkerProcess
 from mlxd.supervisor.lifecycle.slot import ModelSlot
 from mlxd.worker.group import wire
+from mlxd.worker.group.channel import Channel, LinkClosed
 from mlxd.worker.group.env import group_env, write_hostfile
 
 
@@ -202,3 +205,34 @@ def test_a_stop_is_rank_zeros_and_ends_clean(tmp_path):
         assert g.failed_rank is None
 
     asyncio.run(run())
+
+
+class FakeGroup:
+    def __init__(self, rank: int, size: int):
+        self._rank, self._size = rank, size
+
+    def rank(self) -> int:
+        return self._rank
+
+    def size(self) -> int:
+        return self._size
+
+
+def test_links_carry_frames_in_order_and_votes_to_every_rank():
+    pairs = [socket.socketpair() for _ in range(2)]
+    lead = Channel(FakeGroup(0, 3), [a for a, _ in pairs])
+    followers = [Channel(FakeGroup(r + 1, 3), [b]) for r, (_, b) in enumerate(pairs)]
+    with ThreadPoolExecutor(2) as pool:  # followers read while rank 0 writes (socket buffers)
+        for frame in (b"first", b"", b"x" * 70_000):
+            got = [pool.submit(f.exchange) for f in followers]
+            assert lead.exchange(frame) == frame
+            assert [g.result(5) for g in got] == [frame, frame]
+        # One follower cannot use its shard: every rank hears "yes, someone cannot".
+        votes = [pool.submit(f.any, r == 1) for r, f in enumerate(followers)]
+        assert lead.any(False) is True
+        assert [v.result(5) for v in votes] == [True, True]
+    pairs[0][0].close()  # rank 0 is gone: its follower stops instead of waiting forever
+    with pytest.raises(LinkClosed):
+        followers[0].exchange()
+    with pytest.raises(ValueError):
+        Channel(FakeGroup(0, 3), [pairs[1][0]])  # rank 0 needs a link to every follower

@@ -7,9 +7,6 @@ travel over mx.distributed; this control stream never mixes with them, so a broa
 waits for the step the decode loop launched ahead nor interleaves with its collectives, and an
 idle follower blocks in `recv` instead of in the ring backend's polling (which keeps a core
 busy). A follower whose link closes knows rank 0 is gone and stops.
-
-Without links (a group joined by other means), the same frames go over the group itself: two
-all_sums on the engine's stream (the length, then the bytes; followers add zeros).
 """
 
 from __future__ import annotations
@@ -18,9 +15,6 @@ import logging
 import socket
 import struct
 import time
-
-import mlx.core as mx
-import numpy as np
 
 log = logging.getLogger("mlxd.worker.group")
 
@@ -36,9 +30,11 @@ def _address(link: str) -> tuple[str, int]:
     return host, int(port)
 
 
-def open_links(link: str, rank: int, size: int) -> list[socket.socket]:
+def open_links(link: str | None, rank: int, size: int) -> list[socket.socket]:
     """Rank 0: listen on `link` and accept every follower (by the rank it says); a
     follower: connect to it. Returns the connections (a follower's list holds one)."""
+    if not link:
+        raise ValueError("the spec names no link address for rank 0 (group.link)")
     host, port = _address(link)
     deadline = time.monotonic() + CONNECT_TIMEOUT_S
     if rank > 0:
@@ -84,39 +80,21 @@ class Channel:
     """The group's broadcast from rank 0 (`group`: an mx.distributed.Group; `links`: rank 0's
     connections to each follower, or a follower's one to rank 0, open_links's)."""
 
-    def __init__(self, group, links: list[socket.socket] | None = None):
+    def __init__(self, group, links: list[socket.socket]):
         self.group = group
         self.rank = group.rank()
         self.size = group.size()
-        self.links = links or []
+        if len(links) != (self.size - 1 if self.rank == 0 else 1):
+            raise ValueError(f"rank {self.rank} of {self.size} needs its links to the group")
+        self.links = links
 
-    def exchange(self, payload: bytes = b"", idle: bool = False, stream=None) -> bytes:
-        """Rank 0: send `payload`, get it back; followers: get rank 0's (theirs is ignored).
-        `stream` (without links): the engine's, so the all_sums are ordered after the model's
-        own collectives of the step launched ahead; on another stream they would interleave."""
-        if self.links:
-            return self._send(payload) if self.rank == 0 else self._recv()
-        stream = stream if stream is not None else mx.cpu
-        mine = payload if self.rank == 0 else b""
-        n = mx.distributed.all_sum(
-            mx.array([len(mine)], dtype=mx.int32), group=self.group, stream=stream
-        )
-        length = int(n.item())
-        if length == 0:
-            return b""
-        buf = np.frombuffer(mine, dtype=np.uint8) if mine else np.zeros(length, np.uint8)
-        out = mx.distributed.all_sum(mx.array(buf), group=self.group, stream=stream)
-        return bytes(np.array(out, copy=False))
+    def exchange(self, payload: bytes = b"") -> bytes:
+        """Rank 0: send `payload`, get it back; followers: get rank 0's."""
+        return self._send(payload) if self.rank == 0 else self._recv()
 
-    def any(self, flag: bool, stream=None) -> bool:
+    def any(self, flag: bool) -> bool:
         """Whether `flag` is true on any rank (every rank calls this at the same point)."""
-        if self.links:
-            return self._vote(flag)
-        stream = stream if stream is not None else mx.cpu
-        n = mx.distributed.all_sum(
-            mx.array([int(flag)], dtype=mx.int32), group=self.group, stream=stream
-        )
-        return int(n.item()) > 0
+        return self._vote(flag)
 
     # -- over the links -------------------------------------------------------------------
     def _send(self, payload: bytes) -> bytes:

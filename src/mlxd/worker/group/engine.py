@@ -179,7 +179,7 @@ class LeadEngine(Lockstep, Engine):
                 cmd.job.fail(Unavailable(NOT_ON_GROUP))
                 continue
             local.append(cmd)
-        self.channel.exchange(wire.encode(events), idle=block, stream=self._stream)
+        self.channel.exchange(wire.encode(events))
         return self._apply(local)
 
     def _apply(self, cmds: list) -> Iterator[Command]:
@@ -191,7 +191,7 @@ class LeadEngine(Lockstep, Engine):
                 cmd.sub.cancelled = True
             if isinstance(cmd, Submit) and cmd.sub.restored is not None:
                 # Every rank restores its shard of the entry, or none does.
-                if self.channel.any(False, self._stream):
+                if self.channel.any(False):
                     cmd.sub.restored = None
             yield cmd
 
@@ -223,7 +223,7 @@ class FollowerEngine(Lockstep, Engine):
         super()._loop()
 
     def _commands(self, block: bool) -> Iterable[Command]:
-        return self._apply(wire.decode(self.channel.exchange(idle=block, stream=self._stream)))
+        return self._apply(wire.decode(self.channel.exchange()))
 
     def _apply(self, events: list[wire.RowEvent]) -> Iterator[Command]:
         for e in events:
@@ -240,7 +240,7 @@ class FollowerEngine(Lockstep, Engine):
                 )
                 if e.restore:  # rank 0 restores an SSD entry: this rank its own shard of it
                     sub.restored = self._read_shard(e.ns, e.restore)
-                    if self.channel.any(sub.restored is None, self._stream):
+                    if self.channel.any(sub.restored is None):
                         sub.restored = None
                 self._subs[e.seq] = sub
                 yield Submit(sub)

@@ -31,7 +31,7 @@ def run_follower(cfg: WorkerSpec) -> int:
     try:
         group = join_group(cfg.group)
         g = cfg.group
-        links = open_links(g.link, g.rank, g.size) if g.link else []
+        links = open_links(g.link, g.rank, g.size)
     except Exception as exc:
         log.error("cannot join the worker group of model=%s: %s", cfg.model_id, exc)
         return EXIT_CRASH

@@ -31,7 +31,7 @@ def join_as_lead(cfg: WorkerSpec, embedding: bool) -> tuple[Channel | None, int]
         return None, EXIT_MODEL_LOAD_ERROR
     try:
         group = join_group(cfg.group)
-        links = open_links(cfg.group.link, 0, cfg.group.size) if cfg.group.link else []
+        links = open_links(cfg.group.link, 0, cfg.group.size)
         return Channel(group, links), 0
     except Exception as exc:
         log.error("cannot join the worker group of model=%s: %s", cfg.model_id, exc)
