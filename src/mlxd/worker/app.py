@@ -179,7 +179,9 @@ async def serve(cfg: WorkerSpec) -> int:
     # "loading" meanwhile, and READY (state.started) only once it and the engine are up.
     state.prompt_cache = await asyncio.to_thread(make_prompt_cache, cfg, state.loaded)
     limit_buffer_cache()
-    state.engine = make_engine(cfg, state.loaded, state.prompt_cache, lead_engine(channel))
+    state.engine = make_engine(
+        cfg, state.loaded, state.prompt_cache, engine_cls=lead_engine(channel)
+    )
     # test-only slow prefill, read by api/generation.py
     state.engine.debug_prefill_delay_s = cfg.debug_prefill_delay_s
     state.engine.start()

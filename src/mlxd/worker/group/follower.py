@@ -47,7 +47,7 @@ def run_follower(cfg: WorkerSpec) -> int:
     cache = make_prompt_cache(cfg, loaded)
     limit_buffer_cache()
     follower = functools.partial(FollowerEngine, channel=Channel(group, links))
-    engine = make_engine(cfg, loaded, cache, follower)
+    engine = make_engine(cfg, loaded, cache, engine_cls=follower)
     engine.start()
     log.info("following rank 0: model=%s rank=%d", cfg.model_id, cfg.group.rank)
     while not engine.join(1.0):
