@@ -6,6 +6,7 @@
     python -m bench run --shape qwen3-8b --only single,concurrency
     python -m bench profile --shape qwen3-8b --batches 1,8,32   # where a decode step goes
     python -m bench speculative --builtin            # prompt lookup on the built-in model
+    python -m bench group                            # a worker group of 2 vs one process
 
 See docs/benchmarks.md for what each workload measures and the goals.
 """
@@ -231,6 +232,10 @@ def main(argv: list[str] | None = None) -> int:
         from . import speculative
 
         return speculative.main(argv[1:])
+    if argv[:1] == ["group"]:  # a worker group beside one process: see bench/group.py
+        from . import group
+
+        return group.main(argv[1:])
     a = parse_args(argv)
     signal.signal(signal.SIGTERM, _exit_on_sigterm)
     gpu = _accelerated()

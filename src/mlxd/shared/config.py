@@ -14,7 +14,15 @@ from pathlib import Path
 from typing import Any, Literal
 
 import tomllib
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SecretStr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
@@ -72,6 +80,28 @@ class ModelSettings(BaseModel):
     speculative: Literal["off", "ngram", "draft"] = "off"
     draft_model: str | None = None
     num_draft_tokens: int = Field(4, ge=1, le=16)
+    # A worker group (docs/scale-out.md): this model's ranks joined by mx.distributed, one
+    # slot. group_size: that many ranks on this host; hosts: one rank per address (rank 0 is
+    # this host's); backend: how the ranks talk (ring over TCP, NCCL on CUDA).
+    group_size: int | None = Field(None, ge=1, le=64)
+    hosts: list[str] = []
+    backend: Literal["ring", "nccl"] = "ring"
+
+    @model_validator(mode="after")
+    def _one_group_shape(self):
+        if self.group_size is not None and self.hosts:
+            raise ValueError("give group_size (ranks on this host) or hosts, not both")
+        return self
+
+    @property
+    def ranks(self) -> int:
+        """How many processes serve this model: 1, or its worker group's size."""
+        return len(self.hosts) or self.group_size or 1
+
+    @property
+    def local_ranks(self) -> int:
+        """How many of those processes use this host's memory (remote ranks use their own)."""
+        return self.group_size or 1
 
 
 class ResolvedModelSettings(ModelSettings):

@@ -54,6 +54,24 @@ SAME_AS_SETTINGS = (
 )
 
 
+class GroupSpec(BaseModel):
+    """This worker's place in a worker group (docs/scale-out.md): one rank of `size`, joined by
+    mx.distributed over `backend`. Rank 0 serves the socket; the others follow it."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    size: int = Field(ge=2)
+    rank: int = Field(0, ge=0)
+    backend: Literal["ring", "nccl"] = "ring"
+    hosts: tuple[str, ...] = ()  # one address per rank, rank 0's first; empty: all on this host
+    # ring: every rank's "ip:port", rank 0's first (the worker writes mlx.launch's hostfile
+    # from them); nccl: rank 0's "ip:port" as the coordinator.
+    peers: tuple[str, ...] = ()
+    coordinator: str | None = None
+    # Rank 0's "ip:port" for the links (worker/group/channel.py): each iteration's events.
+    link: str | None = None
+
+
 class WorkerSpec(BaseModel):
     """One worker's model, socket, limits, caches and log level (see docs/worker.md)."""
 
@@ -107,6 +125,7 @@ class WorkerSpec(BaseModel):
     grammar_compile_concurrency: int = Field(2, ge=1)
     grammar_queue_timeout_s: float = 10.0
     grammar_cache_bytes: int = 256 * 1024**2
+    group: GroupSpec | None = None  # None: a worker of its own
 
     @field_validator("log_level")
     @classmethod

@@ -15,10 +15,13 @@ os.environ.setdefault("PYTHONUNBUFFERED", "1")
 
 from mlxd.worker.app import main  # noqa: E402
 from mlxd.worker.config import parse_args  # noqa: E402
+from mlxd.worker.group.env import group_env, write_hostfile  # noqa: E402
 from mlxd.worker.lifeline import die_with_parent  # noqa: E402
 
 if __name__ == "__main__":
     cfg = parse_args(log_level=os.environ.get("MLXD_LOG_LEVEL", "INFO"))
+    if cfg.group is not None:  # where mx.distributed finds its peers (mlx.launch's variables)
+        os.environ.update(group_env(cfg.group, write_hostfile(cfg.group)))
     if cfg.exit_with_parent:
         die_with_parent()
     code = main(cfg)

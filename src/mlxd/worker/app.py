@@ -8,6 +8,7 @@ import os
 import signal
 import sys
 import time
+from collections.abc import Callable
 
 import mlx.core as mx
 import psutil
@@ -31,6 +32,8 @@ from mlxd.worker.draft_model import load_draft, spec_config
 from mlxd.worker.embed.load import load_embedder
 from mlxd.worker.engine.loop import Engine
 from mlxd.worker.engine.planner import MIN_CHUNK, PlanConfig
+from mlxd.worker.group.follower import run_follower
+from mlxd.worker.group.lead import GROUP_IDLE_S, GROUP_OFF, join_as_lead, lead_engine
 from mlxd.worker.lifeline import watch_parent
 from mlxd.worker.model import (
     LoadedModel,
@@ -145,6 +148,14 @@ async def serve(cfg: WorkerSpec) -> int:
     embedding = state.facts.type == "embedding"
     if embedding:  # no chat rows: no prompt cache, no decode warm-up (docs/api.md)
         cfg = cfg.model_copy(update={"prompt_cache_bytes": 0, "warmup": False})
+    channel = None  # a worker group's rank 0 (worker/group/)
+    if cfg.group is not None:
+        cfg = cfg.model_copy(update={"cache_idle_s": GROUP_IDLE_S, **GROUP_OFF})
+        channel, code = await asyncio.to_thread(join_as_lead, cfg, embedding)
+        if channel is None:
+            await runner.cleanup()
+            _unlink(sock)
+            return code
     try:
         if embedding:
             state.loaded = await asyncio.to_thread(
@@ -160,6 +171,7 @@ async def serve(cfg: WorkerSpec) -> int:
                 overrides=defaults,
                 kv_bits=cfg.kv_bits,
                 kv_group_size=cfg.kv_group_size,
+                group=channel.group if channel else None,
             )
             if cfg.speculative == "draft" and cfg.draft_model is not None:
                 state.draft = await asyncio.to_thread(load_draft, cfg.draft_model, state.loaded)
@@ -172,7 +184,9 @@ async def serve(cfg: WorkerSpec) -> int:
     # "loading" meanwhile, and READY (state.started) only once it and the engine are up.
     state.prompt_cache = await asyncio.to_thread(make_prompt_cache, cfg, state.loaded)
     limit_buffer_cache()
-    state.engine = make_engine(cfg, state.loaded, state.prompt_cache, state.draft)
+    state.engine = make_engine(
+        cfg, state.loaded, state.prompt_cache, state.draft, engine_cls=lead_engine(channel)
+    )
     # test-only slow prefill, read by api/generation.py
     state.engine.debug_prefill_delay_s = cfg.debug_prefill_delay_s
     state.engine.start()
@@ -227,9 +241,11 @@ def make_engine(
     loaded: LoadedModel,
     cache: PromptCache | None,
     draft: LoadedModel | None = None,
+    engine_cls: Callable[..., Engine] = Engine,
 ) -> Engine:
     """The engine with the spec's batch, prefill plan, KV budget and speculative decoding
-    (docs/configuration.md); a draft model's weights count in the memory plan."""
+    (docs/configuration.md); a draft model's weights count in the memory plan. `engine_cls`:
+    a worker group's rank makes its own (worker/group/engine.py)."""
     default_idle, default_budget = default_prefill()
     idle = cfg.prefill_step or default_idle
     # A busy step never prefills more than an idle one.
@@ -260,7 +276,7 @@ def make_engine(
         mem.total_bytes / 1024**3,
         cfg.warmup,
     )
-    return Engine(
+    return engine_cls(
         loaded,
         batch=cfg.batch,
         plan=plan,
@@ -302,6 +318,8 @@ def make_prompt_cache(cfg: WorkerSpec, loaded) -> PromptCache | None:
             ssd_dir = ssd_folder(
                 cfg.ssd_cache_dir, cfg.model_id, fingerprint(cfg.model_path, loaded.kv.name)
             )
+            if cfg.group is not None:  # each rank keeps its own shard of every entry
+                ssd_dir = ssd_dir / f"rank{cfg.group.rank}-of-{cfg.group.size}"
             layout = kv_layout(loaded.model)  # what every SSD entry is checked against
         except Exception as exc:  # no layout: the tier turns itself off in start()
             log.warning("SSD prompt cache unusable for model=%s: %s", cfg.model_id, exc)
@@ -325,6 +343,8 @@ def main(cfg: WorkerSpec) -> int:
         stream=sys.stderr,
     )
     log.debug("spec %s", cfg.model_dump_json())
+    if cfg.group is not None and cfg.group.rank > 0:  # a follower rank serves no socket
+        return run_follower(cfg)
     try:
         import uvloop
 

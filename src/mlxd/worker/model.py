@@ -18,6 +18,7 @@ from mlx_lm import load
 from mlxd.shared.config import is_template_text
 from mlxd.shared.kv_math import kv_bytes_per_token
 from mlxd.worker.engine.kvquant import KvScheme, apply_kv_scheme
+from mlxd.worker.group.shard import shard_model
 
 log = logging.getLogger("mlxd.worker.model")
 
@@ -164,13 +165,17 @@ def load_model(
     overrides: dict[str, Any] | None = None,
     kv_bits: int | None = None,
     kv_group_size: int = 64,
+    group: Any = None,
 ) -> LoadedModel:
     """Load `path`; raises on any problem with the folder (the caller maps it to an exit code).
 
     `overrides` are the config section's defaults (WorkerSpec MODEL_DEFAULT_FIELDS): the set
     ones win over the folder's generation_config.json and chat template. `kv_bits` quantizes
-    the model's KV (a model whose caches cannot be quantized raises ValueError)."""
-    model, tokenizer, config = load(str(path), return_config=True)
+    the model's KV (a model whose caches cannot be quantized raises ValueError). With a worker
+    `group` (an mx.distributed.Group), only this rank's shard is loaded (worker/group/)."""
+    model, tokenizer, config = load(str(path), return_config=True, lazy=group is not None)
+    if group is not None:
+        shard_model(model, config, group)
     overrides = {k: v for k, v in (overrides or {}).items() if v is not None}
     if "chat_template" in overrides:
         _set_chat_template(tokenizer, overrides.pop("chat_template"))

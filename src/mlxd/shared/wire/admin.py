@@ -28,6 +28,9 @@ class ModelStatus(BaseModel):
     generation: int = 0  # hot reloads so far
     pinned: bool = False
     drained: bool = False  # refused until an explicit load or reload
+    # A worker group's ranks (docs/scale-out.md): their pids, rank 0's first (`pid`); remote
+    # ranks by their ssh client. `memory_bytes` then sums the ranks on this host.
+    ranks: list[int] | None = None
 
 
 class ModelDetail(ModelStatus):

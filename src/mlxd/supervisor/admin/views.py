@@ -10,6 +10,7 @@ import psutil
 
 from mlxd.shared.wire.admin import ModelDetail, ModelStatus, SupervisorStats, WorkerReply
 from mlxd.supervisor.catalog import folder
+from mlxd.supervisor.lifecycle.group import GroupProcess
 from mlxd.supervisor.lifecycle.registry import Registry
 from mlxd.supervisor.lifecycle.slot import ModelSlot
 from mlxd.supervisor.lifecycle.states import State
@@ -18,13 +19,15 @@ STARTED = time.monotonic()
 
 
 def worker_rss_bytes(slot: ModelSlot) -> int | None:
-    """Resident set size of the slot's worker process (None when there is none)."""
+    """Resident set size of the slot's worker process (None when there is none); a worker
+    group's: the sum over its ranks on this host."""
     proc = slot.process
     pid = proc.pid if proc is not None else None
     if proc is None or pid is None or proc.returncode is not None:
         return None
+    pids = proc.local_pids if isinstance(proc, GroupProcess) else [pid]
     try:
-        return psutil.Process(pid).memory_info().rss
+        return sum(psutil.Process(p).memory_info().rss for p in pids)
     except psutil.Error:
         return None
 
@@ -50,6 +53,8 @@ def model_status(reg: Registry, model_id: str, entries: dict | None = None) -> M
     row.footprint_bytes = slot.footprint_bytes
     row.pid = proc.pid if proc is not None and proc.returncode is None else None
     row.memory_bytes = worker_rss_bytes(slot)
+    if isinstance(proc, GroupProcess) and row.pid is not None:
+        row.ranks = [p for p in proc.pids if p is not None]
     row.leases = slot.leases
     row.queued = slot.waiting
     row.idle_s = None if slot.started_at == 0.0 else round(max(0.0, now - slot.last_used), 3)

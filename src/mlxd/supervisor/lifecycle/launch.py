@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from mlxd.shared.config import Settings
-from mlxd.shared.worker_spec import MODEL_DEFAULT_FIELDS, SAME_AS_SETTINGS, WorkerSpec
+from mlxd.shared.worker_spec import MODEL_DEFAULT_FIELDS, SAME_AS_SETTINGS, GroupSpec, WorkerSpec
 
 if TYPE_CHECKING:  # slot.py names its socket with socket_path() below
     from mlxd.supervisor.lifecycle.slot import ModelSlot
@@ -56,6 +56,12 @@ def worker_spec(
         speculative=ms.speculative,
         draft_model=ms.draft_model,
         num_draft_tokens=ms.num_draft_tokens,
+        # A worker group's rank 0; lifecycle/group.py makes the other ranks' specs from it.
+        group=(
+            GroupSpec(size=ms.ranks, backend=ms.backend, hosts=tuple(ms.hosts))
+            if ms.ranks > 1
+            else None
+        ),
         **{name: getattr(s, name) for name in SAME_AS_SETTINGS},
         **{name: getattr(ms, name) for name in MODEL_DEFAULT_FIELDS},
     )

@@ -24,6 +24,7 @@ from mlxd.supervisor.http.upstream import UpstreamPool
 from mlxd.supervisor.lifecycle.counters import Counters
 from mlxd.supervisor.lifecycle.crashes import judge_crash
 from mlxd.supervisor.lifecycle.drain import drain_worker
+from mlxd.supervisor.lifecycle.group import spawn_worker
 from mlxd.supervisor.lifecycle.health import ADMIN_HINT, POLL_S, until_healthy
 from mlxd.supervisor.lifecycle.launch import log_path, worker_argv
 from mlxd.supervisor.lifecycle.process import WorkerProcess
@@ -46,7 +47,7 @@ class Lifecycle:
         *,
         budget_bytes: int,
         clock: Callable[[], float] = time.monotonic,
-        spawner: Callable[..., WorkerProcess] = WorkerProcess,
+        spawner: Callable[..., WorkerProcess] = spawn_worker,
     ):
         self.settings = settings
         self.upstream = upstream

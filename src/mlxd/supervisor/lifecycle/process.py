@@ -29,6 +29,8 @@ class WorkerProcess:
         self.log_path = log_path
         self.tail: collections.deque[str] = collections.deque(maxlen=tail_lines)
         self.proc: asyncio.subprocess.Process | None = None
+        # What runs `argv`: a fresh interpreter here (a worker group's remote rank: ssh).
+        self.command = [sys.executable, "-u", "-m"]
         self._pump: asyncio.Task | None = None
 
     @property
@@ -44,9 +46,7 @@ class WorkerProcess:
         everything it needs to know comes in its argv (a WorkerSpec)."""
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         self.proc = await asyncio.create_subprocess_exec(
-            sys.executable,
-            "-u",
-            "-m",
+            *self.command,
             "mlxd.worker",
             *self.argv,
             stdin=asyncio.subprocess.DEVNULL,

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from mlxd.shared.config import Settings
 from mlxd.supervisor.catalog.catalog import Catalog
 from mlxd.supervisor.http.upstream import UpstreamPool
+from mlxd.supervisor.lifecycle.group import spawn_worker
 from mlxd.supervisor.lifecycle.owner import Lifecycle
 from mlxd.supervisor.lifecycle.process import WorkerProcess
 from mlxd.supervisor.lifecycle.tasks import Background
@@ -40,7 +41,7 @@ class Registry:
         *,
         total_memory_bytes: int,
         clock: Callable[[], float] = time.monotonic,
-        spawner: Callable[..., WorkerProcess] = WorkerProcess,
+        spawner: Callable[..., WorkerProcess] = spawn_worker,
     ) -> Registry:
         """The parts for `settings`; clock and spawner are injectable (tests pass fakes)."""
         tasks = Background()

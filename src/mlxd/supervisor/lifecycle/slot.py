@@ -81,8 +81,11 @@ class ModelSlot:
     @property
     def footprint_bytes(self) -> int:
         """What the memory budget counts for this model: its worker's own report once READY,
-        the estimate before (and for a worker that never reported)."""
-        return self.estimate_bytes if self.reported_bytes is None else self.reported_bytes
+        the estimate before (and for a worker that never reported). A worker group's rank 0
+        reports its own shard: each rank on this host holds about as much."""
+        if self.reported_bytes is None:
+            return self.estimate_bytes
+        return self.reported_bytes * self.settings.local_ranks
 
     def record_health(self, health: WorkerHealth) -> None:
         """Keep what a healthy worker of this slot reports of its memory."""

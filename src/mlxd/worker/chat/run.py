@@ -51,6 +51,8 @@ from mlxd.worker.state import WorkerState
 log = logging.getLogger("mlxd.worker.chat")
 
 KEEPALIVE_S = 5.0
+# A worker group's followers could not run a grammar compiled on rank 0 (worker/group/).
+NO_GRAMMAR = "a model served by a worker group cannot enforce it"
 SUFFIX_WARNING = warning_header(
     "suffix", "this server does not fill in the middle", "it was ignored"
 )
@@ -100,7 +102,9 @@ class ChatRun:
             )
         spec = forced or spec
         compiled = None
-        if spec is not None:
+        if spec is not None and not self.engine.grammars:
+            self._degrade(spec, NO_GRAMMAR)
+        elif spec is not None:
             try:
                 compiled = await compile_spec(m, spec, self.state.config)
             except GuidedUnavailable as exc:
@@ -138,7 +142,10 @@ class ChatRun:
         self.params = resolve_params(m, job.params, len(ids), job.surface)
         self.echo = m.tokenizer.decode(ids) if raw.echo else ""
         key = await make_cache_key(self.state, ids, job.session)
-        processors, warning = await row_processors(m, job.guided, self.state.config)
+        guided = job.guided if self.engine.grammars else None
+        processors, warning = await row_processors(m, guided, self.state.config)
+        if job.guided is not None and guided is None:
+            warning = warning_header(job.guided.param, NO_GRAMMAR, "the output is not constrained")
         if warning:
             job.warnings.append(warning)
         if raw.suffix:  # no fill-in-the-middle here: say so, as for other ignored constraints

@@ -15,7 +15,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 import mlx.core as mx
 from mlx_lm.generate import BatchGenerator, StopSequences
@@ -68,6 +68,8 @@ class Engine:
     shapes once before the first request (`warmed` is set after it); `trace`, when given,
     hears a StepTrace after every step.
     """
+
+    grammars = True  # rows may carry their own logits processors (not on a worker group yet)
 
     def __init__(
         self,
@@ -228,7 +230,7 @@ class Engine:
         last_upkeep = time.monotonic()
         while True:
             idle = not batch.rows and not self._sched.waiting and not self._stopping
-            for cmd in self._inbox.take(block=idle):
+            for cmd in self._commands(idle):
                 self._handle(cmd)
             last_upkeep = self._upkeep(last_upkeep)
             admitted = self._sched.admit(self.m.tokenizer)
@@ -237,6 +239,10 @@ class Engine:
             if batch.rows:
                 self._step(admitted)
         batch.gen.close()
+
+    def _commands(self, block: bool) -> Iterable[Command]:
+        """This iteration's commands (a worker group's ranks share them: worker/group/)."""
+        return self._inbox.take(block=block)
 
     def _upkeep(self, last_s: float) -> float:
         """Prompt-cache upkeep (write-behind, demotion) when due; returns when it last ran."""

@@ -1,0 +1,238 @@
+"""Worker groups without MLX or processes: the settings, every rank's spec, the events rank 0
+broadcasts, and how the group's process ends (over fake ranks)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import signal
+import socket
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+from mlxd.shared.config import ConfigError, load_settings
+from mlxd.shared.params import GenerationParams
+from mlxd.shared.worker_spec import GroupSpec, WorkerSpec
+from mlxd.supervisor.catalog.discovery import ModelEntry
+from mlxd.supervisor.lifecycle.group import GroupProcess, rank_specs, spawn_worker
+from mlxd.supervisor.lifecycle.launch import worker_spec
+from mlxd.supervisor.lifecycle.process import WorkerProcess
+from mlxd.supervisor.lifecycle.slot import ModelSlot
+from mlxd.worker.group import wire
+from mlxd.worker.group.channel import Channel, LinkClosed
+from mlxd.worker.group.env import group_env, write_hostfile
+
+
+def settings_with(tmp_path, toml: str):
+    (tmp_path / "config.toml").write_text(toml)
+    return load_settings({"home": str(tmp_path)})
+
+
+def spec_of(tmp_path, toml: str, model: str = "g") -> WorkerSpec:
+    s = settings_with(tmp_path, toml)
+    slot = ModelSlot(
+        entry=ModelEntry(model, Path("/models") / model, "config", 100),
+        settings=s.for_model(model),
+        socket=s.run_dir / f"{model}.sock",
+        estimate_bytes=100,
+    )
+    return worker_spec(s, slot, memory_limit_bytes=8000)
+
+
+def test_a_group_entry_becomes_rank_zeros_spec(tmp_path):
+    spec = spec_of(tmp_path, '[models.g]\ngroup_size = 2\nbackend = "ring"\n[models.one]\n')
+    assert spec.group == GroupSpec(size=2, rank=0, backend="ring")
+    assert spec_of(tmp_path, "[models.one]\n", "one").group is None
+    s = settings_with(tmp_path, '[models.g]\nhosts = ["10.0.0.1", "10.0.0.2", "10.0.0.3"]\n')
+    assert (s.for_model("g").ranks, s.for_model("g").local_ranks) == (3, 1)
+
+
+@pytest.mark.parametrize(
+    "toml",
+    [
+        '[models.g]\ngroup_size = 2\nhosts = ["10.0.0.1", "10.0.0.2"]\n',
+        '[models.g]\ngroup_size = 2\nbackend = "gloo"\n',
+        "[models.g]\ngroup_size = 0\n",
+    ],
+)
+def test_group_settings_mistakes_are_config_errors(tmp_path, toml):
+    with pytest.raises((ConfigError, ValueError)):
+        settings_with(tmp_path, toml)
+
+
+def test_local_ranks_get_one_hostfile_ports_and_the_budget_split(tmp_path):
+    spec = spec_of(tmp_path, "[models.g]\ngroup_size = 3\n")
+    specs = rank_specs(spec, ["127.0.0.1"] * 3)
+    assert [s.group.rank for s in specs] == [0, 1, 2]
+    assert len({s.group.peers for s in specs}) == 1
+    assert len({s.group.link for s in specs}) == 1
+    assert all(s.memory_limit_bytes == 8000 // 3 for s in specs)
+    hostfile = write_hostfile(specs[2].group)
+    hosts = json.loads(Path(hostfile).read_text())
+    assert len(hosts) == 3 and all(len(h) == 1 for h in hosts)
+    ports = [int(h[0].split(":")[1]) for h in hosts]
+    assert len(set(ports + [int(specs[0].group.link.split(":")[1])])) == 4
+    env = group_env(specs[2].group, hostfile)
+    assert env == {"MLX_RANK": "2", "MLX_WORLD_SIZE": "3", "MLX_HOSTFILE": hostfile}
+    Path(hostfile).unlink()
+
+
+def test_nccl_ranks_meet_at_rank_zero(tmp_path):
+    spec = spec_of(tmp_path, '[models.g]\nhosts = ["10.0.0.1", "10.0.0.2"]\nbackend = "nccl"\n')
+    specs = rank_specs(spec, ["10.0.0.1", "10.0.0.2"])
+    assert write_hostfile(specs[1].group) is None
+    env = group_env(specs[1].group)
+    assert (env["NCCL_HOST_IP"], env["MLX_RANK"], env["MLX_WORLD_SIZE"]) == ("10.0.0.1", "1", "2")
+    # Remote ranks use their own host's memory: only rank 0's share is this host's.
+    assert [s.memory_limit_bytes for s in specs] == [8000, None]
+
+
+def test_spawner_picks_a_group_for_a_group_spec(tmp_path):
+    group = spec_of(tmp_path, "[models.g]\ngroup_size = 2\n")
+    single = spec_of(tmp_path, "[models.one]\n", "one")
+    assert isinstance(spawn_worker("g", group.to_argv(), tmp_path / "g.log"), GroupProcess)
+    proc = spawn_worker("one", single.to_argv(), tmp_path / "one.log")
+    assert type(proc) is WorkerProcess
+
+
+def test_events_round_trip():
+    p = GenerationParams(
+        max_tokens=9, temperature=0.5, seed=7, logit_bias={3: -1.5}, stop=("\n\n",), logprobs=True
+    )
+    events = [
+        wire.RowEvent(wire.SUBMIT, 1, "req-1", (1, 2, 3), p, "ns", 2, "conversation-1"),
+        wire.RowEvent(wire.SUBMIT, 2, "req-1", (4,), GenerationParams(), "ns", restore=(4,)),
+        wire.RowEvent(wire.PERSIST),
+        wire.RowEvent(wire.CANCEL, 1),
+        wire.RowEvent(wire.FORGET, session="conversation-1"),
+        wire.RowEvent(wire.CLOSE),
+        wire.RowEvent(wire.STOP),
+    ]
+    assert wire.decode(wire.encode(events)) == events
+    assert wire.encode([]) == b"" and wire.decode(b"") == []
+    hello = wire.Hello(
+        seed=2**62,
+        idle_chunk=512,
+        step_budget=256,
+        min_chunk=64,
+        kv_budget_bytes=None,
+        cache_ram_bytes=1 << 30,
+    )
+    assert wire.decode_hello(wire.encode_hello(hello)) == hello
+
+
+class FakeRank:
+    """A rank process that exits when told (or when killed)."""
+
+    def __init__(self, pid: int):
+        self.pid = pid
+        self.returncode: int | None = None
+        self.signals: list[int] = []
+        self._exited = asyncio.Event()
+        self.proc = self
+
+    def exit(self, code: int) -> None:
+        if self.returncode is None:
+            self.returncode = code
+            self._exited.set()
+
+    def kill(self) -> None:
+        self.signals.append(signal.SIGKILL)
+        self.exit(-signal.SIGKILL)
+
+    def terminate(self) -> None:
+        self.signals.append(signal.SIGTERM)
+
+    async def reap(self) -> int:
+        await self._exited.wait()
+        return self.returncode
+
+    async def wait(self) -> int:
+        return await self.reap()
+
+    def exit_summary(self) -> str:
+        return f"exit code {self.returncode}"
+
+    def describe_exit(self) -> str:
+        return self.exit_summary()
+
+
+def fake_group(tmp_path, n: int = 2) -> tuple[GroupProcess, list[FakeRank]]:
+    spec = spec_of(tmp_path, f"[models.g]\ngroup_size = {n}\n")
+    g = GroupProcess("g", spec, tmp_path / "g.log")
+    g.ranks = [FakeRank(100 + i) for i in range(n)]  # type: ignore[list-item]
+    return g, g.ranks  # type: ignore[return-value]
+
+
+def test_a_followers_exit_ends_the_whole_group(tmp_path):
+    async def run():
+        g, ranks = fake_group(tmp_path, 3)
+        reaping = asyncio.create_task(g.reap())
+        await asyncio.sleep(0)
+        ranks[1].exit(-signal.SIGKILL)  # kill -9 of rank 1
+        code = await asyncio.wait_for(reaping, 5)
+        assert code == -signal.SIGKILL and g.returncode == code
+        assert signal.SIGKILL in ranks[0].signals and signal.SIGKILL in ranks[2].signals
+        assert g.failed_rank == 1 and g.exit_summary().startswith("rank 1:")
+        assert g.pid == 100
+
+    asyncio.run(run())
+
+
+def test_a_follower_that_exits_cleanly_under_a_serving_group_is_a_crash(tmp_path):
+    async def run():
+        g, ranks = fake_group(tmp_path)
+        reaping = asyncio.create_task(g.reap())
+        await asyncio.sleep(0)
+        ranks[1].exit(0)
+        assert await asyncio.wait_for(reaping, 5) != 0
+
+    asyncio.run(run())
+
+
+def test_a_stop_is_rank_zeros_and_ends_clean(tmp_path):
+    async def run():
+        g, ranks = fake_group(tmp_path)
+        reaping = asyncio.create_task(g.reap())
+        g.terminate()
+        assert ranks[0].signals == [signal.SIGTERM] and ranks[1].signals == []
+        ranks[0].exit(0)
+        await asyncio.sleep(0)
+        ranks[1].exit(0)  # told to stop by rank 0, in the same step
+        assert await asyncio.wait_for(reaping, 5) == 0
+        assert g.failed_rank is None
+
+    asyncio.run(run())
+
+
+class FakeGroup:
+    def __init__(self, rank: int, size: int):
+        self._rank, self._size = rank, size
+
+    def rank(self) -> int:
+        return self._rank
+
+    def size(self) -> int:
+        return self._size
+
+
+def test_links_carry_frames_in_order_and_votes_to_every_rank():
+    pairs = [socket.socketpair() for _ in range(2)]
+    lead = Channel(FakeGroup(0, 3), [a for a, _ in pairs])
+    followers = [Channel(FakeGroup(r + 1, 3), [b]) for r, (_, b) in enumerate(pairs)]
+    with ThreadPoolExecutor(2) as pool:  # followers read while rank 0 writes (socket buffers)
+        for frame in (b"first", b"", b"x" * 70_000):
+            got = [pool.submit(f.exchange) for f in followers]
+            assert lead.exchange(frame) == frame
+            assert [g.result(5) for g in got] == [frame, frame]
+        # One follower cannot use its shard: every rank hears "yes, someone cannot".
+        votes = [pool.submit(f.any, r == 1) for r, f in enumerate(followers)]
+        assert lead.any(False) is True
+        assert [v.result(5) for v in votes] == [True, True]
+    pairs[0][0].close()  # rank 0 is gone: its follower stops instead of waiting forever
+    with pytest.raises(LinkClosed):
+        followers[0].exchange()
+    with pytest.raises(ValueError):
+        Channel(FakeGroup(0, 3), [pairs[1][0]])  # rank 0 needs a link to every follower
