@@ -129,36 +129,42 @@ def main(argv: list[str]) -> int:
     print("| prompt | mode | tok/s | spread | vs off | accepted | same text |")
     print("|---|---|---|---|---|---|---|")
     tok = loaded.tokenizer
+    engines = {}
+    for mode in modes:  # every mode's engine up front, runs interleaved: no order effect
+        spec = spec_config(mode, a.k, draft)
+        engines[mode] = engine = Engine(loaded, batch=8, spec=spec)
+        engine.start()
+        engine.warmed.wait()
     for name, text in PROMPTS.items():
         msgs = [{"role": "user", "content": text}]
         try:
             prompt = tok.apply_chat_template(msgs, add_generation_prompt=True)
         except Exception:  # a folder without a chat template
             prompt = tok.encode(text)
-        base = None
-        for mode in modes:
-            spec = spec_config(mode, a.k, draft)
-            engine = Engine(loaded, batch=8, spec=spec)
-            engine.start()
-            engine.warmed.wait()
+        for engine in engines.values():
             run_once(engine, prompt, 8, bias)  # the verify shapes' kernels, before the clock
-            drafted0 = spec.stats.drafted if spec else 0
-            accepted0 = spec.stats.accepted if spec else 0
-            runs = [run_once(engine, prompt, a.tokens, bias) for _ in range(a.repeats)]
-            engine.stop()
-            engine.join(60)
-            tps = [r[0] for r in runs]
+        before = {m: _counts(e.spec) for m, e in engines.items()}
+        runs: dict[str, list] = {m: [] for m in modes}
+        for _ in range(a.repeats):
+            for mode, engine in engines.items():
+                runs[mode].append(run_once(engine, prompt, a.tokens, bias))
+        base = statistics.median(r[0] for r in runs["off"])
+        for mode in modes:
+            tps = [r[0] for r in runs[mode]]
             mid = statistics.median(tps)
-            if base is None:
-                base = (mid, runs[0][1])
-            rate = "-"
-            if spec and spec.stats.drafted > drafted0:
-                acc = spec.stats.accepted - accepted0
-                rate = f"{acc / (spec.stats.drafted - drafted0):.0%}"
-            same = "yes" if runs[0][1] == base[1] else "NO"
+            drafted, accepted = (x - y for x, y in zip(_counts(engines[mode].spec), before[mode]))
+            rate = f"{accepted / drafted:.0%}" if drafted else "-"
+            same = "yes" if runs[mode][0][1] == runs["off"][0][1] else "NO"
             print(
                 f"| {name} | {mode} | {mid:.1f} | {min(tps):.1f}-{max(tps):.1f} | "
-                f"{mid / base[0]:.2f}x | {rate} | {same} |",
+                f"{mid / base:.2f}x | {rate} | {same} |",
                 flush=True,
             )
+    for engine in engines.values():
+        engine.stop()
+        engine.join(60)
     return 0
+
+
+def _counts(spec) -> tuple[int, int]:
+    return (spec.stats.drafted, spec.stats.accepted) if spec else (0, 0)

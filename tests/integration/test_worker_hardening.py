@@ -15,6 +15,7 @@ import pytest
 
 from mlxd.shared.params import GenerationParams
 from mlxd.worker.engine.loop import Engine
+from mlxd.worker.engine.planner import PlanConfig
 from mlxd.worker.engine.rows import Submission
 from mlxd.worker.model import load_model
 
@@ -211,13 +212,14 @@ def test_a_huge_prompt_on_messages_gets_the_anthropic_envelope(http):
 class _Row:
     """One submission and what its sink received."""
 
-    def __init__(self, rid: str, max_tokens: int = 40, processors=(), **params):
+    def __init__(self, rid: str, max_tokens: int = 40, processors=(), prompt=None, **params):
         self.events: list = []
         self.done = threading.Event()
         self.started = threading.Event()
         defaults = {"temperature": 0.0, "top_p": 1.0, "top_k": 0, "min_p": 0.0}
         p = GenerationParams(max_tokens=max_tokens, **{**defaults, **params})
-        self.sub = Submission(rid, [5, 6, 7, 8, 9], p, self._sink, processors=list(processors))
+        prompt = list(prompt or [5, 6, 7, 8, 9])
+        self.sub = Submission(rid, prompt, p, self._sink, processors=list(processors))
 
     def _sink(self, ev) -> None:
         self.events.append(ev)
@@ -353,8 +355,49 @@ def test_an_allocation_failure_fails_the_new_row_with_out_of_memory_and_serving_
         assert hog.last.finish_reason == "error" and hog.last.error.status == 503
         assert hog.last.error.code == "out_of_memory" and "out of memory" in hog.last.error.message
         assert good.last.error is None and good.text == reference.text
-        assert engine.dead is None and engine.recoveries == 1
+        # Prefilling rows out of memory are first retried with the chunk halved (4096 down to
+        # the 64-token floor: six retries, every row kept); only then does the row fail.
+        assert engine.dead is None and engine.recoveries == 7
         assert _run(engine, _Row("after", max_tokens=5)).last.error is None
+    finally:
+        engine.stop()
+        assert engine.join(10)
+
+
+def test_a_prefill_out_of_memory_once_is_retried_in_smaller_chunks_and_loses_nothing(
+    loaded, monkeypatch
+):
+    # A transient allocation failure while a long prompt prefills (four 16k-token agent prompts
+    # at once on a GPU): the rows are carried over, the chunks halved, and every answer is the
+    # one it would have been; the worker never fails a request for it.
+    from mlx_lm.generate import BatchGenerator
+
+    real_next = BatchGenerator.next
+    failed = []
+    engine = Engine(loaded, batch=4, plan=PlanConfig(idle_chunk=64, step_budget=64, min_chunk=8))
+    long = [(7 * i) % 400 + 10 for i in range(300)]
+
+    def next_or_oom(gen):
+        if not failed and any(r.todo > 0 and r.pos > 0 for r in engine._batch.rows.values()):
+            failed.append(True)  # once, mid-prefill
+            raise RuntimeError("[cuda::malloc] out of memory")
+        return real_next(gen)
+
+    reference = Engine(loaded, batch=4, plan=PlanConfig(idle_chunk=64, step_budget=64, min_chunk=8))
+    reference.start()
+    try:
+        expected = _run(reference, _Row("ref", prompt=long)).text
+    finally:
+        reference.stop()
+        assert reference.join(10)
+    monkeypatch.setattr(BatchGenerator, "next", next_or_oom)
+    engine.start()
+    try:
+        row = _run(engine, _Row("long", prompt=long))
+        assert failed and row.last.error is None and row.text == expected
+        assert engine.recoveries == 1 and engine._sched.oom_divisor == 2
+        assert _run(engine, _Row("after", max_tokens=5)).last.error is None
+        assert engine._sched.oom_divisor == 1  # an empty batch starts afresh
     finally:
         engine.stop()
         assert engine.join(10)

@@ -42,7 +42,7 @@ from mlxd.worker.engine.inbox import (
 from mlxd.worker.engine.kvbudget import KvBudget
 from mlxd.worker.engine.memplan import MemoryPlan
 from mlxd.worker.engine.planner import PlanConfig
-from mlxd.worker.engine.recovery import rebuild
+from mlxd.worker.engine.recovery import is_out_of_memory, rebuild
 from mlxd.worker.engine.rows import Event, Row, Submission
 from mlxd.worker.engine.schedule import Scheduler
 from mlxd.worker.engine.stats import engine_stats
@@ -269,7 +269,9 @@ class Engine:
             log.exception(
                 "engine step failed (rows %s)", ", ".join(r.sub.rid for r in batch.rows.values())
             )
-            rebuild(batch, self._new_generator, exc)
+            # A prefill that ran out of memory is retried in smaller chunks, every row kept.
+            retry = is_out_of_memory(exc) and self._sched.shrink_prefill()
+            rebuild(batch, self._new_generator, exc, keep_all=retry)
             return
         self._totals += st
         self._steps += 1

@@ -102,8 +102,15 @@ def blame(rows: list[Row], broken: Broken) -> tuple[list[Row], list[Row]]:
     return culprits + [r for r in others if id(r) not in kept], stay
 
 
-def rebuild(batch: Batch, make_generator: Callable, exc: BaseException | None = None) -> None:
-    """A step failed: start a fresh batch, fail the rows to blame, resume the others.
+def rebuild(
+    batch: Batch,
+    make_generator: Callable,
+    exc: BaseException | None = None,
+    keep_all: bool = False,
+) -> None:
+    """A step failed: start a fresh batch, fail the rows to blame, resume the others
+    (`keep_all`: no one is to blame, e.g. a prefill out of memory retried in smaller chunks;
+    rows with their own processors still fail, as their state cannot be rewound).
 
     A failed step leaves mlx-lm's batch half-updated (every later step fails with "eval
     an array without a primitive"), so nothing of it is kept: resumed rows prefill their
@@ -111,6 +118,10 @@ def rebuild(batch: Batch, make_generator: Callable, exc: BaseException | None = 
     exception stops the engine thread and /health reports the engine dead.
     """
     fail, resume = blame(list(batch.rows.values()), batch.broken)
+    if keep_all and not batch.broken:
+        rows = fail + resume
+        fail = [r for r in rows if r.sub.processors]
+        resume = [r for r in rows if not r.sub.processors]
     batch.broken.clear()
     if is_out_of_memory(exc):  # give back what the failed step's buffers still hold
         import mlx.core as mx  # here: `blame` is unit-tested without MLX
@@ -134,8 +145,11 @@ def rebuild(batch: Batch, make_generator: Callable, exc: BaseException | None = 
         batch.finish(row)
         row.sub.sink(failure(row, exc))
     for row in resume:
+        was = row.resumed
         try:
             batch.resume(row)
+            if keep_all:  # not the row's doing: blame() may still carry it over later
+                row.resumed = was
         except Exception as again:
             log.exception("resuming %s failed", row.sub.rid)
             batch.finish(row)

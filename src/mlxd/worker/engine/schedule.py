@@ -35,6 +35,9 @@ class Scheduler:
         self.plan_cfg = plan
         self.budget = budget
         self.waiting: deque[Submission] = deque()
+        # Divides the planned chunk after a prefill ran out of memory (shrink_prefill); back
+        # to 1 once the batch empties.
+        self.oom_divisor = 1
 
     def __len__(self) -> int:
         return len(self.waiting)
@@ -66,6 +69,8 @@ class Scheduler:
     def admit(self, tokenizer) -> list[Row]:
         """Hand waiting rows to the batch, first come first served, while they fit."""
         admitted = []
+        if not self.batch.rows:
+            self.oom_divisor = 1  # a fresh start for the next rows
         while self.waiting and self._room_for(self.waiting[0]):
             sub = self.waiting.popleft()
             if sub.cancelled:  # its Cancel command is still in the inbox: answer it here
@@ -111,10 +116,28 @@ class Scheduler:
         decoding = sum(1 for r in rows if r.todo == 0)
         pre = [Prefilling(r.todo, r.started) for r in rows if r.todo > 0]
         chunk = plan_chunk(decoding, pre, self.plan_cfg)
+        if self.oom_divisor > 1:
+            chunk = max(min(chunk, self.plan_cfg.min_chunk), chunk // self.oom_divisor)
         gen = self.batch.gen
         gen.prefill_step_size = chunk
         gen._prompt_batch.prefill_step_size = chunk  # the forward size inside prompt()
         return chunk
+
+    def shrink_prefill(self) -> bool:
+        """After an out-of-memory step with rows prefilling: halve the chunks from now on
+        (a prefill's transient buffers grow with rows x chunk x context). False when rows
+        were not prefilling or the chunk is already at its smallest: then the rows fail."""
+        rows = list(self.batch.rows.values())
+        if not any(r.todo > 0 for r in rows):
+            return False
+        cfg = self.plan_cfg
+        if cfg.idle_chunk // self.oom_divisor <= cfg.min_chunk:
+            return False
+        self.oom_divisor *= 2
+        log.warning(
+            "out of memory while prefilling: chunks divided by %d from now on", self.oom_divisor
+        )
+        return True
 
     def progress(self, prompt_responses) -> dict[str, tuple[int, int]]:
         """Rows' prompt progress after a step: {rid: (start, tokens)} prefilled in it."""
