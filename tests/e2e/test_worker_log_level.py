@@ -2,11 +2,23 @@
 
 from __future__ import annotations
 
+import json
+
 MSG = [{"role": "user", "content": "hello"}]
+ENDS = ("<|im_end|>", "<|endoftext|>")
+
+
+def _no_end_bias(d) -> dict[str, float]:
+    """Ban the model's end tokens: the request then always decodes its 2 tokens (a random
+    model's second token can be a near tie with the end of the turn)."""
+    added = json.loads((d.home / "models" / "a" / "tokenizer.json").read_text())["added_tokens"]
+    return {str(t["id"]): -100.0 for t in added if t["content"] in ENDS}
 
 
 def _worker_log_after_a_request(d) -> str:
-    r = d.openai().chat.completions.create(model="a", messages=MSG, max_tokens=2)
+    r = d.openai().chat.completions.create(
+        model="a", messages=MSG, max_tokens=2, logit_bias=_no_end_bias(d)
+    )
     assert r.usage.completion_tokens == 2
     log = d.home / "logs" / "a.log"
     # The access line comes through the log pipe after the response: wait for it.
