@@ -18,7 +18,7 @@ from mlxd.shared.exit_codes import EXIT_MODEL_LOAD_ERROR, EXIT_OK, EXIT_PARENT_G
 from mlxd.shared.memory_plan import plan_memory
 from mlxd.shared.middleware import error_middleware, request_id_middleware
 from mlxd.shared.model_facts import read_model_facts
-from mlxd.shared.worker_spec import MODEL_DEFAULT_FIELDS, WorkerSpec
+from mlxd.shared.worker_spec import WorkerSpec
 from mlxd.worker.api import anthropic as anthropic_routes
 from mlxd.worker.api import completions as completions_routes
 from mlxd.worker.api import control
@@ -40,7 +40,7 @@ from mlxd.worker.model import (
     apply_memory_limit,
     device_memory_bytes,
     limit_buffer_cache,
-    load_model,
+    load_for_spec,
 )
 from mlxd.worker.state import WorkerState
 
@@ -162,17 +162,8 @@ async def serve(cfg: WorkerSpec) -> int:
                 load_embedder, cfg.model_path, cfg.model_id, state.facts, cfg.context_limit
             )
         else:
-            defaults = {name: getattr(cfg, name) for name in MODEL_DEFAULT_FIELDS}
-            state.loaded = await asyncio.to_thread(
-                load_model,
-                cfg.model_path,
-                cfg.model_id,
-                cfg.context_limit,
-                overrides=defaults,
-                kv_bits=cfg.kv_bits,
-                kv_group_size=cfg.kv_group_size,
-                group=channel.group if channel else None,
-            )
+            group = channel.group if channel else None
+            state.loaded = await asyncio.to_thread(load_for_spec, cfg, group)
             if cfg.speculative == "draft" and cfg.draft_model is not None:
                 state.draft = await asyncio.to_thread(load_draft, cfg.draft_model, state.loaded)
     except Exception as exc:

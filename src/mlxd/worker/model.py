@@ -17,6 +17,7 @@ from mlx_lm import load
 
 from mlxd.shared.config import is_template_text
 from mlxd.shared.kv_math import kv_bytes_per_token
+from mlxd.shared.worker_spec import MODEL_DEFAULT_FIELDS, WorkerSpec
 from mlxd.worker.engine.kvquant import KvScheme, apply_kv_scheme
 from mlxd.worker.group.shard import shard_model
 
@@ -155,6 +156,20 @@ def apply_wired_limit(limit_bytes: int) -> None:
 
 def _has_half_floats(model) -> bool:
     return any(v.dtype in (mx.float16, mx.bfloat16) for _, v in tree_flatten(model.parameters()))
+
+
+def load_for_spec(spec: WorkerSpec, group: Any = None) -> LoadedModel:
+    """The chat model a WorkerSpec names, with its config defaults and KV scheme (rank 0 and a
+    worker group's followers load the same way; `group`: this rank's mx.distributed group)."""
+    return load_model(
+        spec.model_path,
+        spec.model_id,
+        spec.context_limit,
+        overrides={name: getattr(spec, name) for name in MODEL_DEFAULT_FIELDS},
+        kv_bits=spec.kv_bits,
+        kv_group_size=spec.kv_group_size,
+        group=group,
+    )
 
 
 def load_model(

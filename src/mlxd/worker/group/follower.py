@@ -11,12 +11,12 @@ import functools
 import logging
 
 from mlxd.shared.exit_codes import EXIT_CRASH, EXIT_MODEL_LOAD_ERROR, EXIT_OK
-from mlxd.shared.worker_spec import MODEL_DEFAULT_FIELDS, WorkerSpec
+from mlxd.shared.worker_spec import WorkerSpec
 from mlxd.worker.group.channel import Channel, open_links
 from mlxd.worker.group.engine import FollowerEngine
 from mlxd.worker.group.lead import GROUP_IDLE_S, GROUP_OFF
 from mlxd.worker.group.shard import join_group
-from mlxd.worker.model import limit_buffer_cache, load_model
+from mlxd.worker.model import limit_buffer_cache, load_for_spec
 
 log = logging.getLogger("mlxd.worker.group")
 
@@ -35,17 +35,8 @@ def run_follower(cfg: WorkerSpec) -> int:
     except Exception as exc:
         log.error("cannot join the worker group of model=%s: %s", cfg.model_id, exc)
         return EXIT_CRASH
-    defaults = {name: getattr(cfg, name) for name in MODEL_DEFAULT_FIELDS}
     try:
-        loaded = load_model(
-            cfg.model_path,
-            cfg.model_id,
-            cfg.context_limit,
-            overrides=defaults,
-            kv_bits=cfg.kv_bits,
-            kv_group_size=cfg.kv_group_size,
-            group=group,
-        )
+        loaded = load_for_spec(cfg, group)
     except Exception as exc:
         log.error("cannot load model=%s path=%s: %s", cfg.model_id, cfg.model_path, exc)
         return EXIT_MODEL_LOAD_ERROR
