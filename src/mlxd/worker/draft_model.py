@@ -6,7 +6,6 @@ from __future__ import annotations
 from pathlib import Path
 
 from mlxd.worker.engine.decode import SpecConfig
-from mlxd.worker.engine.speculate import SpecStats
 from mlxd.worker.model import LoadedModel, load_model
 
 
@@ -42,4 +41,4 @@ def spec_config(mode: str, k: int, draft: LoadedModel | None) -> SpecConfig | No
     """The engine's speculative setting (None: off)."""
     if mode == "off" or mode == "draft" and draft is None:
         return None
-    return SpecConfig(mode, k, draft.model if draft else None, SpecStats())
+    return SpecConfig(mode, k, draft.model if draft else None)

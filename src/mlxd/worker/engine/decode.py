@@ -187,7 +187,7 @@ class DecodeBatch:
     def extract_cache(self, idx: int) -> list:
         if self._lone:  # a copy of what the row's tokens cover (a view: the row may go on)
             n = self.prompt_cache[0].offset - self._surplus
-            return [_head(c, n) if type(c) is KVCache else head(c, n) for c in self.prompt_cache]
+            return [head(c, n) for c in self.prompt_cache]
         return [c.extract(idx) for c in self.prompt_cache]
 
     def _enter_lone(self) -> None:
@@ -213,13 +213,11 @@ class DecodeBatch:
         if not self.uids:
             return []
         st = self.specs[0] if self._lone and self._float else None
-        if st is not None and self.spec is not None:
+        if st is not None:
             if st.skip:
                 st.skip -= 1
-            else:
-                out = speculate(self, st, self.spec.stats)
-                if out is not None:
-                    return out
+            elif (out := speculate(self, st)) is not None:
+                return out
         clock = self.clock
         t0 = time.perf_counter()
         fed, fed_lp = self._next, self._next_lp
@@ -316,15 +314,6 @@ def _sampling_of(sampler) -> RowSampling:
     if not isinstance(s, RowSampling):
         raise TypeError(f"rows need a RowSampling sampler, got {type(sampler).__name__}")
     return s
-
-
-def _head(c: KVCache, n: int) -> KVCache:
-    """A plain cache of `c`'s first `n` positions."""
-    out = KVCache()
-    if c.keys is not None:
-        out.keys, out.values = c.keys[..., :n, :], c.values[..., :n, :]
-        out.offset = n
-    return out
 
 
 def _window_of(tokens: list[list[int]], w: int) -> mx.array:

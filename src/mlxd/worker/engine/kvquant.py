@@ -78,9 +78,10 @@ class QuantizedRowCache(QuantizedKVCache):
         return BatchQuantizedKVCache.merge(caches)
 
 
-def head(c: QuantizedKVCache, n: int) -> QuantizedRowCache:
-    """A quantized row cache of `c`'s first `n` positions (a view: `c` may go on)."""
-    out = QuantizedRowCache(group_size=c.group_size, bits=c.bits)
+def head(c: KVCache | QuantizedKVCache, n: int) -> KVCache | QuantizedRowCache:
+    """A row cache of `c`'s first `n` positions, of `c`'s kind (a view: `c` may go on)."""
+    quantized = isinstance(c, QuantizedKVCache)
+    out = QuantizedRowCache(group_size=c.group_size, bits=c.bits) if quantized else KVCache()
     if c.keys is not None:
         out.keys, out.values = tree_map(lambda x: x[..., :n, :], (c.keys, c.values))
         out.offset = n

@@ -56,19 +56,17 @@ class SpecState:
     drafter: object
     k: int
     skip: int = 0  # pipelined steps to run before drafting again
-    misses: int = 0
     _next_skip: int = field(default=1, repr=False)
 
     def hit(self) -> None:
-        self.misses, self._next_skip = 0, 1
+        self._next_skip = 1
 
     def miss(self) -> None:
-        self.misses += 1
         self.skip = self._next_skip
         self._next_skip = min(self._next_skip * 2, MAX_SKIP)
 
 
-def speculate(b: DecodeBatch, st: SpecState, stats: SpecStats) -> list[Token] | None:
+def speculate(b: DecodeBatch, st: SpecState) -> list[Token] | None:
     """One speculative step of `b`'s lone row; None when there was nothing to draft (the
     caller then runs the plain step, with the pending token already evaluated)."""
     fed, fed_lp = b._next, b._next_lp
@@ -99,6 +97,7 @@ def speculate(b: DecodeBatch, st: SpecState, stats: SpecStats) -> list[Token] | 
         row.key = _advance(key, a + 1)
     trim_prompt_cache(b.prompt_cache, k - a)
     st.drafter.accepted(len(b.tokens[0]) + 1 + a)
+    stats = b.spec.stats
     stats.steps += 1
     stats.drafted += len(drafts)
     stats.accepted += a
