@@ -49,28 +49,32 @@ def warm_up(model, stream, plan: PlanConfig, batch: int, context_limit: int, spe
         for c in chunks:
             # One row in two chunks (a causal mask, then one at an offset), then two rows of
             # unequal lengths (right padding, an array mask).
-            steps += _run(gen, [2 * c + 1], c)
-            steps += _run(gen, [c + 1, c // 2 + 1], c)
+            steps += _run(gen, _prompts([2 * c + 1]), c)
+            steps += _run(gen, _prompts([c + 1, c // 2 + 1]), c)
         for b in buckets:
             samplers = [RowSampling(GenerationParams(temperature=0.0)) for _ in range(b)]
             if b > 1:
                 samplers[-1] = RowSampling(SAMPLED)
             processors = [make_row_processors(s, []) for s in samplers]
-            steps += _run(gen, [4] * b, max(chunks), 2, samplers, processors)
+            steps += _run(gen, _prompts([4] * b), max(chunks), 2, samplers, processors)
         if spec is not None:
             gen.close()
             own = SpecConfig(spec.mode, spec.k, spec.draft_model)  # not the engine's counters
             gen = make_generator(model, batch=batch, chunk=max(chunks), stream=stream, spec=own)
             prompt = [1 + i % 3 for i in range(24)]  # drafts for prompt lookup too
-            steps += _run(gen, [0], max(chunks), 3 * spec.k, prompts=[prompt])
+            steps += _run(gen, [prompt], max(chunks), 3 * spec.k)
     finally:
         gen.close()
         mx.clear_cache()
     return steps
 
 
-def _run(gen, lengths, chunk, max_tokens=1, samplers=None, processors=None, prompts=None) -> int:
-    prompts = prompts or [[(7 * i + j) % 100 + 1 for j in range(n)] for i, n in enumerate(lengths)]
+def _prompts(lengths: list[int]) -> list[list[int]]:
+    """Distinct throwaway prompts of these lengths."""
+    return [[(7 * i + j) % 100 + 1 for j in range(n)] for i, n in enumerate(lengths)]
+
+
+def _run(gen, prompts, chunk, max_tokens=1, samplers=None, processors=None) -> int:
     n = len(prompts)
     gen.insert(prompts, [max_tokens] * n, samplers=samplers, logits_processors=processors)
     left, steps = len(prompts), 0
