@@ -28,7 +28,16 @@ def fp(tiny_model_dir):
 
 def alone(model, prompt: list[int], n: int, bits: int = 8) -> list[int]:
     """Greedy tokens of one row through mlx-lm's own quantized cache, no batch."""
-    cache = [QuantizedKVCache(group_size=64, bits=bits) for _ in model.layers]
+    return _greedy(
+        model, prompt, n, [QuantizedKVCache(group_size=64, bits=bits) for _ in model.layers]
+    )
+
+
+def alone_float(model, prompt: list[int], n: int) -> list[int]:
+    return _greedy(model, prompt, n, make_prompt_cache(model))
+
+
+def _greedy(model, prompt: list[int], n: int, cache: list) -> list[int]:
     logits = model(mx.array([prompt]), cache=cache)[:, -1]
     out = []
     for _ in range(n):
@@ -111,14 +120,3 @@ def test_8bit_kv_keeps_the_float_models_greedy_choices(fp, q8):
         same += sum(a == b for a, b in zip(picks, ref))
         total += len(ref)
     assert same / total >= 0.9
-
-
-def alone_float(model, prompt: list[int], n: int) -> list[int]:
-    cache = make_prompt_cache(model)
-    logits = model(mx.array([prompt]), cache=cache)[:, -1]
-    out = []
-    for _ in range(n):
-        tok = mx.argmax(logits, axis=-1)
-        out.append(tok.item())
-        logits = model(tok[:, None], cache=cache)[:, -1]
-    return out
