@@ -170,6 +170,10 @@ async def forward(
     headers[REQUEST_ID] = request["request_id"]
     headers["Content-Type"] = "application/json"
     session = upstream.session(slot.socket)
+    if slot.process is None or slot.process.exited():
+        # Killed a moment ago and not yet reaped: a pooled connection to it would take the
+        # request and then break, which reads as "died of this request". It never got it.
+        raise WorkerUnreachable(f"The worker for '{slot.id}' is unreachable")
     try:
         up = await session.request(request.method, worker_url(request), data=body, headers=headers)
     except UPSTREAM_ERRORS as exc:  # the detail (a socket path) goes to the log only

@@ -15,6 +15,8 @@ import sys
 from collections.abc import Mapping
 from pathlib import Path
 
+import psutil
+
 from mlxd.shared.exit_codes import MEANING
 
 log = logging.getLogger("mlxd.child")
@@ -40,6 +42,17 @@ class WorkerProcess:
     @property
     def returncode(self) -> int | None:
         return self.proc.returncode if self.proc else None
+
+    def exited(self) -> bool:
+        """True once the process has ended, even before asyncio has reaped it: a worker killed
+        a moment ago is a zombie whose returncode is still None."""
+        pid = self.pid
+        if pid is None or self.returncode is not None:
+            return True
+        try:
+            return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+        except psutil.Error:  # gone (or not ours to read): it cannot take a request
+            return True
 
     async def spawn(self, env: Mapping[str, str] | None = None) -> None:
         """Start the worker. `env` is its whole environment (None: the supervisor's own);
