@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import signal
 from typing import TYPE_CHECKING
 
 import aiohttp
@@ -15,6 +16,7 @@ from mlxd.shared.logs import bind_log_context
 from mlxd.shared.middleware import REQUEST_ID
 from mlxd.shared.wire.first_token import FirstTokenCutter
 from mlxd.supervisor.http.upstream import UpstreamPool
+from mlxd.supervisor.lifecycle.process import WorkerProcess
 from mlxd.supervisor.lifecycle.slot import ModelSlot
 from mlxd.supervisor.lifecycle.states import State
 
@@ -117,8 +119,13 @@ class WorkerUnreachable(BadGateway):
     """The worker's socket refused the request before it was sent: safe to send again."""
 
 
-# After a refused connection: how long to wait for the reaper to notice a worker that just died.
-DEATH_NOTICE_S = 2.0
+class WorkerLost(BadGateway):
+    """The worker took the request and ended before it answered a byte."""
+
+
+# After a refused or broken connection: how long to wait for the reaper to act on a worker that
+# just died (its exit, then up to 2 s for the rest of its output).
+DEATH_NOTICE_S = 5.0
 
 
 async def forward_leased(
@@ -133,31 +140,44 @@ async def forward_leased(
 
     A worker that died a moment ago still looks READY until its reaper runs; a request that
     finds its socket refusing waits for that, then leases again (which waits for the restart)
-    and is sent once more. A worker that refuses while alive is a 502."""
+    and is sent once more. So is one the worker took and ended on without a byte of answer when
+    a SIGKILL ended it: that came from outside (an operator, the OOM killer), the kill only
+    reached a busy host's worker after the request did. A worker that ended on its own (a
+    crash, an abort) may have died of this very request: it is never sent again. A worker
+    that refuses while alive is a 502."""
     for attempt in (1, 2):
         async with reg.leases.lease(model_id, keep_alive_s) as slot:
+            proc = slot.process
             try:
                 return await forward(request, slot, body, reg.upstream)
             except WorkerUnreachable:
-                if attempt == 2 or not await _has_died(slot):
+                if attempt == 2 or not await _reaped(slot, proc):
+                    raise
+            except WorkerLost:
+                if attempt == 2 or not await _reaped(slot, proc) or not _killed(proc):
                     raise
         log.info(
-            "model=%s worker died before the request reached it; waiting for its "
-            "restart request_id=%s",
+            "model=%s worker died before it answered; waiting for its restart request_id=%s",
             model_id,
             request["request_id"],
         )
     raise AssertionError("unreachable")  # pragma: no cover - the loop returns or raises
 
 
-async def _has_died(slot: ModelSlot) -> bool:
-    proc = slot.process
-    deadline = asyncio.get_running_loop().time() + DEATH_NOTICE_S
-    while asyncio.get_running_loop().time() < deadline:
-        if slot.state is not State.READY or proc is None or proc.returncode is not None:
-            return True
+def _killed(proc: WorkerProcess | None) -> bool:
+    return proc is not None and proc.returncode == -signal.SIGKILL
+
+
+async def _reaped(slot: ModelSlot, proc: WorkerProcess | None) -> bool:
+    """Whether the slot has left READY on `proc` (its reaper has acted: the next lease waits
+    for the restart) within DEATH_NOTICE_S."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + DEATH_NOTICE_S
+    while slot.process is proc and slot.state is State.READY:
+        if loop.time() >= deadline:
+            return False
         await asyncio.sleep(0.05)
-    return False
+    return True
 
 
 async def forward(
@@ -182,8 +202,7 @@ async def forward(
         )
         if isinstance(exc, aiohttp.ClientConnectorError):  # refused: it never got the request
             raise WorkerUnreachable(f"The worker for '{slot.id}' is unreachable") from None
-        # It may have died of this very request: never send it again.
-        raise BadGateway(f"The worker for '{slot.id}' stopped before it answered") from None
+        raise WorkerLost(f"The worker for '{slot.id}' stopped before it answered") from None
     complete = False
     try:
         out_headers = _forward_headers(up.headers, HOP_BY_HOP | {"content-encoding"})
