@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import signal
 from typing import TYPE_CHECKING
 
 import aiohttp
@@ -141,10 +140,11 @@ async def forward_leased(
     A worker that died a moment ago still looks READY until its reaper runs; a request that
     finds its socket refusing waits for that, then leases again (which waits for the restart)
     and is sent once more. So is one the worker took and ended on without a byte of answer when
-    a SIGKILL ended it: that came from outside (an operator, the OOM killer), the kill only
-    reached a busy host's worker after the request did. A worker that ended on its own (a
-    crash, an abort) may have died of this very request: it is never sent again. A worker
-    that refuses while alive is a 502."""
+    a SIGKILL the supervisor did not send ended it (an operator, the OOM killer): such a kill
+    can reach a busy host's worker after the request did. A worker that ended on its own (a
+    crash, an abort) or that the supervisor killed (its watchdog, a failed engine) may have
+    died of this very request: it is never sent again. A worker that refuses while alive is
+    a 502."""
     for attempt in (1, 2):
         async with reg.leases.lease(model_id, keep_alive_s) as slot:
             proc = slot.process
@@ -154,7 +154,9 @@ async def forward_leased(
                 if attempt == 2 or not await _reaped(slot, proc):
                     raise
             except WorkerLost:
-                if attempt == 2 or not await _reaped(slot, proc) or not _killed(proc):
+                if attempt == 2 or not await _reaped(slot, proc, exited=True):
+                    raise
+                if proc is None or not proc.killed_from_outside:
                     raise
         log.info(
             "model=%s worker died before it answered; waiting for its restart request_id=%s",
@@ -164,16 +166,18 @@ async def forward_leased(
     raise AssertionError("unreachable")  # pragma: no cover - the loop returns or raises
 
 
-def _killed(proc: WorkerProcess | None) -> bool:
-    return proc is not None and proc.returncode == -signal.SIGKILL
-
-
-async def _reaped(slot: ModelSlot, proc: WorkerProcess | None) -> bool:
+async def _reaped(slot: ModelSlot, proc: WorkerProcess | None, exited: bool = False) -> bool:
     """Whether the slot has left READY on `proc` (its reaper has acted: the next lease waits
-    for the restart) within DEATH_NOTICE_S."""
+    for the restart) within DEATH_NOTICE_S; `exited`: and `proc`'s exit code is known."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + DEATH_NOTICE_S
-    while slot.process is proc and slot.state is State.READY:
+
+    def waiting() -> bool:
+        if slot.process is proc and slot.state is State.READY:
+            return True
+        return exited and proc is not None and proc.returncode is None
+
+    while waiting():
         if loop.time() >= deadline:
             return False
         await asyncio.sleep(0.05)

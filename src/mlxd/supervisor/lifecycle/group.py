@@ -127,6 +127,13 @@ class GroupProcess(WorkerProcess):
             if p.pid is not None and (p is self.ranks[0] or h == "127.0.0.1")
         ]
 
+    def exited(self) -> bool:
+        return not self.ranks or any(p.exited() for p in self.ranks)
+
+    @property
+    def killed_from_outside(self) -> bool:
+        return False  # the group ends its other ranks with SIGKILL itself: never a sure sign
+
     @property
     def returncode(self) -> int | None:
         """The group's exit: set once any rank has exited (the group cannot serve then)."""

@@ -145,7 +145,10 @@ class BucketView:
         if c.keys is None:
             cap = grow
         elif off + n > c.keys.shape[2]:
-            cap = off + grow
+            # KVCache cuts the buffer at the offset before growing it, unless the offset is a
+            # whole number of steps: then the old buffer stays whole (an extracted row's
+            # buffer can be longer than its offset and not a multiple of the step).
+            cap = (off if off % c.step else c.keys.shape[2]) + grow
         else:
             cap = c.keys.shape[2]
         return mx.arange(cap)[None] <= mx.arange(off, off + n)[:, None]
