@@ -207,6 +207,24 @@ def test_a_stop_is_rank_zeros_and_ends_clean(tmp_path):
     asyncio.run(run())
 
 
+def test_a_stop_where_a_follower_leaves_first_is_still_clean(tmp_path):
+    """A follower has less to tear down than rank 0 (which persists the prompt cache): its
+    earlier exit must not get rank 0 killed mid-teardown."""
+
+    async def run():
+        g, ranks = fake_group(tmp_path)
+        reaping = asyncio.create_task(g.reap())
+        g.terminate()
+        ranks[1].exit(0)
+        await asyncio.sleep(0.05)
+        assert signal.SIGKILL not in ranks[0].signals
+        ranks[0].exit(0)
+        assert await asyncio.wait_for(reaping, 5) == 0
+        assert g.failed_rank is None
+
+    asyncio.run(run())
+
+
 class FakeGroup:
     def __init__(self, rank: int, size: int):
         self._rank, self._size = rank, size

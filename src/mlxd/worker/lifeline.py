@@ -7,6 +7,8 @@ import ctypes
 import os
 import signal
 import sys
+import threading
+import time
 
 
 def die_with_parent() -> None:
@@ -28,3 +30,18 @@ async def watch_parent(on_gone, interval_s: float = 0.5) -> None:
         if os.getppid() != parent:
             on_gone()
             return
+
+
+def exit_when_orphaned(code: int, interval_s: float = 0.5) -> None:
+    """A thread that ends the process once it is re-parented, whatever its main thread is
+    doing: a follower rank can be blocked in a collective whose peer is gone, and one on
+    another host (started through ssh) has no parent-death signal on macOS; its ssh session
+    ending re-parents it."""
+    parent = os.getppid()
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(interval_s)
+        os._exit(code)
+
+    threading.Thread(target=watch, name="lifeline", daemon=True).start()

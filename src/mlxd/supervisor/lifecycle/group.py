@@ -181,7 +181,8 @@ class GroupProcess(WorkerProcess):
         first, pending = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
         lead = min(tasks.index(t) for t in first)
         code = tasks[lead].result()
-        clean = lead == 0 and code == 0 and self._stopping
+        # Stopping, any rank may finish first (a follower has less to tear down).
+        clean = code == 0 and self._stopping
         if not clean:
             self.failed_rank = lead
             if lead != 0:
@@ -212,12 +213,12 @@ class GroupProcess(WorkerProcess):
             log.warning(
                 "model=%s group ignored SIGTERM for %.0fs: SIGKILL", self.model_id, timeout_s
             )
-        for p in self.ranks[1:]:
-            if p.proc is not None:
-                try:
-                    await asyncio.wait_for(asyncio.shield(p.proc.wait()), FOLLOWER_GRACE_S)
-                except asyncio.TimeoutError:
-                    pass
+        else:  # rank 0 stopped its followers at the same step: they follow it out
+            followers = [p.proc.wait() for p in self.ranks[1:] if p.proc is not None]
+            if followers:
+                await asyncio.wait(
+                    [asyncio.ensure_future(w) for w in followers], timeout=FOLLOWER_GRACE_S
+                )
         self.kill()
         return await rank0.proc.wait()
 

@@ -16,6 +16,7 @@ from mlxd.worker.group.channel import Channel, open_links
 from mlxd.worker.group.engine import FollowerEngine
 from mlxd.worker.group.lead import GROUP_IDLE_S, GROUP_OFF
 from mlxd.worker.group.shard import join_group
+from mlxd.worker.lifeline import exit_when_orphaned
 from mlxd.worker.model import limit_buffer_cache, load_for_spec
 
 log = logging.getLogger("mlxd.worker.group")
@@ -28,6 +29,8 @@ def run_follower(cfg: WorkerSpec) -> int:
     from mlxd.worker.app import make_engine, make_prompt_cache  # as rank 0 makes them
 
     assert cfg.group is not None
+    if cfg.exit_with_parent:
+        exit_when_orphaned(EXIT_CRASH)
     try:
         group = join_group(cfg.group)
         g = cfg.group
