@@ -76,6 +76,18 @@ CASES = {
         {},
         ["model 'x': chat_template {home}/templates/x.jinja is neither a file nor template"],
     ),
+    "speculation beside a quantized KV cache": (
+        '[models.x]\nkv_bits = 8\nspeculative = "ngram"\n',
+        [],
+        {},
+        ["models.x: speculative decoding runs on the float KV cache"],
+    ),
+    "speculation in a worker group": (
+        '[models.x]\ngroup_size = 2\nspeculative = "ngram"\n',
+        [],
+        {},
+        ["models.x: a worker group does not speculate"],
+    ),
     "bad flag": ("", ["--port", "eighty"], {}, ["argument --port: invalid int value: 'eighty'"]),
     "port in use": ("", [], {}, ["cannot listen on 127.0.0.1:{port}: Address already in use"]),
 }

@@ -162,3 +162,17 @@ def test_usage_errors_exit_2(argv, says, capsys):
         parse_args(argv)
     assert exc.value.code == 2
     assert says in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "flags, says",
+    [
+        (["--speculative", "draft"], 'speculative "draft" needs a draft model'),
+        (["--speculative", "ngram", "--kv-bits", "8"], "runs on the float KV cache"),
+    ],
+)
+def test_speculation_that_could_never_run_is_a_usage_error(tmp_path, capsys, flags, says):
+    base = ["--model-path", str(tmp_path), "--model-id", "m", "--socket", str(tmp_path / "s")]
+    with pytest.raises(SystemExit) as exc:
+        parse_args([*base, *flags])
+    assert exc.value.code == 2 and says in capsys.readouterr().err

@@ -93,6 +93,21 @@ class ModelSettings(BaseModel):
             raise ValueError("give group_size (ranks on this host) or hosts, not both")
         return self
 
+    @model_validator(mode="after")
+    def _speculation_that_can_run(self):
+        # Drafts are verified and trimmed on a lone row's plain float cache, on one process.
+        if self.speculative != "off" and self.kv_bits is not None:
+            raise ValueError(
+                "speculative decoding runs on the float KV cache: "
+                'drop kv_bits or set speculative = "off"'
+            )
+        if self.speculative != "off" and self.ranks > 1:
+            raise ValueError(
+                "a worker group does not speculate: "
+                'drop group_size/hosts or set speculative = "off"'
+            )
+        return self
+
     @property
     def ranks(self) -> int:
         """How many processes serve this model: 1, or its worker group's size."""

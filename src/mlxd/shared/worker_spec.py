@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 SPEC_FLAG = "--spec"
 
@@ -132,6 +132,14 @@ class WorkerSpec(BaseModel):
     def _level_name(cls, value: str) -> str:
         # logging knows only upper-case names; `mlxd start --log-level debug` is fine too.
         return value.upper()
+
+    @model_validator(mode="after")
+    def _speculation_that_can_run(self):
+        if self.speculative == "draft" and self.draft_model is None:
+            raise ValueError('speculative "draft" needs a draft model (--draft-model)')
+        if self.speculative != "off" and self.kv_bits is not None:
+            raise ValueError("speculative decoding runs on the float KV cache, not with kv_bits")
+        return self
 
     def to_argv(self) -> list[str]:
         """The worker's arguments after `python -m mlxd.worker`."""
