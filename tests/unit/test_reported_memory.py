@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 
-from fake_workers import FakeClock, Fleet, make_registry
+from fake_workers import FakeClock, Fleet, make_models, make_registry
 
 from mlxd.supervisor.lifecycle.states import State
 from mlxd.supervisor.lifecycle.watchdog import check_health
@@ -104,6 +104,26 @@ def test_the_share_is_never_below_the_models_estimate(tmp_path):
         assert share_bytes(reg.lifecycle, b) == 3500 - 600
         a.reported_bytes = 3400  # a's rows grew: 100 bytes left, less than b's estimate
         assert share_bytes(reg.lifecycle, b) == b.estimate_bytes == 1000
+        await reg.shutdown()
+
+    asyncio.run(go())
+
+
+def test_a_draft_models_weights_count_in_the_estimate(tmp_path):
+    """speculative = "draft" loads a second model in the worker: the budget counts it before
+    the worker reports, so two models that fit alone no longer fit with a draft beside one."""
+    make_models(tmp_path, "small", weights_bytes=600)
+    fleet, clock = Fleet(load_s=0), FakeClock()
+    draft = {"speculative": "draft", "draft_model": str(tmp_path / "models" / "small")}
+
+    async def go():
+        reg = make_registry(
+            tmp_path, fleet, "a", "b", clock=clock, memory_budget_bytes=2500, models={"a": draft}
+        )
+        assert reg.lifecycle.slot_for(reg.catalog.resolve("a")).estimate_bytes == 1600
+        await use(reg, clock, "a")
+        await use(reg, clock, "b")  # 1600 + 1000 > 2500: a goes
+        assert states(reg)["a"] is State.STOPPED and states(reg)["b"] is State.READY
         await reg.shutdown()
 
     asyncio.run(go())

@@ -23,6 +23,7 @@ from mlxd.shared.memory_plan import plan_memory
 from mlxd.shared.wire.admin import FitLoaded, FitReport
 from mlxd.supervisor.admin.views import worker_rss_bytes
 from mlxd.supervisor.catalog.cards import context_length, facts_of
+from mlxd.supervisor.catalog.discovery import draft_weights_bytes
 from mlxd.supervisor.lifecycle.registry import Registry
 from mlxd.supervisor.lifecycle.slot import ModelSlot
 from mlxd.supervisor.lifecycle.states import RUNNING, State
@@ -92,7 +93,7 @@ async def fit_report(reg: Registry, model: str, machine_bytes: int) -> FitReport
     plan = plan_memory(
         machine_bytes=machine_bytes,
         share_bytes=lc.budget_bytes,
-        weights_bytes=entry.weights_bytes,
+        weights_bytes=entry.weights_bytes + draft_weights_bytes(ms),  # a draft loads beside it
         prompt_cache_bytes=prompt_cache_cap(settings, machine_bytes),
         kv_budget_bytes=settings.kv_budget_bytes or None,  # 0 bounds rows by batch only
     )

@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from mlxd.shared.config import Settings
+from mlxd.shared.config import ModelSettings, Settings
 
 
 @dataclass(frozen=True)
@@ -30,6 +30,13 @@ def weights_bytes(path: Path) -> int:
         except OSError:
             pass
     return total
+
+
+def draft_weights_bytes(ms: ModelSettings) -> int:
+    """Bytes of a model's draft model (speculative = "draft"), loaded beside it in its worker."""
+    if ms.speculative != "draft" or not ms.draft_model:
+        return 0
+    return weights_bytes(Path(ms.draft_model))
 
 
 def _is_model_dir(path: Path) -> bool:

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from mlxd.shared.config import ResolvedModelSettings, Settings
 from mlxd.shared.wire.admin import WorkerHealth
-from mlxd.supervisor.catalog.discovery import ModelEntry
+from mlxd.supervisor.catalog.discovery import ModelEntry, draft_weights_bytes
 from mlxd.supervisor.lifecycle.launch import socket_path
 from mlxd.supervisor.lifecycle.process import WorkerProcess
 from mlxd.supervisor.lifecycle.states import InvalidTransition, State, is_valid_transition
@@ -69,7 +69,7 @@ class ModelSlot:
             entry=entry,
             settings=ms,
             socket=socket_path(settings.run_dir, entry.id, generation),
-            estimate_bytes=entry.weights_bytes + ms.kv_allowance_bytes,
+            estimate_bytes=entry.weights_bytes + draft_weights_bytes(ms) + ms.kv_allowance_bytes,
             generation=generation,
             last_used=now,
         )
