@@ -38,6 +38,9 @@ class Scheduler:
         # Divides the planned chunk after a prefill ran out of memory (shrink_prefill); back
         # to 1 once the batch empties.
         self.oom_divisor = 1
+        # A worker group's ranks must admit alike: a row one rank fails to admit ends the
+        # engine (and the group restarts) rather than leave that rank a row short.
+        self.lockstep = False
 
     def __len__(self) -> int:
         return len(self.waiting)
@@ -83,6 +86,8 @@ class Scheduler:
             except Exception as exc:  # a bad restore or an MLX error: this row only
                 log.exception("admitting %s failed", sub.rid)
                 sub.sink(Event.failure(generation_failed(sub.rid, exc)))
+                if self.lockstep:
+                    raise
                 continue
             row.kv_tokens = self._tokens(sub)
             admitted.append(row)

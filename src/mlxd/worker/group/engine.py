@@ -67,7 +67,12 @@ class GroupDiverged(RuntimeError):
 
 class Lockstep:
     """What both engines of a group share: a failed step ends the engine (a rebuild on one
-    rank alone would part it from the others; the supervisor restarts the whole group)."""
+    rank alone would part it from the others; the supervisor restarts the whole group), and
+    so does a row one rank fails to admit."""
+
+    def __init__(self, *args, **kw):
+        super().__init__(*args, **kw)
+        self._sched.lockstep = True
 
     def _new_generator(self):
         if self._batch.gen is not None:  # a rebuild after a failed step
