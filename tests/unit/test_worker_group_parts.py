@@ -254,3 +254,28 @@ def test_links_carry_frames_in_order_and_votes_to_every_rank():
         followers[0].exchange()
     with pytest.raises(ValueError):
         Channel(FakeGroup(0, 3), [pairs[1][0]])  # rank 0 needs a link to every follower
+
+
+def test_a_rank_that_cannot_start_takes_the_started_ones_down(tmp_path, monkeypatch):
+    """A rank whose launcher is missing (no ssh on this host): the ranks already running
+    would wait for it forever in the ring backend's accept."""
+    started: list[WorkerProcess] = []
+    real_spawn = WorkerProcess.spawn
+
+    async def spawn(self, env=None):
+        if started:
+            raise FileNotFoundError("ssh")
+        self.command = ["sh", "-c", "exec sleep 30", "sh"]
+        started.append(self)
+        await real_spawn(self, env)
+
+    monkeypatch.setattr(WorkerProcess, "spawn", spawn)
+
+    async def run():
+        g = GroupProcess("g", spec_of(tmp_path, "[models.g]\ngroup_size = 2\n"), tmp_path / "g.log")
+        with pytest.raises(FileNotFoundError):
+            await g.spawn()
+        assert len(started) == 1
+        assert await asyncio.wait_for(started[0].reap(), 10) == -signal.SIGKILL
+
+    asyncio.run(run())

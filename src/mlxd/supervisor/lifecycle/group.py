@@ -155,8 +155,13 @@ class GroupProcess(WorkerProcess):
             else:  # ssh joins its arguments into one shell line: quote them
                 proc = WorkerProcess(self.model_id, [shlex.quote(a) for a in argv], path)
                 proc.command = ["ssh", "-o", "BatchMode=yes", host, "python3", "-u", "-m"]
+            try:
+                await proc.spawn(env)
+            except BaseException:  # (ssh missing, ...): no rank outlives a group that never was
+                for p in self.ranks:
+                    p.kill()
+                raise
             self.ranks.append(proc)
-            await proc.spawn(env)
         self.tail = self.ranks[0].tail
         log.info("spawned worker group model=%s ranks=%s", self.model_id, self.pids)
 
