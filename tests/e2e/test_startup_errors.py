@@ -88,6 +88,12 @@ CASES = {
         {},
         ["models.x: a worker group does not speculate"],
     ),
+    "a group host that would be an ssh option": (
+        '[models.x]\nhosts = ["127.0.0.1", "-oProxyCommand=x"]\n',
+        [],
+        {},
+        ["'-oProxyCommand=x' is not a host name or address"],
+    ),
     "bad flag": ("", ["--port", "eighty"], {}, ["argument --port: invalid int value: 'eighty'"]),
     "port in use": ("", [], {}, ["cannot listen on 127.0.0.1:{port}: Address already in use"]),
 }

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import difflib
 import os
+import re
 from pathlib import Path
 from typing import Any, Literal
 
@@ -45,6 +46,9 @@ def _hf_cache_default() -> Path:
     if os.environ.get("HF_HUB_CACHE"):
         return Path(os.environ["HF_HUB_CACHE"])
     return Path(os.environ.get("HF_HOME") or "~/.cache/huggingface").expanduser() / "hub"
+
+
+HOST_NAME = re.compile(r"(?:[A-Za-z0-9_.-]+@)?[A-Za-z0-9][A-Za-z0-9.:-]*")
 
 
 class ModelSettings(BaseModel):
@@ -84,8 +88,17 @@ class ModelSettings(BaseModel):
     # slot. group_size: that many ranks on this host; hosts: one rank per address (rank 0 is
     # this host's); backend: how the ranks talk (ring over TCP, NCCL on CUDA).
     group_size: int | None = Field(None, ge=1, le=64)
-    hosts: list[str] = []
+    hosts: list[str] = Field([], max_length=64)
     backend: Literal["ring", "nccl"] = "ring"
+
+    @field_validator("hosts")
+    @classmethod
+    def _host_names(cls, hosts: list[str]) -> list[str]:
+        # Each is an ssh destination (rank 0's too): never an option, never a shell word.
+        for h in hosts:
+            if not HOST_NAME.fullmatch(h):
+                raise ValueError(f"{h!r} is not a host name or address (user@ allowed)")
+        return ["127.0.0.1" if h == "localhost" else h for h in hosts]
 
     @model_validator(mode="after")
     def _one_group_shape(self):
