@@ -73,13 +73,14 @@ def speculate(b: DecodeBatch, st: SpecState) -> list[Token] | None:
     mx.eval(fed)
     y = int(fed.item())
     room = b.max_tokens[0] - b.num_tokens[0] - 1  # tokens the row may still emit after y
-    k = min(st.k, room)
-    drafts = st.drafter.propose(b.tokens[0] + [y], k) if k > 0 else []
+    want = min(st.k, room)
+    drafts = st.drafter.propose(b.tokens[0] + [y], want) if want > 0 else []
     if not drafts:
         st.miss()
         return None
     row = b.sampling[0]
-    n = k + 1  # padded: one shape per 256 tokens of context (see above)
+    k = st.k  # padded to k + 1 positions even near max_tokens: one shape per 256 tokens
+    n = k + 1
     inp = [y, *drafts] + [drafts[-1]] * (k - len(drafts))
     views = [BucketView(c) for c in b.prompt_cache]
     logits = b.model(mx.array([inp]), cache=views)[0]
