@@ -3,13 +3,13 @@ Retry-After, worker identity on /health, and a worker drained behind the supervi
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import threading
 import time
 
 import httpx
+import psutil
 
 from procs import TIGHT_KV_ALLOWANCE, estimate_bytes, uds_client
 
@@ -22,6 +22,18 @@ def ask(d, model: str, n: int = 2, timeout_s: float = 120) -> httpx.Response:
         timeout=timeout_s,
         json={"model": model, "messages": MSG, "max_tokens": n, "temperature": 0},
     )
+
+
+def wait_until_exited(pid: int, timeout_s: float = 30) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            if psutil.Process(pid).status() == psutil.STATUS_ZOMBIE:
+                return
+        except psutil.NoSuchProcess:
+            return
+        time.sleep(0.005)
+    raise AssertionError(f"pid {pid} still running")
 
 
 def budget_for_one(reported_bytes: dict, *dirs) -> int:
@@ -151,60 +163,11 @@ def test_a_request_right_after_a_crash_waits_for_the_restart(make_daemon):
     assert ask(d, "a").status_code == 200
     old = d.worker_pids("a")[0]
     os.kill(old, signal.SIGKILL)
-    r = ask(d, "a")  # sent before the supervisor's reaper noticed: the socket refuses
+    # Sent once the worker has died (the kill is not instant on a busy host) but before the
+    # supervisor's reaper noticed: a refused socket, or a pooled connection to a zombie.
+    wait_until_exited(old)
+    r = ask(d, "a")
     assert r.status_code == 200, r.text
     assert d.worker_pids("a") and d.worker_pids("a")[0] != old
     assert "waiting for its restart" in d.logs() or "worker died" in d.logs()
     assert "/run/" not in r.text
-
-
-def _kill_mid_request(d, sig: int) -> tuple[httpx.Response, int]:
-    """A whole (unstreamed) request the worker is busy with when `sig` ends it: no byte of
-    the answer has left the worker. Returns the client's answer and the killed pid."""
-    old = d.worker_pids("a")[0]
-    box: list[httpx.Response] = []
-    added = json.loads((d.home / "models" / "a" / "tokenizer.json").read_text())["added_tokens"]
-    ends = {str(t["id"]): -100 for t in added if t["content"] in ("<|im_end|>", "<|endoftext|>")}
-    # Ends banned: the row decodes to its budget (seconds on a CPU), long enough to be killed.
-    body = {"model": "a", "messages": MSG, "max_tokens": 1000, "temperature": 0, "logit_bias": ends}
-    t = threading.Thread(
-        target=lambda: box.append(
-            httpx.post(d.url + "/v1/chat/completions", timeout=300, json=body)
-        )
-    )
-    t.start()
-    deadline = time.monotonic() + 60
-    with uds_client(d.home / "run" / "a.sock", 10) as c:  # the worker itself says it took it
-        while c.get("/stats").json().get("rows_active", 0) == 0:
-            assert time.monotonic() < deadline and t.is_alive()
-            time.sleep(0.02)
-    os.kill(old, sig)
-    t.join(300)
-    return box[0], old
-
-
-def test_a_request_in_flight_when_a_sigkill_ends_its_worker_is_served_by_the_restart(
-    make_daemon,
-):
-    """SIGKILL comes from outside (an operator, the OOM killer): an answer not yet begun is
-    asked again of the restarted worker, and the client never sees the kill."""
-    d = make_daemon()
-    assert ask(d, "a").status_code == 200
-    r, old = _kill_mid_request(d, signal.SIGKILL)
-    assert r.status_code == 200, r.text
-    assert r.json()["choices"][0]["message"]["content"]
-    assert d.worker_pids("a")[0] != old
-    assert "waiting for its restart" in d.logs()
-
-
-def test_a_request_in_flight_when_its_worker_crashes_is_a_502_and_never_sent_again(make_daemon):
-    """A worker that ended on its own (here an abort) may have died of that very request:
-    sending it again could crash the restart too, so the client gets a 502 at once."""
-    d = make_daemon()
-    assert ask(d, "a").status_code == 200
-    r, old = _kill_mid_request(d, signal.SIGABRT)
-    assert r.status_code == 502, r.text
-    assert "stopped before it answered" in r.json()["error"]["message"]
-    assert "waiting for its restart" not in d.logs()
-    assert ask(d, "a").status_code == 200  # the restart serves the next request
-    assert d.worker_pids("a")[0] != old

@@ -165,27 +165,3 @@ def test_a_killed_worker_reads_as_exited_before_asyncio_reaps_it(tmp_path):
         assert w.exited()
 
     asyncio.run(go())
-
-
-def test_only_a_sigkill_the_supervisor_did_not_send_reads_as_from_outside(tmp_path):
-    """The proxy sends a request once more only after a kill from outside: its own kills
-    (watchdog, a failed engine, a stop's escalation) may have been caused by that request."""
-
-    async def one(kill_here: bool) -> WorkerProcess:
-        w = WorkerProcess("m", [], tmp_path / "m.log")
-        w.command = ["sh", "-c", "exec sleep 30", "sh"]
-        await w.spawn()
-        assert w.pid is not None
-        if kill_here:
-            w.kill()
-        else:
-            os.kill(w.pid, signal.SIGKILL)
-        await w.reap()
-        return w
-
-    async def go():
-        outside, here = await one(False), await one(True)
-        assert outside.returncode == here.returncode == -signal.SIGKILL
-        assert outside.killed_from_outside and not here.killed_from_outside
-
-    asyncio.run(go())

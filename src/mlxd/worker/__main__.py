@@ -15,7 +15,7 @@ os.environ.setdefault("PYTHONUNBUFFERED", "1")
 
 from mlxd.worker.app import main  # noqa: E402
 from mlxd.worker.config import parse_args  # noqa: E402
-from mlxd.worker.group.env import group_env, write_hostfile  # noqa: E402
+from mlxd.worker.group.env import forget_hostfile, group_env, write_hostfile  # noqa: E402
 from mlxd.worker.lifeline import die_with_parent  # noqa: E402
 
 if __name__ == "__main__":
@@ -25,6 +25,7 @@ if __name__ == "__main__":
     if cfg.exit_with_parent:
         die_with_parent()
     code = main(cfg)
+    forget_hostfile()  # a rank that ended before it joined (an embedding model's rank 0, ...)
     # Everything is flushed and stopped by now. Skip the interpreter's teardown: MLX's C++
     # statics (per-thread streams of helper threads) can abort the process while they are
     # destroyed, turning a clean exit into SIGABRT.

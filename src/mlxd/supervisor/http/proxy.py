@@ -118,11 +118,7 @@ class WorkerUnreachable(BadGateway):
     """The worker's socket refused the request before it was sent: safe to send again."""
 
 
-class WorkerLost(BadGateway):
-    """The worker took the request and ended before it answered a byte."""
-
-
-# After a refused or broken connection: how long to wait for the reaper to act on a worker that
+# After a refused connection: how long to wait for the reaper to act on a worker that
 # just died (its exit, then up to 2 s for the rest of its output).
 DEATH_NOTICE_S = 5.0
 
@@ -139,12 +135,8 @@ async def forward_leased(
 
     A worker that died a moment ago still looks READY until its reaper runs; a request that
     finds its socket refusing waits for that, then leases again (which waits for the restart)
-    and is sent once more. So is one the worker took and ended on without a byte of answer when
-    a SIGKILL the supervisor did not send ended it (an operator, the OOM killer): such a kill
-    can reach a busy host's worker after the request did. A worker that ended on its own (a
-    crash, an abort) or that the supervisor killed (its watchdog, a failed engine) may have
-    died of this very request: it is never sent again. A worker that refuses while alive is
-    a 502."""
+    and is sent once more. A request the worker took and ended on is never sent again: the
+    worker may have died of it. A worker that refuses while alive is a 502."""
     for attempt in (1, 2):
         async with reg.leases.lease(model_id, keep_alive_s) as slot:
             proc = slot.process
@@ -153,31 +145,21 @@ async def forward_leased(
             except WorkerUnreachable:
                 if attempt == 2 or not await _reaped(slot, proc):
                     raise
-            except WorkerLost:
-                if attempt == 2 or not await _reaped(slot, proc, exited=True):
-                    raise
-                if proc is None or not proc.killed_from_outside:
-                    raise
         log.info(
-            "model=%s worker died before it answered; waiting for its restart request_id=%s",
+            "model=%s worker died before the request reached it; waiting for its restart "
+            "request_id=%s",
             model_id,
             request["request_id"],
         )
     raise AssertionError("unreachable")  # pragma: no cover - the loop returns or raises
 
 
-async def _reaped(slot: ModelSlot, proc: WorkerProcess | None, exited: bool = False) -> bool:
+async def _reaped(slot: ModelSlot, proc: WorkerProcess | None) -> bool:
     """Whether the slot has left READY on `proc` (its reaper has acted: the next lease waits
-    for the restart) within DEATH_NOTICE_S; `exited`: and `proc`'s exit code is known."""
+    for the restart) within DEATH_NOTICE_S."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + DEATH_NOTICE_S
-
-    def waiting() -> bool:
-        if slot.process is proc and slot.state is State.READY:
-            return True
-        return exited and proc is not None and proc.returncode is None
-
-    while waiting():
+    while slot.process is proc and slot.state is State.READY:
         if loop.time() >= deadline:
             return False
         await asyncio.sleep(0.05)
@@ -206,7 +188,8 @@ async def forward(
         )
         if isinstance(exc, aiohttp.ClientConnectorError):  # refused: it never got the request
             raise WorkerUnreachable(f"The worker for '{slot.id}' is unreachable") from None
-        raise WorkerLost(f"The worker for '{slot.id}' stopped before it answered") from None
+        # It may have died of this very request: never send it again.
+        raise BadGateway(f"The worker for '{slot.id}' stopped before it answered") from None
     complete = False
     try:
         out_headers = _forward_headers(up.headers, HOP_BY_HOP | {"content-encoding"})

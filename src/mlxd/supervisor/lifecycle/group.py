@@ -131,10 +131,6 @@ class GroupProcess(WorkerProcess):
         return not self.ranks or any(p.exited() for p in self.ranks)
 
     @property
-    def killed_from_outside(self) -> bool:
-        return False  # the group ends its other ranks with SIGKILL itself: never a sure sign
-
-    @property
     def returncode(self) -> int | None:
         """The group's exit: set once any rank has exited (the group cannot serve then)."""
         if self._code is not None:

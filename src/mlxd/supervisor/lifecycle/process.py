@@ -34,7 +34,6 @@ class WorkerProcess:
         # What runs `argv`: a fresh interpreter here (a worker group's remote rank: ssh).
         self.command = [sys.executable, "-u", "-m"]
         self._pump: asyncio.Task | None = None
-        self._killed_here = False  # the supervisor sent it SIGKILL (watchdog, stop, failure)
 
     @property
     def pid(self) -> int | None:
@@ -83,13 +82,7 @@ class WorkerProcess:
         self._signal(signal.SIGTERM)
 
     def kill(self) -> None:
-        self._killed_here = True
         self._signal(signal.SIGKILL)
-
-    @property
-    def killed_from_outside(self) -> bool:
-        """Ended by a SIGKILL the supervisor did not send (an operator, the OOM killer)."""
-        return self.returncode == -signal.SIGKILL and not self._killed_here
 
     def _signal(self, sig: int) -> None:
         if self.proc and self.proc.returncode is None:

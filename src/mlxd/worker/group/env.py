@@ -37,7 +37,8 @@ def write_hostfile(spec: GroupSpec) -> str | None:
 
 
 def forget_hostfile() -> None:
-    """Remove the hostfile once the group is joined (a killed rank leaves nothing behind)."""
+    """Remove the hostfile once the group is joined, or when the worker ends before that (a
+    rank killed while joining leaves it in the temporary folder)."""
     while _written:
         try:
             os.unlink(_written.pop())
