@@ -45,6 +45,12 @@ CASES = {
         {"MLXD_KEEP_ALIVE_S": "soon"},
         ["keep_alive_s = 'soon'", "valid number"],
     ),
+    "a list in the environment that is not JSON": (
+        "",
+        [],
+        {"MLXD_ALLOWED_HOSTS": "llm.internal"},
+        ["MLXD_ALLOWED_HOSTS must be JSON for a list"],
+    ),
     "bad --log-level": ("", ["--log-level", "loud"], {}, ["log_level = 'loud'", "DEBUG, INFO"]),
     "model path does not exist": (
         '[models.mine]\npath = "{home}/gone"\n',
@@ -92,7 +98,7 @@ CASES = {
         '[models.x]\nhosts = ["127.0.0.1", "-oProxyCommand=x"]\n',
         [],
         {},
-        ["'-oProxyCommand=x' is not a host name or address"],
+        ["'-oProxyCommand=x' is not an IP address"],
     ),
     "bad flag": ("", ["--port", "eighty"], {}, ["argument --port: invalid int value: 'eighty'"]),
     "port in use": ("", [], {}, ["cannot listen on 127.0.0.1:{port}: Address already in use"]),

@@ -79,6 +79,16 @@ def test_a_lone_row_gives_the_same_text_with_speculation(target, other, mode):
         assert stats.accepted < stats.drafted
 
 
+def test_a_draft_that_catches_up_over_several_steps_gives_the_same_text(target, monkeypatch):
+    # A chunk of 8 tokens: the draft reads the prompt over several steps, then drafts.
+    monkeypatch.setattr("mlxd.worker.engine.draft.CATCH_UP_CHUNK", 8)
+    long_prompt = [PROMPTS[0] * 3]
+    plain, _ = _run(target, None, [GREEDY], long_prompt)
+    fast, stats = _run(target, spec_config("draft", 4, target), [GREEDY], long_prompt)
+    assert fast == plain
+    assert stats.drafted > 0 and stats.accepted == stats.drafted
+
+
 def test_a_seeded_row_gives_the_same_text_with_and_without_speculation(target, other):
     plain, _ = _run(target, None, [SEEDED], PROMPTS[:1])
     for draft in (target, other):

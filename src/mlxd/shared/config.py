@@ -9,6 +9,7 @@ settings, and the supervisor hands workers only resolved values (shared/worker_s
 from __future__ import annotations
 
 import difflib
+import ipaddress
 import os
 import re
 from pathlib import Path
@@ -28,6 +29,7 @@ from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
     SettingsConfigDict,
+    SettingsError,
     TomlConfigSettingsSource,
 )
 
@@ -46,9 +48,6 @@ def _hf_cache_default() -> Path:
     if os.environ.get("HF_HUB_CACHE"):
         return Path(os.environ["HF_HUB_CACHE"])
     return Path(os.environ.get("HF_HOME") or "~/.cache/huggingface").expanduser() / "hub"
-
-
-HOST_NAME = re.compile(r"(?:[A-Za-z0-9_.-]+@)?[A-Za-z0-9][A-Za-z0-9.:-]*")
 
 
 class ModelSettings(BaseModel):
@@ -93,12 +92,18 @@ class ModelSettings(BaseModel):
 
     @field_validator("hosts")
     @classmethod
-    def _host_names(cls, hosts: list[str]) -> list[str]:
-        # Each is an ssh destination (rank 0's too): never an option, never a shell word.
+    def _host_addresses(cls, hosts: list[str]) -> list[str]:
+        # The ring backend's hostfile needs addresses; each is also an ssh destination, so
+        # never an option or a shell word. The ssh user comes from ~/.ssh/config.
+        hosts = ["127.0.0.1" if h == "localhost" else h for h in hosts]
         for h in hosts:
-            if not HOST_NAME.fullmatch(h):
-                raise ValueError(f"{h!r} is not a host name or address (user@ allowed)")
-        return ["127.0.0.1" if h == "localhost" else h for h in hosts]
+            try:
+                ipaddress.ip_address(h)
+            except ValueError:
+                raise ValueError(
+                    f"{h!r} is not an IP address (the ring backend needs one)"
+                ) from None
+        return hosts
 
     @model_validator(mode="after")
     def _one_group_shape(self):
@@ -341,6 +346,12 @@ def load_settings(flags: dict[str, Any] | None = None, config: Path | None = Non
         settings = _Layered(**flags)
     except ValidationError as exc:
         raise ConfigError(f"invalid settings: {one_line(exc)}") from None
+    except SettingsError as exc:  # an environment value that is not JSON where a list is due
+        m = re.search(r'field "(\w+)"', str(exc))
+        name = f"MLXD_{m.group(1).upper()}" if m else "an MLXD_* variable"
+        raise ConfigError(
+            f'invalid settings: {name} must be JSON for a list, e.g. {name}=\'["a", "b"]\''
+        ) from None
     _check_model_sections(settings)
     return settings
 

@@ -17,7 +17,9 @@ from mlx_lm.models.cache import make_prompt_cache, trim_prompt_cache
 # Longest and shortest suffix looked up; a 1-token match is a guess too weak to pay its verify.
 NGRAM_MAX = 3
 NGRAM_MIN = 2
-# A draft model catches up on a row's tokens (its prompt, the first time) in chunks this long.
+# A draft model catches up on a row's tokens (its prompt, the first time) one chunk this long
+# per step, drafting nothing until it has: a long row that comes to decode alone does not
+# hold the engine (and the requests arriving meanwhile) while its draft reads the context.
 CATCH_UP_CHUNK = 2048
 
 
@@ -72,18 +74,22 @@ class ModelDrafter:
         self._cache = make_prompt_cache(model)
         self._n = 0  # tokens of the row the draft cache holds
 
-    def propose(self, tokens: list[int], k: int) -> list[int]:
-        """Catch up on the row's tokens not yet in the draft cache, then draft `k` greedily.
+    def propose(self, tokens: list[int], k: int) -> list[int] | None:
+        """Catch up on the row's tokens not yet in the draft cache, then draft `k` greedily
+        (None: still catching up, a chunk a step; no draft yet, and no miss either).
 
         The draft model sees every token but the last through its cache; drafting feeds the
         last, then each draft: `k` forwards, one evaluation."""
         if k <= 0 or not tokens:
             return []
         behind = tokens[self._n : -1]
-        for i in range(0, len(behind), CATCH_UP_CHUNK):
-            self.model(mx.array([behind[i : i + CATCH_UP_CHUNK]]), cache=self._cache)
+        if behind:
+            chunk = behind[:CATCH_UP_CHUNK]
+            self.model(mx.array([chunk]), cache=self._cache)
             mx.eval([c.state for c in self._cache])
-        self._n = len(tokens) - 1
+            self._n += len(chunk)
+            if len(chunk) < len(behind):
+                return None  # the rest over the next steps; the row decodes plainly meanwhile
         y = mx.array([[tokens[-1]]])
         drafts = []
         for _ in range(k):

@@ -75,6 +75,8 @@ def speculate(b: DecodeBatch, st: SpecState) -> list[Token] | None:
     room = b.max_tokens[0] - b.num_tokens[0] - 1  # tokens the row may still emit after y
     want = min(st.k, room)
     drafts = st.drafter.propose(b.tokens[0] + [y], want) if want > 0 else []
+    if drafts is None:  # a draft model still reading the row's context: try again next step
+        return None
     if not drafts:
         st.miss()
         return None
