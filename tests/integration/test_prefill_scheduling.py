@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import random
 import threading
+from dataclasses import replace
 
 import pytest
 
@@ -158,6 +159,27 @@ def test_a_row_that_could_never_fit_is_refused_before_any_work(loaded):
         engine.submit(rows.sub("huge", 1000, 8))
     assert exc.value.status == 413 and "1000 prompt tokens" in exc.value.message
     assert engine.queued_rows == 0 and not rows.events["huge"]
+
+
+def test_a_row_that_asked_for_no_budget_ends_where_the_kv_budget_does(loaded):
+    """No max_tokens (the context's room, 4096 here) on a budget of 256 positions: the row
+    runs, writes what the budget holds and ends with "length", where a row that asked for that
+    much output is refused."""
+    rows = Rows()
+    engine = _engine(loaded, rows, batch=4, kv_budget_bytes=loaded.kv_bytes_per_token * 300)
+    asked = rows.sub("asked", 40, loaded.context_limit - 40)
+    with pytest.raises(PayloadTooLarge):
+        engine.submit(asked)
+    open_row = rows.sub("open", 40, loaded.context_limit - 40)
+    open_row.params = replace(
+        open_row.params, max_tokens_open=True, logit_bias=dict.fromkeys(loaded.eos_ids, -100.0)
+    )
+    engine.submit(open_row)
+    rows.wait("open")
+    _close(engine)
+    assert (
+        len(rows.events["open"]) == 256 - 40 and rows.events["open"][-1].finish_reason == "length"
+    )
 
 
 def test_warm_up_runs_before_ready_and_an_impossible_row_gets_413(tiny_model_dir, short_tmp):

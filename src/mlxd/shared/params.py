@@ -23,6 +23,9 @@ class GenerationParams:
     """Sampling, penalties and stop conditions for one row of the batch."""
 
     max_tokens: int | None = None  # None: up to the context limit
+    # Set by the worker: no budget was asked for (request or model default), so max_tokens is
+    # the context's room, and the worker may lower it to what its KV budget holds for the row.
+    max_tokens_open: bool = False
     temperature: float | None = None  # None: the model's generation_config default
     top_p: float | None = None
     top_k: int | None = None

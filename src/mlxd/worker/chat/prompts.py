@@ -221,6 +221,7 @@ def resolve_params(
     return replace(
         p,
         max_tokens=max_tokens,
+        max_tokens_open=requested is None,
         temperature=d.temperature if p.temperature is None else p.temperature,
         top_p=d.top_p if p.top_p is None else p.top_p,
         top_k=default_top_k if p.top_k is None or p.top_k < 0 else p.top_k,

@@ -21,6 +21,7 @@ from mlxd.shared.kv_math import (
     RESERVED_OUTPUT_TOKENS,
     footprint,
     kv_bytes_per_token,
+    max_context,
     padded,
     row_tokens,
 )
@@ -75,6 +76,10 @@ class KvBudget:
         if len(running) >= self.max_rows:
             return False
         return self.footprint([*running, new]) <= self.budget_bytes
+
+    def output_room(self, prompt_len: int) -> int:
+        """The most output tokens a row of this prompt may write and still fit alone."""
+        return max_context(self.budget_bytes, self.bytes_per_token) - prompt_len
 
     def check_alone(self, prompt_len: int, max_tokens: int | None) -> None:
         """Raise a 413 naming the numbers when this row would not fit even alone."""

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 from collections import deque
+from dataclasses import replace
 
 from mlxd.worker.engine.admission import admit
 from mlxd.worker.engine.batch import Batch
@@ -47,9 +48,16 @@ class Scheduler:
 
     # -- the queue ------------------------------------------------------------------------
     def check(self, sub: Submission) -> None:
-        """Any thread: refuse (413) a row that could never fit the KV budget, even alone."""
-        if self.budget is not None:
-            self.budget.check_alone(len(sub.prompt), sub.params.max_tokens)
+        """Any thread: refuse (413) a row that could never fit the KV budget, even alone. A
+        row that asked for no max_tokens (the context's room) ends where the budget does."""
+        if self.budget is None:
+            return
+        p = sub.params
+        if p.max_tokens_open and p.max_tokens is not None:
+            room = self.budget.output_room(len(sub.prompt))
+            if 0 < room < p.max_tokens:
+                sub.params = replace(p, max_tokens=room)
+        self.budget.check_alone(len(sub.prompt), sub.params.max_tokens)
 
     def add(self, sub: Submission) -> None:
         self.waiting.append(sub)
