@@ -9,6 +9,7 @@ from mlxd.worker.engine.memplan import plan_memory
 from mlxd.worker.engine.recovery import generation_failed, is_out_of_memory
 
 GiB = 1024**3
+MiB = 1024**2
 LLAMA_8B = {  # Llama 3.1 8B: 32 layers, 8 KV heads of 128
     "num_hidden_layers": 32,
     "num_attention_heads": 32,
@@ -53,6 +54,20 @@ def test_a_squeezed_share_lowers_the_prompt_cache_to_leave_kv_room():
     assert plan.total_bytes == 10 * GiB
 
 
+def test_a_share_as_small_as_the_estimate_still_leaves_kv_room():
+    # The supervisor may give a worker no more than its estimate: 15 GiB of weights plus the
+    # 512 MiB kv_allowance. A fifth of that as headroom would leave no KV at all (every
+    # request a 413 for the worker's life); the headroom takes half of what is left instead.
+    plan = plan_memory(
+        machine_bytes=64 * GiB,
+        share_bytes=15 * GiB + 512 * MiB,
+        weights_bytes=15 * GiB,
+        prompt_cache_bytes=8 * GiB,
+    )
+    assert plan.headroom_bytes == 256 * MiB
+    assert plan.prompt_cache_bytes == 128 * MiB and plan.kv_budget_bytes == 128 * MiB
+
+
 def test_a_plan_with_no_room_left_refuses_every_row_with_its_numbers():
     plan = plan_memory(
         machine_bytes=16 * GiB, share_bytes=None, weights_bytes=14 * GiB, prompt_cache_bytes=GiB
@@ -81,8 +96,13 @@ def test_the_setting_overrides_the_plans_kv_part():
 @pytest.mark.parametrize(
     "message",
     [
+        # MLX's own words, as its allocators throw them.
+        "[malloc] Unable to allocate 1073741824 bytes.",
         "[metal::malloc] Attempting to allocate 8589934592 bytes which is greater than the "
-        "maximum allowed buffer size; Insufficient Memory",
+        "maximum allowed buffer size of 4294967296 bytes.",
+        "[metal::malloc] Resource limit (499000) exceeded.",
+        "[METAL] Command buffer execution failed: Insufficient Memory "
+        "(00000008:kIOGPUCommandBufferCallbackErrorOutOfMemory)",
         "[cuda] cudaMallocManaged failed: out of memory",
     ],
 )

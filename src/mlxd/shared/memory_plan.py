@@ -79,8 +79,11 @@ def plan_memory(
     limit = machine_bytes if share_bytes is None else min(machine_bytes, share_bytes)
     headroom = int(limit * HEADROOM_FRACTION)
     if share_bytes is not None:
-        # A share squeezed by other workers must still leave KV room: the prompt cache then
-        # takes at most half of what the weights and headroom leave (the worker lowers its cap).
+        # A share squeezed by other workers must still leave KV room: the headroom takes at
+        # most half of what the weights leave (a share can be as small as the supervisor's
+        # estimate, weights plus kv_allowance_bytes), and the prompt cache at most half of what
+        # the weights and headroom leave (the worker lowers its cap).
+        headroom = min(headroom, max(0, limit - weights_bytes) // 2)
         room = max(0, limit - weights_bytes - headroom)
         prompt_cache_bytes = min(prompt_cache_bytes, room // 2)
     if kv_budget_bytes is not None:

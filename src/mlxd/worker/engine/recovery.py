@@ -25,9 +25,18 @@ log = logging.getLogger("mlxd.worker.engine.loop")
 Broken = list[tuple[Submission, Exception]]
 
 
-# How MLX words an allocation it could not make (Metal: "[metal::malloc] ... Insufficient
-# Memory"; CUDA and the CPU: "... out of memory").
-OOM_MARKERS = ("out of memory", "insufficient memory")
+# How MLX words an allocation it could not make: its allocators' "[malloc] Unable to allocate
+# N bytes.", Metal's "[metal::malloc] Attempting to allocate N bytes which is greater than the
+# maximum allowed buffer size ..." (one buffer too large: a smaller prefill chunk fits) and
+# "Resource limit (N) exceeded.", a command buffer's "Insufficient Memory", CUDA's "out of
+# memory".
+OOM_MARKERS = (
+    "unable to allocate",
+    "greater than the maximum allowed buffer size",
+    "resource limit",
+    "insufficient memory",
+    "out of memory",
+)
 
 
 def is_out_of_memory(exc: BaseException | None) -> bool:
