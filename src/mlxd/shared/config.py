@@ -33,6 +33,8 @@ from pydantic_settings import (
     TomlConfigSettingsSource,
 )
 
+from mlxd.shared.worker_spec import speculation_conflict
+
 MiB = 1024 * 1024
 # Per-model settings that fall back to the daemon-wide setting of the same name when unset.
 MODEL_FALLBACKS = ("keep_alive_s", "batch", "context_limit", "kv_allowance_bytes")
@@ -113,17 +115,8 @@ class ModelSettings(BaseModel):
 
     @model_validator(mode="after")
     def _speculation_that_can_run(self):
-        # Drafts are verified and trimmed on a lone row's plain float cache, on one process.
-        if self.speculative != "off" and self.kv_bits is not None:
-            raise ValueError(
-                "speculative decoding runs on the float KV cache: "
-                'drop kv_bits or set speculative = "off"'
-            )
-        if self.speculative != "off" and self.ranks > 1:
-            raise ValueError(
-                "a worker group does not speculate: "
-                'drop group_size/hosts or set speculative = "off"'
-            )
+        if (why := speculation_conflict(self.speculative, self.kv_bits, self.ranks)) is not None:
+            raise ValueError(why)
         return self
 
     @property

@@ -54,6 +54,18 @@ SAME_AS_SETTINGS = (
 )
 
 
+def speculation_conflict(speculative: str, kv_bits: int | None, ranks: int) -> str | None:
+    """Why a model's `speculative` setting could never run (None: it can). Drafts are verified
+    and trimmed on a lone row's plain float cache, in one process."""
+    if speculative == "off":
+        return None
+    if kv_bits is not None:
+        return "speculative decoding runs on the float KV cache: drop kv_bits or turn it off"
+    if ranks > 1:
+        return "a worker group does not speculate: drop group_size/hosts or turn it off"
+    return None
+
+
 class GroupSpec(BaseModel):
     """This worker's place in a worker group (docs/scale-out.md): one rank of `size`, joined by
     mx.distributed over `backend`. Rank 0 serves the socket; the others follow it."""
@@ -137,8 +149,8 @@ class WorkerSpec(BaseModel):
     def _speculation_that_can_run(self):
         if self.speculative == "draft" and self.draft_model is None:
             raise ValueError('speculative "draft" needs a draft model (--draft-model)')
-        if self.speculative != "off" and self.kv_bits is not None:
-            raise ValueError("speculative decoding runs on the float KV cache, not with kv_bits")
+        if (why := speculation_conflict(self.speculative, self.kv_bits, ranks=1)) is not None:
+            raise ValueError(why)
         return self
 
     def to_argv(self) -> list[str]:
