@@ -14,7 +14,7 @@ import itertools
 import json
 from pathlib import Path
 
-from mlxd.shared.config import load_settings
+from mlxd.shared.config_load import load_settings
 from mlxd.shared.wire.admin import WorkerHealth
 from mlxd.shared.worker_spec import WorkerSpec
 from mlxd.supervisor.lifecycle.registry import Registry

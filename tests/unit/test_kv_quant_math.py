@@ -6,7 +6,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from mlxd.shared.config import ConfigError, load_settings
+from mlxd.shared.config import ConfigError
+from mlxd.shared.config_load import load_settings
 from mlxd.shared.fit import dtype_bytes_of, fit_schemes
 from mlxd.shared.kv_math import KvShape, kv_bytes_per_token, max_context, max_rows
 from mlxd.shared.memory_plan import plan_memory

@@ -13,7 +13,7 @@ import psutil
 import pytest
 from fake_workers import FakeClock, Fleet, make_registry, settled
 
-from mlxd.shared.config import load_settings
+from mlxd.shared.config_load import load_settings
 from mlxd.shared.errors import Unavailable
 from mlxd.shared.exit_codes import EXIT_CRASH, EXIT_MODEL_LOAD_ERROR, EXIT_USAGE
 from mlxd.supervisor.lifecycle.crashes import judge_crash

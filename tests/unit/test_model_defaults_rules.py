@@ -6,7 +6,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from mlxd.shared.config import ConfigError, load_settings
+from mlxd.shared.config import ConfigError
+from mlxd.shared.config_load import load_settings
 from mlxd.shared.params import GenerationParams
 from mlxd.shared.wire.ollama import ChatRequest
 from mlxd.shared.wire.openai import ChatCompletionRequest

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from mlxd.shared.config import load_settings
+from mlxd.shared.config_load import load_settings
 from mlxd.shared.errors import Unavailable
 from mlxd.supervisor.http.upstream import UpstreamPool
 from mlxd.supervisor.lifecycle.registry import Registry

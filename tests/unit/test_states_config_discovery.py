@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from mlxd.shared.config import load_settings
+from mlxd.shared.config_load import load_settings
 from mlxd.supervisor.catalog.discovery import discover
 from mlxd.supervisor.lifecycle.states import TRANSITIONS, State, is_valid_transition
 

@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from mlxd.shared.config import ConfigError, load_settings
+from mlxd.shared.config import ConfigError
+from mlxd.shared.config_load import load_settings
 from mlxd.shared.params import GenerationParams
 from mlxd.shared.worker_spec import GroupSpec, WorkerSpec
 from mlxd.supervisor.catalog.discovery import ModelEntry

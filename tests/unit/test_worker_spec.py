@@ -4,7 +4,8 @@ from pathlib import Path
 
 import pytest
 
-from mlxd.shared.config import MODEL_FALLBACKS, Settings, load_settings
+from mlxd.shared.config import MODEL_FALLBACKS, Settings
+from mlxd.shared.config_load import load_settings
 from mlxd.shared.worker_spec import SAME_AS_SETTINGS, WorkerSpec
 from mlxd.supervisor.catalog.discovery import ModelEntry
 from mlxd.supervisor.lifecycle.launch import worker_argv, worker_spec

@@ -11,7 +11,8 @@ from pathlib import Path
 from typing import NoReturn
 
 from mlxd import __version__
-from mlxd.shared.config import ConfigError, load_settings
+from mlxd.shared.config import ConfigError
+from mlxd.shared.config_load import load_settings
 from mlxd.shared.logs import setup_logging
 
 EXIT_STARTUP = 2  # every reason `mlxd start` refuses to start, said in one line on stderr
