@@ -8,14 +8,10 @@ import os
 import signal
 import sys
 import time
-from collections.abc import Callable
 
-import mlx.core as mx
-import psutil
 from aiohttp import web
 
 from mlxd.shared.exit_codes import EXIT_MODEL_LOAD_ERROR, EXIT_OK, EXIT_PARENT_GONE
-from mlxd.shared.memory_plan import plan_memory
 from mlxd.shared.middleware import error_middleware, request_id_middleware
 from mlxd.shared.model_facts import read_model_facts
 from mlxd.shared.worker_spec import WorkerSpec
@@ -26,32 +22,19 @@ from mlxd.worker.api import embeddings as embeddings_routes
 from mlxd.worker.api import ollama as ollama_routes
 from mlxd.worker.api import openai as openai_routes
 from mlxd.worker.api import responses as responses_routes
-from mlxd.worker.cache.layout import fingerprint, ssd_folder
-from mlxd.worker.cache.prompt_cache import PromptCache, kv_layout
-from mlxd.worker.draft_model import load_draft, spec_config
+from mlxd.worker.assemble import make_engine, make_prompt_cache
+from mlxd.worker.draft_model import load_draft
 from mlxd.worker.embed.load import load_embedder
-from mlxd.worker.engine.loop import Engine
-from mlxd.worker.engine.planner import MIN_CHUNK, PlanConfig
 from mlxd.worker.group.follower import run_follower
 from mlxd.worker.group.lead import GROUP_IDLE_S, GROUP_OFF, join_as_lead, lead_engine
 from mlxd.worker.lifeline import watch_parent
 from mlxd.worker.model import (
-    LoadedModel,
-    apply_memory_limit,
-    device_memory_bytes,
     limit_buffer_cache,
     load_for_spec,
 )
 from mlxd.worker.state import WorkerState
 
 log = logging.getLogger("mlxd.worker")
-
-# The default idle prefill chunk (`prefill_step` unset) and busy-step budget (`prefill_budget`
-# unset), by device: default_prefill().
-GPU_PREFILL_STEP = 4096
-CPU_PREFILL_STEP = 512
-GPU_PREFILL_BUDGET = 4096
-CPU_PREFILL_BUDGET = 1024
 
 
 @web.middleware
@@ -225,105 +208,6 @@ def _unlink(path) -> None:
         path.unlink()
     except FileNotFoundError:
         pass
-
-
-def make_engine(
-    cfg: WorkerSpec,
-    loaded: LoadedModel,
-    cache: PromptCache | None,
-    draft: LoadedModel | None = None,
-    engine_cls: Callable[..., Engine] = Engine,
-) -> Engine:
-    """The engine with the spec's batch, prefill plan, KV budget and speculative decoding
-    (docs/configuration.md); a draft model's weights count in the memory plan. `engine_cls`:
-    a worker group's rank makes its own (worker/group/engine.py)."""
-    default_idle, default_budget = default_prefill()
-    idle = cfg.prefill_step or default_idle
-    # A busy step never prefills more than an idle one.
-    budget_tokens = min(cfg.prefill_budget or default_budget, idle)
-    plan = PlanConfig(idle, budget_tokens, min(MIN_CHUNK, budget_tokens))
-    bpt = loaded.kv_bytes_per_token
-    mem = plan_memory(
-        machine_bytes=device_memory_bytes(),
-        share_bytes=cfg.memory_limit_bytes,
-        weights_bytes=loaded.weights_bytes + (draft.weights_bytes if draft else 0),
-        prompt_cache_bytes=ram_cache_bytes(cfg) if cache is not None else 0,
-        kv_budget_bytes=cfg.kv_budget_bytes,
-    )
-    apply_memory_limit(mem.total_bytes)
-    if cache is not None and mem.prompt_cache_bytes < cache.ram.cap_bytes:
-        cache.ram.cap_bytes = mem.prompt_cache_bytes  # the share left less room (still empty)
-    # The setting's 0 means no KV bound; a plan that leaves 0 refuses every row (a 413).
-    budget = None if mem.kv_source != "plan" and not mem.kv_budget_bytes else mem.kv_budget_bytes
-    log.info(
-        "batch=%d prefill_step=%d prefill_budget=%d kv_budget=%s (%s bytes per token; %s) "
-        "memory_limit=%.2f GiB warmup=%s",
-        cfg.batch,
-        plan.idle_chunk,
-        plan.step_budget,
-        "none" if budget is None else f"{budget / 1024**3:.2f} GiB",
-        bpt,
-        mem.explain(),
-        mem.total_bytes / 1024**3,
-        cfg.warmup,
-    )
-    return engine_cls(
-        loaded,
-        batch=cfg.batch,
-        plan=plan,
-        kv_budget_bytes=budget,
-        cache=cache,
-        warmup=cfg.warmup,
-        memory_plan=mem,
-        spec=spec_config(cfg.speculative, cfg.num_draft_tokens, draft),
-    )
-
-
-def default_prefill() -> tuple[int, int]:
-    """(idle chunk, busy-step budget) by device. On a GPU, large chunks win (fewer forwards,
-    syncs and KV copies; attention is one fused kernel), and a busy step of 4096 tokens costs
-    decoding rows little: 8 newcomers of 512 tokens are prefilled in one step, as mlx-lm's
-    server does. MLX's CPU attention scores the whole chunk-by-context square, masked part
-    included: there a 2k prompt in one chunk took 1.6x as long as in 512-token chunks, and a
-    busy step stays at 1024 tokens so decoding rows keep moving."""
-    if mx.default_device() == mx.cpu:
-        return CPU_PREFILL_STEP, CPU_PREFILL_BUDGET
-    return GPU_PREFILL_STEP, GPU_PREFILL_BUDGET
-
-
-def ram_cache_bytes(cfg: WorkerSpec) -> int:
-    """The RAM prompt-cache cap: the spec's, else 1/8 of RAM and at most 16 GiB."""
-    if cfg.prompt_cache_bytes is not None:
-        return cfg.prompt_cache_bytes
-    return min(psutil.virtual_memory().total // 8, 16 * 1024**3)
-
-
-def make_prompt_cache(cfg: WorkerSpec, loaded) -> PromptCache | None:
-    ram = ram_cache_bytes(cfg)
-    if ram == 0:
-        return None  # --prompt-cache-bytes 0 turns the whole prompt cache off
-    ssd_dir, layout = None, None
-    if cfg.ssd_cache_dir is not None:
-        ssd_dir = cfg.ssd_cache_dir / "unusable"  # where the tier would be if all else fails
-        try:
-            ssd_dir = ssd_folder(
-                cfg.ssd_cache_dir, cfg.model_id, fingerprint(cfg.model_path, loaded.kv.name)
-            )
-            if cfg.group is not None:  # each rank keeps its own shard of every entry
-                ssd_dir = ssd_dir / f"rank{cfg.group.rank}-of-{cfg.group.size}"
-            layout = kv_layout(loaded.model)  # what every SSD entry is checked against
-        except Exception as exc:  # no layout: the tier turns itself off in start()
-            log.warning("SSD prompt cache unusable for model=%s: %s", cfg.model_id, exc)
-    cache = PromptCache(
-        ram,
-        ssd_dir,
-        cfg.ssd_cache_bytes,
-        layout=layout,
-        quiet_s=cfg.cache_quiet_s,
-        idle_s=cfg.cache_idle_s,
-    )
-    cache.start()
-    return cache
 
 
 def main(cfg: WorkerSpec) -> int:

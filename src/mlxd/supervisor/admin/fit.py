@@ -34,7 +34,7 @@ GiB = 1024**3
 
 
 def prompt_cache_cap(settings, machine_bytes: int) -> int:
-    """The RAM prompt-cache cap a worker starts with (worker/app.py's ram_cache_bytes)."""
+    """The RAM prompt-cache cap a worker starts with (worker/assemble.py's ram_cache_bytes)."""
     if settings.prompt_cache_bytes is not None:
         return settings.prompt_cache_bytes
     return min(machine_bytes // 8, 16 * GiB)

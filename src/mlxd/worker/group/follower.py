@@ -12,6 +12,7 @@ import logging
 
 from mlxd.shared.exit_codes import EXIT_CRASH, EXIT_MODEL_LOAD_ERROR, EXIT_OK
 from mlxd.shared.worker_spec import WorkerSpec
+from mlxd.worker.assemble import make_engine, make_prompt_cache  # as rank 0 makes them
 from mlxd.worker.group.channel import Channel, open_links
 from mlxd.worker.group.engine import FollowerEngine
 from mlxd.worker.group.lead import GROUP_IDLE_S, GROUP_OFF
@@ -26,8 +27,6 @@ FLUSH_S = 25.0  # within the supervisor's grace for followers (lifecycle/group.p
 
 def run_follower(cfg: WorkerSpec) -> int:
     """Join the group, load this rank's shard, step with rank 0 until it stops; the exit code."""
-    from mlxd.worker.app import make_engine, make_prompt_cache  # as rank 0 makes them
-
     assert cfg.group is not None
     if cfg.exit_with_parent:
         exit_when_orphaned(EXIT_CRASH)
