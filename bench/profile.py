@@ -9,7 +9,8 @@ in `bench run`) three ways and prints tokens per second for each:
 
 - `stream_generate`: mlx-lm's single-stream loop (batch 1 only): the floor to beat;
 - `BatchGenerator`: mlx-lm's batch loop alone, what mlx_lm.server decodes with;
-- `mlxd engine`: our engine thread with counting sinks, the step split into
+- `mlxd engine`: our engine thread with counting sinks (and `mlxd engine, plain forward`: the
+  same with the compiled decode forward switched off), the step split into
   build (Python building the model's and the sampler's graph), wait (the device time the
   pipeline does not hide), rows (per-row bookkeeping in the decode batch), generator (mlx-lm's
   BatchGenerator around it), emit (detokenizing, stop strings, events).
@@ -21,6 +22,7 @@ event loop, the HTTP writing and the proxy hop.
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import sys
 import threading
@@ -135,9 +137,13 @@ def engine_run(engine, prompts, n: int, bias: dict) -> tuple[float, dict[str, fl
 def main(argv: list[str]) -> int:
     a = parse_args(argv)
     sys.path.insert(0, str(ROOT / "src"))
+    from mlxd.worker.device_env import apply_device_env
+
+    apply_device_env(os.environ)  # as the worker runs (before MLX's first kernel)
     import mlx.core as mx
     from mlx_lm import load
 
+    from mlxd.worker.engine.compiled import for_model
     from mlxd.worker.engine.decode import Clock
     from mlxd.worker.engine.loop import Engine
     from mlxd.worker.model import load_model
@@ -166,9 +172,12 @@ def main(argv: list[str]) -> int:
             _row("stream_generate", b, statistics.median(tps))
         tps = [batch_generator_tps(model, prompts, a.tokens, bias) for _ in range(a.repeats)]
         _row("BatchGenerator", b, statistics.median(tps))
-        runs = [engine_run(engine, prompts, a.tokens, bias) for _ in range(a.repeats)]
-        mid = sorted(runs, key=lambda r: r[0])[len(runs) // 2]
-        _row("mlxd engine", b, mid[0], mid[1])
+        step = for_model(loaded.model)
+        for name, off in (("mlxd engine, plain forward", "profile"), ("mlxd engine", None)):
+            step.off = off
+            runs = [engine_run(engine, prompts, a.tokens, bias) for _ in range(a.repeats)]
+            mid = sorted(runs, key=lambda r: r[0])[len(runs) // 2]
+            _row(name, b, mid[0], mid[1])
     engine.stop()
     engine.join(30)
     return 0

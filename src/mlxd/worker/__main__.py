@@ -12,6 +12,9 @@ import sys
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 # Our own children (grammar compiles) inherit unbuffered output, as the worker has it (-u).
 os.environ.setdefault("PYTHONUNBUFFERED", "1")
+from mlxd.worker.device_env import apply_device_env  # noqa: E402
+
+apply_device_env(os.environ)  # before MLX's first kernel: it reads them once
 
 from mlxd.worker.app import main  # noqa: E402
 from mlxd.worker.config import parse_args  # noqa: E402

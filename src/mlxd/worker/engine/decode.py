@@ -12,7 +12,8 @@ extract_cache, next), so every later token is ours:
   caller's per-token work (detokenizing, stop strings, hand-off) overlaps the device's;
 - a lone row decodes on plain caches (mlx-lm's KVCache: no batch mask, no per-row offsets),
   converted on the way in and back when a second row joins, and may speculate
-  (speculate.py: drafts from draft.py, checked in one forward).
+  (speculate.py: drafts from draft.py, checked in one forward);
+- the model's forward is compiled once per shape where the caches allow (compiled.py).
 
 `clock`, when set, accumulates where a step's time goes (bench/profile.py reads it).
 """
@@ -27,6 +28,7 @@ from mlx_lm.models.cache import BatchKVCache, KVCache, TokenBuffer
 from mlx_lm.sample_utils import greedy_sampler
 
 from mlxd.shared.params import GenerationParams
+from mlxd.worker.engine.compiled import CompiledStep, for_model
 from mlxd.worker.engine.draft import ModelDrafter, NgramDrafter
 from mlxd.worker.engine.kvquant import BatchQuantizedKVCache, head
 from mlxd.worker.engine.sampling import RowSampling, Table, penalize, sample
@@ -77,8 +79,9 @@ class Clock(defaultdict):
 class DecodeBatch:
     """Rows decoding together: their caches, tokens, sampling and stop state."""
 
-    def __init__(self, model, spec: SpecConfig | None = None):
+    def __init__(self, model, spec: SpecConfig | None = None, compiled: bool = True):
         self.model = model
+        self.compiled: CompiledStep | None = for_model(model) if compiled else None
         self.spec = spec
         self.specs: list[SpecState | None] = []  # each row's drafter, when it may speculate
         self._lone = False  # one row, on plain caches (prompt_cache holds mlx-lm KVCaches)
@@ -236,7 +239,7 @@ class DecodeBatch:
 
     def _launch(self, fed: mx.array) -> None:
         """Build step t+1 on the fed tokens and start it on the device."""
-        logits = self.model(fed[:, None], cache=self.prompt_cache)[:, -1, :]
+        logits = self._forward(fed)
         if self._table is None:
             self._table = Table.of(self.sampling, logits.shape[-1])
         t = self._table
@@ -264,6 +267,15 @@ class DecodeBatch:
         if self._window is not None:
             outputs.append(self._window)
         mx.async_eval(*outputs)
+
+    def _forward(self, fed: mx.array) -> mx.array:
+        """The step's (rows, vocab) logits: compiled when the caches allow, else plain."""
+        c = self.compiled
+        if c is not None and c.usable(self.prompt_cache):
+            logits = c(fed, self.prompt_cache)
+            if logits is not None:
+                return logits
+        return self.model(fed[:, None], cache=self.prompt_cache)[:, -1, :]
 
     def emit_lone(self, tokens: list[int], lp: mx.array | None) -> list[Token]:
         """The lone row's tokens from a speculative step, in order, up to where it ends

@@ -1,0 +1,113 @@
+"""The compiled decode forward (engine/compiled.py) changes no token, and a model it cannot
+compile, or compiles wrongly, decodes on the plain forward instead.
+
+In process, on the tiny model: rows of unequal lengths (left padding), rows that join and
+leave mid-way, and rows long enough that the KV buffers grow past several 256-position steps.
+"""
+
+from __future__ import annotations
+
+import mlx.core as mx
+import pytest
+
+from mlxd.shared.params import GenerationParams
+from mlxd.worker.engine.compiled import CompiledStep, for_model
+from mlxd.worker.engine.generator import decode_batch, make_generator
+from mlxd.worker.engine.sampling import RowSampling
+from mlxd.worker.model import load_model
+
+# (prompt length, tokens to generate, the step it joins at)
+ROWS = [(40, 300, 0), (300, 60, 0), (5, 260, 0), (120, 120, 30), (9, 40, 150), (500, 40, 160)]
+
+
+@pytest.fixture(scope="module")
+def loaded(tiny_model_dir):
+    return load_model(tiny_model_dir, "tiny")
+
+
+def _decode(model, rows, compiled, sampled=False) -> list[list[int]]:
+    """Every row's tokens, rows inserted at their step; `compiled` False: the plain forward."""
+    gen = make_generator(model, batch=8, chunk=256, stream=mx.default_stream(mx.default_device()))
+    if not compiled:
+        decode_batch(gen).compiled = None
+    out: dict[int, list[int]] = {}
+    order: list[int] = []
+    pending = sorted(range(len(rows)), key=lambda i: rows[i][2])
+    step = left = 0
+    try:
+        while pending or left:
+            while pending and rows[pending[0]][2] <= step:
+                i = pending.pop(0)
+                length, n, _ = rows[i]
+                prompt = [(7 * i + j) % 100 + 1 for j in range(length)]
+                params = GenerationParams(temperature=0.8, seed=i) if sampled else None
+                samplers = [RowSampling(params)] if params else None
+                (uid,) = gen.insert([prompt], [n], samplers=samplers)
+                out[uid] = []
+                order.append(uid)
+                left += 1
+            _, responses = gen.next()
+            for r in responses:
+                out[r.uid].append(r.token)
+                left -= r.finish_reason is not None
+            step += 1
+    finally:
+        gen.close()
+    return [out[u] for u in order]
+
+
+def test_a_lone_row_decodes_the_same_tokens_compiled(loaded):
+    rows = [(30, 500, 0)]  # past two buffer steps
+    assert _decode(loaded.model, rows, True) == _decode(loaded.model, rows, False)
+    assert for_model(loaded.model).off is None
+
+
+@pytest.mark.parametrize("sampled", [False, True], ids=["greedy", "seeded"])
+def test_rows_that_join_and_leave_decode_the_same_tokens_compiled(loaded, sampled):
+    plain = _decode(loaded.model, ROWS, False, sampled)
+    assert [len(t) for t in plain] == [n for _, n, _ in ROWS]
+    assert _decode(loaded.model, ROWS, True, sampled) == plain
+    assert for_model(loaded.model).off is None
+
+
+class _Wrapped:
+    """The tiny model behind a forward of our own (what another architecture might do)."""
+
+    def __init__(self, model, tweak):
+        self.model, self.tweak = model, tweak
+        self.layers = model.layers
+
+    def __call__(self, inputs, cache=None):
+        return self.tweak(self.model(inputs, cache=cache), cache)
+
+
+def test_a_model_whose_forward_cannot_be_traced_decodes_plain(loaded):
+    def python_offset(logits, cache):
+        off = cache[0].offset  # read back as a Python number: cannot be traced
+        return logits + 0 * (off if isinstance(off, int) else off.max().item())
+
+    model = _Wrapped(loaded.model, python_offset)
+    rows = ROWS[:3]
+    assert _decode(model, rows, True) == _decode(loaded.model, rows, False)
+    assert "cannot be traced" in for_model(model).off
+
+
+def test_a_model_that_compiles_to_other_logits_is_caught_and_decodes_plain(loaded):
+    def differs(logits, cache):  # traceable, but not the same function compiled
+        return -logits if type(cache[0]).__module__.endswith("compiled") else logits
+
+    model = _Wrapped(loaded.model, differs)
+    rows = ROWS[:3]
+    assert _decode(model, rows, True) == _decode(loaded.model, rows, False)
+    assert "differ" in for_model(model).off
+
+
+def test_a_quantized_or_missing_cache_is_not_compiled(loaded):
+    step = CompiledStep(loaded.model)
+    assert not step.usable([])
+    from mlx_lm.models.cache import KVCache, QuantizedKVCache
+
+    assert not step.usable([KVCache()])  # nothing written yet
+    q = QuantizedKVCache()
+    q.keys = mx.zeros((1, 1, 1, 1))
+    assert not step.usable([q])
