@@ -9,8 +9,8 @@ in `bench run`) three ways and prints tokens per second for each:
 
 - `stream_generate`: mlx-lm's single-stream loop (batch 1 only): the floor to beat;
 - `BatchGenerator`: mlx-lm's batch loop alone, what mlx_lm.server decodes with;
-- `mlxd engine`: our engine thread with counting sinks (and `mlxd engine, plain forward`: the
-  same with the compiled decode forward switched off), the step split into
+- `mlxd engine`: our engine thread with counting sinks (and `mlxd engine, compiled forward`:
+  the same with `compile_decode` on, engine/compiled.py), the step split into
   build (Python building the model's and the sampler's graph), wait (the device time the
   pipeline does not hide), rows (per-row bookkeeping in the decode batch), generator (mlx-lm's
   BatchGenerator around it), emit (detokenizing, stop strings, events).
@@ -154,7 +154,7 @@ def main(argv: list[str]) -> int:
     bias = {int(k): v for k, v in no_eos_bias(path).items()}
     model, tok = load(str(path))
     loaded = load_model(path, "profile")
-    engine = Engine(loaded, batch=max(32, *a.batches))
+    engine = Engine(loaded, batch=max(32, *a.batches), compile_decode=True)
     engine.clock = Clock()
     engine.start()
     engine.warmed.wait()
@@ -173,7 +173,7 @@ def main(argv: list[str]) -> int:
         tps = [batch_generator_tps(model, prompts, a.tokens, bias) for _ in range(a.repeats)]
         _row("BatchGenerator", b, statistics.median(tps))
         step = for_model(loaded.model)
-        for name, off in (("mlxd engine, plain forward", "profile"), ("mlxd engine", None)):
+        for name, off in (("mlxd engine", "profile"), ("mlxd engine, compiled forward", None)):
             step.off = off
             runs = [engine_run(engine, prompts, a.tokens, bias) for _ in range(a.repeats)]
             mid = sorted(runs, key=lambda r: r[0])[len(runs) // 2]

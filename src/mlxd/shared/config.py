@@ -169,6 +169,9 @@ class Settings(BaseSettings):
     prefill_step: int | None = Field(None, ge=16)
     prefill_budget: int | None = Field(None, ge=16)
     kv_budget_bytes: int | None = Field(None, ge=0)  # None: from memory; 0: rows bound by batch
+    # Compile the decode forward once per shape (engine/compiled.py). None: on the CPU only,
+    # where it measured faster; on the H200 it won at batch 8 on a 0.6B model and lost on 8B.
+    compile_decode: bool | None = None
     warmup: bool = True  # run the engine's shapes once before READY
     # A quiet stream (a long prefill) sends a protocol event this often, not just a comment:
     # coding agents' idle watchdogs count only events (docs/coding-agents.md).

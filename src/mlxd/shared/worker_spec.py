@@ -43,6 +43,7 @@ SAME_AS_SETTINGS = (
     "prefill_step",
     "prefill_budget",
     "kv_budget_bytes",
+    "compile_decode",
     "warmup",
     "max_body_bytes",
     "prompt_cache_bytes",
@@ -103,6 +104,7 @@ class WorkerSpec(BaseModel):
     # (estimates before they do), never below this model's estimate (None: the machine's
     # memory). The worker's memory plan fits weights, caches and KV within it.
     memory_limit_bytes: int | None = Field(None, ge=0)
+    compile_decode: bool | None = None  # the decode forward compiled (None: on the CPU only)
     warmup: bool = True  # run the engine's shapes once before READY
     max_body_bytes: int = 32 * 1024 * 1024
     grace_s: float = 30.0

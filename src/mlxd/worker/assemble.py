@@ -78,6 +78,9 @@ def make_engine(
         warmup=cfg.warmup,
         memory_plan=mem,
         spec=spec_config(cfg.speculative, cfg.num_draft_tokens, draft),
+        compile_decode=(
+            cfg.compile_decode if cfg.compile_decode is not None else mx.default_device() == mx.cpu
+        ),
     )
 
 

@@ -86,6 +86,12 @@ def _flag_parser(log_level: str) -> argparse.ArgumentParser:
     )
     _opt(p, "prefill_budget", int, "prompt tokens per step while rows decode")
     p.add_argument(
+        "--compile-decode",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="compile the decode forward once per shape (default: on the CPU only)",
+    )
+    p.add_argument(
         "--kv-budget-bytes",
         type=int,
         default=None,

@@ -13,10 +13,16 @@ from mlxd.worker.engine.decode import DecodeBatch, SpecConfig
 
 
 def make_generator(
-    model, *, batch: int, chunk: int, stream, spec: SpecConfig | None = None
+    model,
+    *,
+    batch: int,
+    chunk: int,
+    stream,
+    spec: SpecConfig | None = None,
+    compiled: bool = True,
 ) -> BatchGenerator:
     """A BatchGenerator of `batch` rows that prefills in `chunk`s and decodes through ours
-    (speculating for a lone row when `spec` says how)."""
+    (speculating for a lone row when `spec` says how; the forward compiled if `compiled`)."""
     gen = BatchGenerator(
         model,
         completion_batch_size=batch,
@@ -24,7 +30,7 @@ def make_generator(
         prefill_step_size=chunk,
         stream=stream,
     )
-    gen._generation_batch = DecodeBatch(model, spec)
+    gen._generation_batch = DecodeBatch(model, spec, compiled)
     return gen
 
 

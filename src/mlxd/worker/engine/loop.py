@@ -83,9 +83,11 @@ class Engine:
         trace: Callable[[StepTrace], None] | None = None,
         memory_plan: MemoryPlan | None = None,
         spec: SpecConfig | None = None,
+        compile_decode: bool = False,
     ):
         self.m = loaded
         self.spec = spec  # speculative decoding of a lone row (None: off)
+        self.compile_decode = compile_decode  # the decode forward compiled (engine/compiled.py)
         self.cache = cache
         self.trimmable = can_trim_prompt_cache(make_prompt_cache(loaded.model))
         self.batch_size = batch
@@ -333,6 +335,7 @@ class Engine:
             chunk=self.plan.idle_chunk,
             stream=self._stream,
             spec=self.spec,
+            compiled=self.compile_decode,
         )
         decode_batch(gen).clock = self.clock
         if self.memory_plan is not None:  # the generator wired the whole working set
