@@ -99,19 +99,47 @@ async def _hold_device(ctx: Context, t: Target) -> None:
         await _one(ctx, t, "warm up", 2)
 
 
-async def ssd_written_bytes(target: Target) -> float | None:
-    """What the supervisor's workers wrote to their SSD tier so far (None: not reported)."""
+async def metric_sums(target: Target, *names: str) -> dict[str, float] | None:
+    """Each named series of the supervisor's /metrics, summed over its labels (None: no
+    /metrics, or a name it does not report)."""
     async with target.session() as session:
         async with session.get("/metrics") as resp:
             if resp.status != 200:
                 return None
             text = await resp.text()
-    values = [
-        float(line.rsplit(" ", 1)[1])
-        for line in text.splitlines()
-        if line.startswith("mlxd_prompt_cache_ssd_written_bytes_total")
-    ]
-    return sum(values) if values else None
+    sums: dict[str, float] = {}
+    for line in text.splitlines():
+        name = line.split("{", 1)[0].split(" ", 1)[0]
+        if name in names:
+            sums[name] = sums.get(name, 0.0) + float(line.rsplit(" ", 1)[1])
+    return sums if len(sums) == len(names) else None
+
+
+async def ssd_written_bytes(target: Target) -> float | None:
+    """What the supervisor's workers wrote to their SSD tier so far (None: not reported)."""
+    sums = await metric_sums(target, SSD_WRITTEN)
+    return sums[SSD_WRITTEN] if sums else None
+
+
+SSD_WRITTEN = "mlxd_prompt_cache_ssd_written_bytes_total"
+# The engine's part of each first token: (sum, sum, count) of its two summaries.
+ENGINE_FIRST = (
+    "mlxd_engine_queue_wait_seconds_sum",
+    "mlxd_engine_admitted_to_first_token_seconds_sum",
+    "mlxd_engine_queue_wait_seconds_count",
+)
+
+
+async def _engine_level(ctx: Context, t: Target, c: int, agg: Figure, parts: list[Figure]):
+    """_level, and for the supervisor the mean seconds its requests spent queued in the
+    worker and then admitted before their first token (from /metrics, around the level)."""
+    before = await metric_sums(t, *ENGINE_FIRST) if t is ctx.mlxd else None
+    rate, ttfts = await _level(ctx, t, c, agg)
+    after = await metric_sums(t, *ENGINE_FIRST) if before is not None else None
+    if before and after and (n := after[ENGINE_FIRST[2]] - before[ENGINE_FIRST[2]]):
+        for fig, name in zip(parts, ENGINE_FIRST[:2], strict=True):
+            fig.add(t.name, (after[name] - before[name]) / n)
+    return rate, ttfts
 
 
 async def concurrency(ctx: Context) -> list[Figure]:
@@ -127,14 +155,22 @@ async def concurrency(ctx: Context) -> list[Figure]:
         )
         p50 = Figure("concurrency", f"TTFT p50 @{c}", "s", False)
         p95 = Figure("concurrency", f"TTFT p95 @{c}", "s", False, goal=0.5 if c == 8 else None)
+        note = "mlxd only, the mean per request from its /metrics: "
+        parts = [
+            Figure("concurrency", f"{what} @{c}", "s", False, base="", note=note + why)
+            for what, why in (
+                ("engine queue wait", "submitted to the engine -> admitted to the batch"),
+                ("engine admitted -> first token", "prefill and the steps it shared"),
+            )
+        ]
         for run in range(ctx.sizes.repeats):
             for t in _order([ctx.mlxd, ctx.mlx_lm], run):
-                rate, ttfts = await _level(ctx, t, c, agg)
+                rate, ttfts = await _engine_level(ctx, t, c, agg, parts)
                 requests += len(ttfts) if t is ctx.mlxd else 0
                 agg.add(t.name, rate)
                 p50.add(t.name, _percentile(ttfts, 0.5))
                 p95.add(t.name, _percentile(ttfts, 0.95))
-        figs += [agg, p50, p95]
+        figs += [agg, p50, p95, *(f for f in parts if f.samples)]
     written_after = await ssd_written_bytes(ctx.mlxd) if supervised else None
     if written_before is not None and written_after is not None and requests:
         ssd = Figure(

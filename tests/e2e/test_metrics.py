@@ -58,6 +58,18 @@ def test_metrics_move_as_requests_flow(make_daemon):
     )
     assert value(m, "mlxd_models_loaded") == 2
     assert value(m, "mlxd_loads_total") == 2
+    # The engine's part of the first token, per model: every request got one.
+    for name in ("queue_wait", "admitted_to_first_token"):
+        assert value(m, f"mlxd_engine_{name}_seconds_count", model="a") == 2
+        assert value(m, f"mlxd_engine_{name}_seconds_count", model="b") == 1
+    engine_part = value(m, "mlxd_engine_queue_wait_seconds_sum", model="a") + value(
+        m, "mlxd_engine_admitted_to_first_token_seconds_sum", model="a"
+    )
+    assert (
+        0
+        < engine_part
+        <= value(m, "mlxd_request_duration_seconds_sum", model="a", route=chat_route)
+    )
     assert value(m, "mlxd_crashes_total") == value(m, "mlxd_evictions_total") == 0
     assert value(m, "mlxd_model_state", model="a", state="ready") == 1
     assert value(m, "mlxd_leases") == value(m, "mlxd_queue_depth") == 0

@@ -19,7 +19,7 @@ from prometheus_client import (
     Histogram,
     generate_latest,
 )
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, SummaryMetricFamily
 
 from mlxd.shared.logs import bind_log_context, reset_log_context
 from mlxd.supervisor.admin.views import fan_out, worker_rss_bytes
@@ -203,7 +203,20 @@ class ScrapeCollector:
             "Drafted tokens the target accepted (speculative decoding)",
             labels=["model"],
         )
+        queue = SummaryMetricFamily(
+            "mlxd_engine_queue_wait_seconds",
+            "Time a request waited in its worker for room in the batch (to its first token)",
+            labels=["model"],
+        )
+        admitted = SummaryMetricFamily(
+            "mlxd_engine_admitted_to_first_token_seconds",
+            "Time from joining the batch to the first token (prefill and shared steps)",
+            labels=["model"],
+        )
         for model, st in sorted(self.workers.items()):
+            first = _num(st, "first_tokens")
+            queue.add_metric([model], first, _num(st, "queue_wait_s"))
+            admitted.add_metric([model], first, _num(st, "admitted_to_first_token_s"))
             drafted.add_metric([model], _num(st, "spec_drafted_tokens"))
             accepted.add_metric([model], _num(st, "spec_accepted_tokens"))
             ssd_bytes.add_metric([model], _num(st, "cache_ssd_written_bytes"))
@@ -220,7 +233,7 @@ class ScrapeCollector:
             for event, key in CACHE_EVENTS:
                 events.add_metric([model, event], _num(st, key))
         yield from (prompt, gen, hits, misses, size, hit_tokens, entries, events)
-        yield from (ssd_bytes, ssd_writes, drafted, accepted)
+        yield from (ssd_bytes, ssd_writes, drafted, accepted, queue, admitted)
 
 
 def _num(stats: dict, key: str) -> float:

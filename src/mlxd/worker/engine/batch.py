@@ -14,7 +14,7 @@ from mlx_lm.generate import BatchGenerator, StopSequences
 from mlxd.shared.errors import MlxdError
 from mlxd.worker.cache.prompt_cache import PromptCache
 from mlxd.worker.engine.recovery import Broken, generation_failed
-from mlxd.worker.engine.rows import Event, Row, Submission
+from mlxd.worker.engine.rows import Event, FirstTokens, Row, Submission
 
 log = logging.getLogger("mlxd.worker.engine.loop")
 
@@ -35,6 +35,7 @@ class Batch:
         self.requests_done = 0
         self.cancellations = 0
         self.recoveries = 0  # failed steps after which the batch was rebuilt (recovery.py)
+        self.first_tokens = FirstTokens()
 
     def __len__(self) -> int:
         return len(self.rows)

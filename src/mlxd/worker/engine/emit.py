@@ -35,6 +35,8 @@ def on_token(batch: Batch, r) -> None:
     if row is None:
         return
     row.generated += 1
+    if row.generated == 1:
+        batch.first_tokens.add(row)
     row.tokens.append(r.token)
     finish = r.finish_reason
     logprobs = None

@@ -48,6 +48,23 @@ class Submission:
     processors: list = field(default_factory=list)
     cancelled: bool = False
     cancel_reason: MlxdError | None = None
+    submitted_at: float = field(default_factory=time.monotonic)  # when it reached the engine
+
+
+@dataclass
+class FirstTokens:
+    """Where the time to each row's first token went, summed over the engine's life: waiting
+    for room in the batch (submitted -> admitted), then admitted -> first token (prefill,
+    and the steps it shared). /stats and /metrics report them."""
+
+    count: int = 0
+    queue_s: float = 0.0
+    prefill_s: float = 0.0
+
+    def add(self, row: Row) -> None:
+        self.count += 1
+        self.queue_s += max(0.0, row.admitted_at - row.sub.submitted_at)
+        self.prefill_s += max(0.0, time.monotonic() - row.admitted_at)
 
 
 @dataclass(eq=False)

@@ -34,6 +34,7 @@ def engine_stats(engine: Engine) -> dict:
         "prompt_tps": round(t.prompt_tokens / t.prompt_time, 2) if t.prompt_time else 0.0,
         "decode_tps": round(t.generation_tokens / t.decode_time, 2) if t.decode_time else 0.0,
         "requests_done": engine.requests_done,
+        **first_token_report(engine),
         "cancellations": engine.cancellations,
         "engine_recoveries": engine.recoveries,
         "memory_active_bytes": mx.get_active_memory(),
@@ -41,6 +42,17 @@ def engine_stats(engine: Engine) -> dict:
         **(engine.cache.stats() if engine.cache else {}),
         **spec_report(engine),
         **memory_report(engine),
+    }
+
+
+def first_token_report(engine: Engine) -> dict:
+    """Rows that got a first token, and the seconds they spent queued and then admitted
+    before it (sums: a scrape's difference over its count gives the mean)."""
+    ft = engine._batch.first_tokens
+    return {
+        "first_tokens": ft.count,
+        "queue_wait_s": round(ft.queue_s, 6),
+        "admitted_to_first_token_s": round(ft.prefill_s, 6),
     }
 
 
