@@ -9,10 +9,13 @@ from __future__ import annotations
 
 import mlx.core as mx
 import pytest
+from mlx_lm.models.cache import ArraysCache, BatchKVCache, CacheList, KVCache, QuantizedKVCache
 
 from mlxd.shared.params import GenerationParams
+from mlxd.worker.engine import compiled
 from mlxd.worker.engine.compiled import CompiledStep, for_model
-from mlxd.worker.engine.generator import decode_batch, make_generator
+from mlxd.worker.engine.generator import make_generator
+from mlxd.worker.engine.loop import Engine
 from mlxd.worker.engine.sampling import RowSampling
 from mlxd.worker.model import load_model
 
@@ -27,9 +30,8 @@ def loaded(tiny_model_dir):
 
 def _decode(model, rows, compiled, sampled=False) -> list[list[int]]:
     """Every row's tokens, rows inserted at their step; `compiled` False: the plain forward."""
-    gen = make_generator(model, batch=8, chunk=256, stream=mx.default_stream(mx.default_device()))
-    if not compiled:
-        decode_batch(gen).compiled = None
+    stream = mx.default_stream(mx.default_device())
+    gen = make_generator(model, batch=8, chunk=256, stream=stream, compiled=compiled)
     out: dict[int, list[int]] = {}
     order: list[int] = []
     pending = sorted(range(len(rows)), key=lambda i: rows[i][2])
@@ -59,7 +61,8 @@ def _decode(model, rows, compiled, sampled=False) -> list[list[int]]:
 def test_a_lone_row_decodes_the_same_tokens_compiled(loaded):
     rows = [(30, 500, 0)]  # past two buffer steps
     assert _decode(loaded.model, rows, True) == _decode(loaded.model, rows, False)
-    assert for_model(loaded.model).off is None
+    step = for_model(loaded.model)
+    assert step.off is None and KVCache in step.checked  # it did run compiled (the CPU)
 
 
 @pytest.mark.parametrize("sampled", [False, True], ids=["greedy", "seeded"])
@@ -67,7 +70,27 @@ def test_rows_that_join_and_leave_decode_the_same_tokens_compiled(loaded, sample
     plain = _decode(loaded.model, ROWS, False, sampled)
     assert [len(t) for t in plain] == [n for _, n, _ in ROWS]
     assert _decode(loaded.model, ROWS, True, sampled) == plain
-    assert for_model(loaded.model).off is None
+    step = for_model(loaded.model)
+    assert step.off is None and BatchKVCache in step.checked
+
+
+def test_traced_shapes_stay_bounded_and_tokens_stay_the_same(loaded, monkeypatch):
+    monkeypatch.setattr(compiled, "MAX_SHAPES", 2)
+    model = _Wrapped(loaded.model, lambda logits, cache: logits)  # a step of its own
+    assert _decode(model, ROWS, True) == _decode(loaded.model, ROWS, False)
+    step = for_model(model)
+    assert step.off is None and 0 < len(step.shapes) <= 2
+
+
+def test_the_warm_up_compiles_only_when_the_engine_does(tiny_model_dir):
+    for on in (False, True):
+        fresh = load_model(tiny_model_dir, "tiny")
+        engine = Engine(fresh, batch=4, compile_decode=on)
+        engine.start()
+        assert engine.warmed.wait(120)
+        engine.stop()
+        assert engine.join(30)
+        assert (getattr(fresh.model, compiled.ATTR, None) is not None) is on
 
 
 class _Wrapped:
@@ -102,12 +125,16 @@ def test_a_model_that_compiles_to_other_logits_is_caught_and_decodes_plain(loade
     assert "differ" in for_model(model).off
 
 
-def test_a_quantized_or_missing_cache_is_not_compiled(loaded):
+def test_caches_it_cannot_compile_take_the_plain_forward(loaded):
     step = CompiledStep(loaded.model)
     assert not step.usable([])
-    from mlx_lm.models.cache import KVCache, QuantizedKVCache
-
     assert not step.usable([KVCache()])  # nothing written yet
     q = QuantizedKVCache()
     q.keys = mx.zeros((1, 1, 1, 1))
     assert not step.usable([q])
+    # Recurrent (Mamba-style) and list caches have no `keys` at all.
+    assert not step.usable([ArraysCache(2)])
+    assert not step.usable([CacheList(KVCache(), KVCache())])
+    written = KVCache()
+    written.update_and_fetch(mx.zeros((1, 1, 4, 8)), mx.zeros((1, 1, 4, 8)))
+    assert not step.usable([written, ArraysCache(2)])  # a hybrid: every layer must be plain KV

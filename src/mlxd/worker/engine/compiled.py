@@ -10,7 +10,9 @@ Python ints. So the step runs over the caches' whole allocated buffers (a multip
 positions), through views whose write position and RoPE offsets are arrays and whose mask
 hides the unwritten tail (and a batch row's left padding). The shapes then change only when a
 buffer grows (every STEP tokens) or the rows change; each (rows, capacity) pair is traced
-once per model and kept.
+once and kept, up to MAX_SHAPES per model (each holds the traced graph: ~3.5 MB of host
+memory for a 36-layer model); past that the traces are dropped and the shapes in use are
+traced again, so a long-lived worker's batches and contexts cannot grow them without bound.
 
 Only mlx-lm's float caches are compiled: a lone row's `KVCache`, a batch's `BatchKVCache`.
 Quantized, rotating or recurrent caches take the plain forward. A model whose Python reads
@@ -30,6 +32,7 @@ from mlx_lm.models.cache import BatchKVCache, KVCache
 log = logging.getLogger("mlxd.worker.engine.loop")
 
 STEP = 256  # capacity granularity (KVCache and BatchKVCache grow by the same step)
+MAX_SHAPES = 32  # traced (rows, capacity) shapes kept per model before they are all dropped
 AGREE = 0.05  # largest |compiled - plain| logit difference, relative to the largest logit
 
 
@@ -55,7 +58,8 @@ class CompiledStep:
     def __init__(self, model):
         self.model = model
         self.off: str | None = None  # why compiling is off for this model, when it is
-        self._checked: set[type] = set()
+        self.checked: set[type] = set()  # cache kinds whose compiled step agreed with plain
+        self.shapes: set[tuple] = set()  # (cache kind, rows, capacity) traced by `_fn`
         self._fn = mx.compile(self._forward)
 
     def _forward(self, tokens, idx, offset, left, *kv):
@@ -71,14 +75,16 @@ class CompiledStep:
 
     def usable(self, caches: list) -> bool:
         """Whether this batch's forward can be compiled."""
-        if self.off is not None or not caches or caches[0].keys is None:
+        if self.off is not None or not caches:
             return False
         kind = type(caches[0])
+        if kind not in (KVCache, BatchKVCache) or caches[0].keys is None:
+            return False  # recurrent, rotating, quantized or list caches, or nothing written
         if kind is KVCache and mx.default_device() != mx.cpu:
             # A lone row's plain attention has no mask: one fused kernel on a GPU, which the
             # compiled step's masked attention is not (H200, 0.6B: 254 plain vs 180 tok/s).
             return False
-        return kind in (KVCache, BatchKVCache) and all(type(c) is kind for c in caches)
+        return all(type(c) is kind for c in caches)
 
     def __call__(self, tokens: mx.array, caches: list) -> mx.array | None:
         """The (rows, vocab) logits of one decode step, the caches advanced as the plain
@@ -93,6 +99,11 @@ class CompiledStep:
         offset = first.offset if batch else idx
         left = first.left_padding if batch else mx.array(0)
         kv = [c.keys for c in caches] + [c.values for c in caches]
+        shape = (kind, kv[0].shape[0], kv[0].shape[2])
+        if shape not in self.shapes:
+            if len(self.shapes) >= MAX_SHAPES:  # drop every trace (MLX frees them with _fn)
+                self._fn, self.shapes = mx.compile(self._forward), set()
+            self.shapes.add(shape)
         try:
             out = self._fn(tokens, idx, offset, left, *kv)
         except Exception as e:  # noqa: BLE001 - any trace failure: this model stays plain
@@ -100,7 +111,7 @@ class CompiledStep:
             return None
         del kv
         logits, nxt, n = out[0], out[1], len(caches)
-        if kind not in self._checked and not self._agrees(logits, tokens, caches):
+        if kind not in self.checked and not self._agrees(logits, tokens, caches):
             return None
         for i, c in enumerate(caches):
             c.keys, c.values = out[2 + i], out[2 + n + i]
@@ -125,7 +136,7 @@ class CompiledStep:
         if worst > AGREE:
             self._disable(f"its compiled logits differ from the plain forward's ({worst:.3f})")
             return False
-        self._checked.add(kind)
+        self.checked.add(kind)
         return True
 
     def _disable(self, why: str) -> None:
@@ -163,12 +174,13 @@ def _restore(c, s: tuple) -> None:
         c.keys, c.values, c.offset = s
 
 
-_STEPS: dict[int, CompiledStep] = {}
+ATTR = "_mlxd_compiled_step"
 
 
 def for_model(model) -> CompiledStep:
-    """The model's compiled step (a worker serves one model: its traces are kept for life)."""
-    step = _STEPS.get(id(model))
-    if step is None or step.model is not model:
-        step = _STEPS[id(model)] = CompiledStep(model)
+    """The model's compiled step, kept on the model (its traces live and die with it)."""
+    step = getattr(model, ATTR, None)
+    if step is None:
+        step = CompiledStep(model)
+        setattr(model, ATTR, step)  # a plain attribute: mlx's Module keeps it out of its tree
     return step

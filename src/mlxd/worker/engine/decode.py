@@ -79,7 +79,7 @@ class Clock(defaultdict):
 class DecodeBatch:
     """Rows decoding together: their caches, tokens, sampling and stop state."""
 
-    def __init__(self, model, spec: SpecConfig | None = None, compiled: bool = True):
+    def __init__(self, model, spec: SpecConfig | None = None, compiled: bool = False):
         self.model = model
         self.compiled: CompiledStep | None = for_model(model) if compiled else None
         self.spec = spec

@@ -19,7 +19,7 @@ def make_generator(
     chunk: int,
     stream,
     spec: SpecConfig | None = None,
-    compiled: bool = True,
+    compiled: bool = False,
 ) -> BatchGenerator:
     """A BatchGenerator of `batch` rows that prefills in `chunk`s and decodes through ours
     (speculating for a lone row when `spec` says how; the forward compiled if `compiled`)."""

@@ -223,7 +223,13 @@ class Engine:
         if self._warmup:
             m = self.m
             self.warmup_s = timed_warm_up(
-                m.model, self._stream, self.plan, self.batch_size, m.context_limit, self.spec
+                m.model,
+                self._stream,
+                self.plan,
+                self.batch_size,
+                m.context_limit,
+                self.spec,
+                self.compile_decode,
             )
         self.warmed.set()
         batch = self._batch

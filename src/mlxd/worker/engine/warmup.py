@@ -8,6 +8,7 @@ cache or the engine's counters.
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 
@@ -38,12 +39,16 @@ SAMPLED = GenerationParams(
 MAX_STEPS = 10_000  # a bound on one shape's loop, whatever the generator does
 
 
-def warm_up(model, stream, plan: PlanConfig, batch: int, context_limit: int, spec=None) -> int:
+def warm_up(
+    model, stream, plan: PlanConfig, batch: int, context_limit: int, spec=None, compiled=False
+) -> int:
     """Run every shape once; returns the steps it took. The CPU runs small shapes only: it
     has no GPU kernels to compile, and the code paths are the same. With `spec` (a
-    SpecConfig), a lone row on a repeating prompt also runs the verify forward."""
+    SpecConfig), a lone row on a repeating prompt also runs the verify forward; `compiled`:
+    the decode forward the engine will run (compiled.py)."""
     chunks, buckets = warmup_shapes(plan, batch, context_limit, mx.default_device() == mx.cpu)
-    gen = make_generator(model, batch=batch, chunk=max(chunks), stream=stream)
+    make = functools.partial(make_generator, model, stream=stream, compiled=compiled)
+    gen = make(batch=batch, chunk=max(chunks))
     steps = 0
     try:
         for c in chunks:
@@ -60,7 +65,7 @@ def warm_up(model, stream, plan: PlanConfig, batch: int, context_limit: int, spe
         if spec is not None:
             gen.close()
             own = SpecConfig(spec.mode, spec.k, spec.draft_model)  # not the engine's counters
-            gen = make_generator(model, batch=batch, chunk=max(chunks), stream=stream, spec=own)
+            gen = make(batch=batch, chunk=max(chunks), spec=own)
             prompt = [1 + i % 3 for i in range(24)]  # drafts for prompt lookup too
             steps += _run(gen, [prompt], max(chunks), 3 * spec.k)
     finally:
@@ -88,12 +93,12 @@ def _run(gen, prompts, chunk, max_tokens=1, samplers=None, processors=None) -> i
 
 
 def timed_warm_up(
-    model, stream, plan: PlanConfig, batch: int, context_limit: int, spec=None
+    model, stream, plan: PlanConfig, batch: int, context_limit: int, spec=None, compiled=False
 ) -> float:
     """warm_up, logged; a failure is logged and skipped (warm-up only saves time later)."""
     t0 = time.monotonic()
     try:
-        steps = warm_up(model, stream, plan, batch, context_limit, spec)
+        steps = warm_up(model, stream, plan, batch, context_limit, spec, compiled)
     except Exception:
         log.exception("warm-up failed; serving without it")
         return 0.0
