@@ -4,6 +4,8 @@
 #   bash bench/h200.sh small      # bench run, 0.6B shape: single, concurrency 1-32, proxy
 #   bash bench/h200.sh large      # bench run, 8B shape: single, longprompt, concurrency 8-32
 #   bash bench/h200.sh spec       # bench speculative (prompt lookup) on both shapes
+#   bash bench/h200.sh ttft       # 0.6B concurrency @8 with the engine's first-token split,
+#                                 # compile_decode off then on (where the @8 TTFT goes)
 # Results go to $OUT (the device tool brings them back).
 set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -28,5 +30,11 @@ large)
   timeout 560 bash bench/gpu_run.sh --shape qwen3-8b --only single,longprompt,concurrency \
     --levels 8,16,32 --repeats 3 --exclusive --out "$out/large" 2>&1 | tail -60
   ;;
-*) echo "usage: $0 profile|small|large|spec" >&2; exit 2 ;;
+ttft)
+  for compiled in false true; do
+    MLXD_COMPILE_DECODE=$compiled timeout 270 bash bench/gpu_run.sh --shape qwen3-0.6b \
+      --only concurrency --levels 8 --repeats 3 --out "$out/ttft-compiled-$compiled" 2>&1 | grep '^|'
+  done
+  ;;
+*) echo "usage: $0 profile|small|large|spec|ttft" >&2; exit 2 ;;
 esac
