@@ -70,9 +70,6 @@ def test_the_plan_is_reported_and_bounds_mlx(planned):
         assert stats["memory_limit_bytes"] == limit and stats["weights_bytes"] == weights
         # limit - weights - the headroom (half of what the weights leave): 768 positions
         assert stats["kv_budget_bytes"] == 768 * BYTES_PER_TOKEN
-        # A batched prefill's attention scores get half the headroom (what the KV did not).
-        headroom = limit - weights - stats["kv_budget_bytes"] - stats.get("cache_ram_cap_bytes", 0)
-        assert 0 < stats["prefill_scores_bytes"] <= headroom // 2 + 1
         health = c.get("/health").json()
         assert health["memory_limit_bytes"] == limit
         assert health["memory_in_use_bytes"] >= weights

@@ -58,34 +58,3 @@ def test_warmup_shapes_follow_the_plan_and_the_context():
     assert warmup_shapes(CFG, 32, 4096, small=True) == ([16], [1, 2])
     assert warmup_shapes(CFG, 1, 4096, small=True) == ([16], [1])
     assert warmup_shapes(PlanConfig(step_budget=8, min_chunk=8), 4, 64, True) == ([8], [1, 2])
-
-
-# The 8B shape (32 query heads, bf16, with the softmax's copy: 128 bytes per pair), 13 GB.
-BOUNDED = PlanConfig(idle_chunk=4096, step_budget=4096, scores_bytes=13 * 10**9, pair_bytes=128)
-
-
-def _scores(rows, chunk) -> int:
-    return len(rows) * chunk * (max(r.pos for r in rows) + chunk) * 128
-
-
-def test_long_prompts_prefilled_together_get_chunks_whose_scores_fit_the_bound():
-    # Two agents' 100k-token prompts, 90k of each in the cache: the budget's 2048-token
-    # chunks would materialize 47 GB of scores per layer.
-    rows = [Prefilling(10_000, True, pos=90_000) for _ in range(2)]
-    assert _scores(rows, 2048) > BOUNDED.scores_bytes
-    chunk = plan_chunk(0, rows, BOUNDED)
-    assert _scores(rows, chunk) <= BOUNDED.scores_bytes < _scores(rows, 2 * chunk)
-    # Early in the same prompts the budget's chunk fits and stands.
-    early = [Prefilling(90_000, True, pos=4096) for _ in range(2)]
-    assert plan_chunk(0, early, BOUNDED) == 2048
-
-
-def test_one_row_and_unbounded_plans_are_not_cut():
-    assert plan_chunk(0, [Prefilling(30_000, True, pos=100_000)], BOUNDED) == 4096
-    rows = [Prefilling(10_000, True, pos=90_000) for _ in range(2)]
-    assert plan_chunk(0, rows, PlanConfig(idle_chunk=4096, step_budget=4096)) == 2048
-
-
-def test_the_bound_never_cuts_below_the_smallest_chunk():
-    rows = [Prefilling(9000, True, pos=1_000_000) for _ in range(8)]
-    assert plan_chunk(0, rows, BOUNDED) == BOUNDED.min_chunk

@@ -43,6 +43,7 @@ def make_engine(
     idle = cfg.prefill_step or default_idle
     # A busy step never prefills more than an idle one.
     budget_tokens = min(cfg.prefill_budget or default_budget, idle)
+    plan = PlanConfig(idle, budget_tokens, min(MIN_CHUNK, budget_tokens))
     bpt = loaded.kv_bytes_per_token
     mem = plan_memory(
         machine_bytes=device_memory_bytes(),
@@ -52,14 +53,6 @@ def make_engine(
         kv_budget_bytes=cfg.kv_budget_bytes,
     )
     apply_memory_limit(mem.total_bytes)
-    # A batched prefill's materialized attention scores get half the plan's headroom.
-    plan = PlanConfig(
-        idle,
-        budget_tokens,
-        min(MIN_CHUNK, budget_tokens),
-        scores_bytes=mem.headroom_bytes // 2,
-        pair_bytes=loaded.score_pair_bytes,
-    )
     if cache is not None and mem.prompt_cache_bytes < cache.ram.cap_bytes:
         cache.ram.cap_bytes = mem.prompt_cache_bytes  # the share left less room (still empty)
     # The setting's 0 means no KV bound; a plan that leaves 0 refuses every row (a 413).

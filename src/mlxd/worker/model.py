@@ -91,18 +91,6 @@ class LoadedModel:
         )
 
     @cached_property
-    def score_pair_bytes(self) -> int:
-        """Bytes of attention scores per (query, key) pair of one layer when they are
-        materialized: every query head, in the float dtype, twice (the scores and the masked
-        softmax beside them). 0 when the config does not name its heads."""
-        cfg = self.config.get("text_config") or self.config
-        try:
-            heads = int(cfg["num_attention_heads"])
-        except (KeyError, TypeError, ValueError):
-            return 0
-        return 2 * heads * self.kv_dtype_bytes
-
-    @cached_property
     def kv_dtype_bytes(self) -> int:
         """Bytes of the float dtype K and V (or their scales) are computed in."""
         return _float_bytes(self.model)

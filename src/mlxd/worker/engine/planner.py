@@ -12,14 +12,6 @@ of its prompt batch by the same chunk in one right-padded forward, so a step cos
 
 The budget is shared among the prefilling rows (right padding makes every row cost the
 longest chunk), never below `min_chunk` each so a crowded step still makes progress.
-
-Several rows prefilled together attend under an array mask (their right padding), which no
-fused attention kernel takes: the scores (rows x heads x chunk x keys) are materialized, one
-layer at a time. Two agents' 100k-token prompts prefilled together on an 8B model (32 heads,
-bf16) in 2048-token chunks would need ~50 GB of them near their ends, more than a 64 GB Mac
-has beside the weights. So with `scores_bytes` set, a batched chunk is halved until its
-scores fit (never below `min_chunk`). One row's causal attention is fused on a GPU and is not
-bounded here.
 """
 
 from __future__ import annotations
@@ -39,8 +31,6 @@ class PlanConfig:
     idle_chunk: int = 4096
     step_budget: int = 1024
     min_chunk: int = MIN_CHUNK
-    scores_bytes: int | None = None  # what a batched prefill's attention scores may take
-    pair_bytes: int = 0  # scores bytes per (query, key) pair: every head, with a working copy
 
     def __post_init__(self):
         if not 1 <= self.min_chunk <= self.step_budget:
@@ -55,7 +45,6 @@ class Prefilling:
 
     todo: int  # prompt tokens still to prefill (the last one goes with the first decode)
     started: bool  # it has had a chunk already (False: admitted for this step)
-    pos: int = 0  # positions already in its cache (the next chunk attends to pos + chunk)
 
 
 def is_busy(decoding: int, rows: Sequence[Prefilling]) -> bool:
@@ -74,20 +63,7 @@ def plan_chunk(decoding: int, rows: Sequence[Prefilling], cfg: PlanConfig) -> in
     budget = cfg.step_budget if is_busy(decoding, rows) else cfg.idle_chunk
     # The longest row's need caps the chunk: a larger one would only be padding.
     need = max(r.todo for r in rows)
-    chunk = max(1, min(need, max(budget // len(rows), cfg.min_chunk)))
-    return _fit_scores(chunk, rows, cfg)
-
-
-def _fit_scores(chunk: int, rows: Sequence[Prefilling], cfg: PlanConfig) -> int:
-    """`chunk`, halved while a batched prefill's attention scores would pass the bound."""
-    if len(rows) < 2 or cfg.scores_bytes is None or cfg.pair_bytes <= 0:
-        return chunk
-    keys = max(r.pos for r in rows)
-    while chunk > cfg.min_chunk:
-        if len(rows) * chunk * (keys + chunk) * cfg.pair_bytes <= cfg.scores_bytes:
-            break
-        chunk = max(cfg.min_chunk, chunk // 2)
-    return chunk
+    return max(1, min(need, max(budget // len(rows), cfg.min_chunk)))
 
 
 # The largest prefill chunk a warm-up runs: its cost is bounded whatever the model's size.

@@ -127,7 +127,7 @@ class Scheduler:
         """Pick this step's prefill chunk and set it on the generator."""
         rows = self.batch.rows.values()
         decoding = sum(1 for r in rows if r.todo == 0)
-        pre = [Prefilling(r.todo, r.started, r.pos) for r in rows if r.todo > 0]
+        pre = [Prefilling(r.todo, r.started) for r in rows if r.todo > 0]
         chunk = plan_chunk(decoding, pre, self.plan_cfg)
         if self.oom_divisor > 1:
             chunk = max(min(chunk, self.plan_cfg.min_chunk), chunk // self.oom_divisor)

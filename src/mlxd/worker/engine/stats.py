@@ -23,7 +23,6 @@ def engine_stats(engine: Engine) -> dict:
         "batch_size": engine.batch_size,
         "prefill_step": engine.plan.idle_chunk,
         "prefill_budget": engine.plan.step_budget,
-        "prefill_scores_bytes": engine.plan.scores_bytes,
         "kv_reserved_bytes": engine._sched.kv_reserved(),
         "kv_bits": engine.m.kv.bits,  # None: the model's float dtype
         "kv_group_size": engine.m.kv.group_size,
