@@ -99,9 +99,11 @@ async def _hold_device(ctx: Context, t: Target) -> None:
         await _one(ctx, t, "warm up", 2)
 
 
-async def metric_sums(target: Target, *names: str) -> dict[str, float] | None:
-    """Each named series of the supervisor's /metrics, summed over its labels (None: no
-    /metrics, or a name it does not report)."""
+async def metric_sums(
+    target: Target, *names: str, model: str | None = None
+) -> dict[str, float] | None:
+    """Each named series of the supervisor's /metrics, summed over its labels, or only
+    `model`'s (None: no /metrics, or a name it does not report)."""
     async with target.session() as session:
         async with session.get("/metrics") as resp:
             if resp.status != 200:
@@ -110,7 +112,7 @@ async def metric_sums(target: Target, *names: str) -> dict[str, float] | None:
     sums: dict[str, float] = {}
     for line in text.splitlines():
         name = line.split("{", 1)[0].split(" ", 1)[0]
-        if name in names:
+        if name in names and (model is None or f'model="{model}"' in line):
             sums[name] = sums.get(name, 0.0) + float(line.rsplit(" ", 1)[1])
     return sums if len(sums) == len(names) else None
 
@@ -133,12 +135,15 @@ ENGINE_FIRST = (
 async def _engine_level(ctx: Context, t: Target, c: int, agg: Figure, parts: list[Figure]):
     """_level, and for the supervisor the mean seconds its requests spent queued in the
     worker and then admitted before their first token (from /metrics, around the level)."""
-    before = await metric_sums(t, *ENGINE_FIRST) if t is ctx.mlxd else None
+    before = await metric_sums(t, *ENGINE_FIRST, model=t.model) if t is ctx.mlxd else None
     rate, ttfts = await _level(ctx, t, c, agg)
-    after = await metric_sums(t, *ENGINE_FIRST) if before is not None else None
-    if before and after and (n := after[ENGINE_FIRST[2]] - before[ENGINE_FIRST[2]]):
-        for fig, name in zip(parts, ENGINE_FIRST[:2], strict=True):
-            fig.add(t.name, (after[name] - before[name]) / n)
+    after = await metric_sums(t, *ENGINE_FIRST, model=t.model) if before is not None else None
+    if before and after:
+        delta = {k: after[k] - before[k] for k in ENGINE_FIRST}
+        # A worker restart in between resets its sums: nothing to record then.
+        if delta[ENGINE_FIRST[2]] > 0 and min(delta.values()) >= 0:
+            for fig, name in zip(parts, ENGINE_FIRST[:2], strict=True):
+                fig.add(t.name, delta[name] / delta[ENGINE_FIRST[2]])
     return rate, ttfts
 
 
