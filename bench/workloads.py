@@ -14,6 +14,7 @@ import time
 
 from .client import Target, stream_chat
 from .context import Context, Figure, _check_length, _one, _order, _percentile
+from .metrics import SSD_WRITTEN, engine_first, engine_first_means, ssd_written_bytes
 from .servers import bare_load
 
 WORKLOADS = ("single", "longprompt", "concurrency", "proxy", "multiturn", "swap")
@@ -99,51 +100,15 @@ async def _hold_device(ctx: Context, t: Target) -> None:
         await _one(ctx, t, "warm up", 2)
 
 
-async def metric_sums(
-    target: Target, *names: str, model: str | None = None
-) -> dict[str, float] | None:
-    """Each named series of the supervisor's /metrics, summed over its labels, or only
-    `model`'s (None: no /metrics, or a name it does not report)."""
-    async with target.session() as session:
-        async with session.get("/metrics") as resp:
-            if resp.status != 200:
-                return None
-            text = await resp.text()
-    sums: dict[str, float] = {}
-    for line in text.splitlines():
-        name = line.split("{", 1)[0].split(" ", 1)[0]
-        if name in names and (model is None or f'model="{model}"' in line):
-            sums[name] = sums.get(name, 0.0) + float(line.rsplit(" ", 1)[1])
-    return sums if len(sums) == len(names) else None
-
-
-async def ssd_written_bytes(target: Target) -> float | None:
-    """What the supervisor's workers wrote to their SSD tier so far (None: not reported)."""
-    sums = await metric_sums(target, SSD_WRITTEN)
-    return sums[SSD_WRITTEN] if sums else None
-
-
-SSD_WRITTEN = "mlxd_prompt_cache_ssd_written_bytes_total"
-# The engine's part of each first token: (sum, sum, count) of its two summaries.
-ENGINE_FIRST = (
-    "mlxd_engine_queue_wait_seconds_sum",
-    "mlxd_engine_admitted_to_first_token_seconds_sum",
-    "mlxd_engine_queue_wait_seconds_count",
-)
-
-
 async def _engine_level(ctx: Context, t: Target, c: int, agg: Figure, parts: list[Figure]):
     """_level, and for the supervisor the mean seconds its requests spent queued in the
     worker and then admitted before their first token (from /metrics, around the level)."""
-    before = await metric_sums(t, *ENGINE_FIRST, model=t.model) if t is ctx.mlxd else None
+    before = await engine_first(t) if t is ctx.mlxd else None
     rate, ttfts = await _level(ctx, t, c, agg)
-    after = await metric_sums(t, *ENGINE_FIRST, model=t.model) if before is not None else None
-    if before and after:
-        delta = {k: after[k] - before[k] for k in ENGINE_FIRST}
-        # A worker restart in between resets its sums: nothing to record then.
-        if delta[ENGINE_FIRST[2]] > 0 and min(delta.values()) >= 0:
-            for fig, name in zip(parts, ENGINE_FIRST[:2], strict=True):
-                fig.add(t.name, delta[name] / delta[ENGINE_FIRST[2]])
+    after = await engine_first(t) if before is not None else None
+    if before and after and (means := engine_first_means(before, after)):
+        for fig, mean in zip(parts, means, strict=True):
+            fig.add(t.name, mean)
     return rate, ttfts
 
 
@@ -185,7 +150,7 @@ async def concurrency(ctx: Context) -> list[Figure]:
             False,
             base="",
             note="mlxd only (mlx_lm.server has no SSD tier), from "
-            "mlxd_prompt_cache_ssd_written_bytes_total; 2026-11-29: ~80 MB per request.",
+            f"{SSD_WRITTEN}; 2026-11-29: ~80 MB per request.",
         )
         ssd.add("mlxd", (written_after - written_before) / requests)
         figs.append(ssd)
