@@ -162,14 +162,13 @@ def _resize(x: mx.array, cap: int, used: int) -> mx.array:
 
 
 def _state(c) -> tuple:
-    if type(c) is BatchKVCache:
-        return c.keys, c.values, c.offset, c._idx
-    return c.keys, c.values, c.offset
+    """Everything a forward moves in `c` (a KVCache's own `state` is cut to its offset)."""
+    return c.state if type(c) is BatchKVCache else (c.keys, c.values, c.offset)
 
 
 def _restore(c, s: tuple) -> None:
     if type(c) is BatchKVCache:
-        c.keys, c.values, c.offset, c._idx = s
+        c.state = s
     else:
         c.keys, c.values, c.offset = s
 
