@@ -7,6 +7,7 @@
     python -m bench profile --shape qwen3-8b --batches 1,8,32   # where a decode step goes
     python -m bench speculative --builtin            # prompt lookup on the built-in model
     python -m bench group                            # a worker group of 2 vs one process
+    python -m bench steps /tmp/steps.jsonl           # a worker's step log (MLXD_STEP_LOG)
 
 See docs/benchmarks.md for what each workload measures and the goals.
 """
@@ -37,6 +38,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     sub = p.add_subparsers(dest="command", required=True)
     sub.add_parser("profile", help="split a decode step's time (bench/profile.py)", add_help=False)
     sub.add_parser("speculative", help="decode with and without drafts", add_help=False)
+    sub.add_parser("steps", help="summarise a worker's step log (bench/steps.py)", add_help=False)
     r = sub.add_parser("run", help="run the side-by-side benchmark")
     r.add_argument(
         "--model", type=Path, help="mlx-lm model folder (default: a random model built for --shape)"
@@ -232,6 +234,10 @@ def main(argv: list[str] | None = None) -> int:
         from . import speculative
 
         return speculative.main(argv[1:])
+    if argv[:1] == ["steps"]:  # a worker's step log (MLXD_STEP_LOG): bench/steps.py
+        from . import steps
+
+        return steps.main(argv[1:])
     if argv[:1] == ["group"]:  # a worker group beside one process: see bench/group.py
         from . import group
 

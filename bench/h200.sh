@@ -4,8 +4,8 @@
 #   bash bench/h200.sh small      # bench run, 0.6B shape: single, concurrency 1-32, proxy
 #   bash bench/h200.sh large      # bench run, 8B shape: single, longprompt, concurrency 8-32
 #   bash bench/h200.sh spec       # bench speculative (prompt lookup) on both shapes
-#   bash bench/h200.sh ttft       # 0.6B concurrency @8 with the engine's first-token split,
-#                                 # compile_decode off then on (where the @8 TTFT goes)
+#   bash bench/h200.sh ttft       # 0.6B concurrency @8, @16 with the engine's first-token
+#                                 # split and its step log (where the TTFT goes)
 # Results go to $OUT (the device tool brings them back).
 set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -31,10 +31,9 @@ large)
     --levels 8,16,32 --repeats 3 --exclusive --out "$out/large" 2>&1 | tail -60
   ;;
 ttft)
-  for compiled in false true; do
-    MLXD_COMPILE_DECODE=$compiled timeout 270 bash bench/gpu_run.sh --shape qwen3-0.6b \
-      --only concurrency --levels 8 --repeats 3 --out "$out/ttft-compiled-$compiled" 2>&1 | grep '^|'
-  done
+  MLXD_STEP_LOG="$out/steps.jsonl" timeout 330 bash bench/gpu_run.sh --shape qwen3-0.6b \
+    --only concurrency --levels 8,16 --repeats 3 --out "$out/ttft" 2>&1 | grep '^|'
+  python3 -m bench steps "$out/steps.jsonl" --slowest 25 | tee "$out/steps.md"
   ;;
 *) echo "usage: $0 profile|small|large|spec|ttft" >&2; exit 2 ;;
 esac

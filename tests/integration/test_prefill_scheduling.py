@@ -6,6 +6,7 @@ which row, and the tests assert the order of those events.
 
 from __future__ import annotations
 
+import json
 import random
 import threading
 from dataclasses import replace
@@ -14,10 +15,13 @@ import pytest
 
 from mlxd.shared.errors import PayloadTooLarge
 from mlxd.shared.params import GenerationParams
+from mlxd.worker.engine import steplog
 from mlxd.worker.engine.kvbudget import padded, row_tokens
 from mlxd.worker.engine.loop import Engine
 from mlxd.worker.engine.planner import PlanConfig
 from mlxd.worker.engine.rows import Submission
+from mlxd.worker.engine.steplog import StepLog
+from mlxd.worker.engine.trace import StepTrace
 from mlxd.worker.model import load_model
 
 from procs import start_worker, stop, uds_client
@@ -220,3 +224,48 @@ def test_warm_up_runs_before_ready_and_an_impossible_row_gets_413(tiny_model_dir
             assert c.get("/stats").json()["rows_queued"] == 0
     finally:
         stop(proc)
+
+
+def test_the_step_log_has_a_line_per_step_with_its_prefill_and_decode(loaded, tmp_path):
+    rows = Rows()
+    path = tmp_path / "steps.jsonl"
+    log = StepLog(path)
+
+    def both(st):
+        rows.trace(st)
+        log(st)
+
+    engine = Engine(
+        loaded, batch=4, plan=PlanConfig(idle_chunk=64, step_budget=32, min_chunk=8), trace=both
+    )
+    engine.start()
+    for rid in ("a", "b"):
+        engine.submit(rows.sub(rid, 150, 3))
+    rows.wait("a", "b")
+    _close(engine)
+
+    lines = [json.loads(x) for x in path.read_text().splitlines()]
+    assert [x["step"] for x in lines] == [st.step for st in rows.steps]
+    assert all(x["s"] > 0 for x in lines) and lines[0]["t"] == 0
+    assert [x["t"] for x in lines] == sorted(x["t"] for x in lines)
+    # Each 150-token prompt is prefilled in chunks, its last token going with the first decode.
+    assert sum(x["prefill_tokens"] for x in lines) == 2 * 149
+    assert max(x["prefill_tokens"] for x in lines) <= 64 * 2
+    assert sum(x["decoded"] for x in lines) == 2 * 3
+    assert sum(x["admitted"] for x in lines) == 2 and sum(x["finished"] for x in lines) == 2
+
+
+def test_the_step_log_stops_at_its_bound_and_says_so(tmp_path):
+    path = tmp_path / "steps.jsonl"
+    log = StepLog(path, max_lines=3)
+    for i in range(1, 6):
+        log(StepTrace(i, 64, started=float(i), seconds=0.5))
+    lines = [json.loads(x) for x in path.read_text().splitlines()]
+    assert [x["step"] for x in lines] == [1, 2, 3] and "end" in lines[-1]
+
+
+def test_a_step_log_that_cannot_be_opened_is_skipped(tmp_path, monkeypatch):
+    monkeypatch.setenv(steplog.ENV, str(tmp_path / "missing" / "steps.jsonl"))
+    assert steplog.from_env() is None
+    monkeypatch.setenv(steplog.ENV, str(tmp_path / "steps.jsonl"))
+    assert isinstance(steplog.from_env(), StepLog)

@@ -15,6 +15,7 @@ from mlxd.shared.worker_spec import WorkerSpec
 from mlxd.worker.cache.layout import fingerprint, ssd_folder
 from mlxd.worker.cache.prompt_cache import PromptCache, kv_layout
 from mlxd.worker.draft_model import spec_config
+from mlxd.worker.engine import steplog
 from mlxd.worker.engine.loop import Engine
 from mlxd.worker.engine.planner import MIN_CHUNK, PlanConfig
 from mlxd.worker.model import LoadedModel, apply_memory_limit, device_memory_bytes
@@ -78,6 +79,7 @@ def make_engine(
         warmup=cfg.warmup,
         memory_plan=mem,
         spec=spec_config(cfg.speculative, cfg.num_draft_tokens, draft),
+        trace=steplog.from_env(),
         compile_decode=(
             cfg.compile_decode if cfg.compile_decode is not None else mx.default_device() == mx.cpu
         ),

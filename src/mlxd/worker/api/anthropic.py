@@ -66,6 +66,7 @@ class MessagesWriter(Writer):
         self.model = req.model or run.m.model_id
         self.index = -1
         self.kind: str | None = None  # the kind of the open text or thinking block
+        self.answered = False  # a text block or a tool call went out
 
     def open(self) -> bytes:
         # Token counts come with the final message_delta: Claude Code adds a message_delta's
@@ -85,6 +86,7 @@ class MessagesWriter(Writer):
         if not d.text:
             return b""
         out = b""
+        self.answered = self.answered or d.kind != REASONING
         if self.kind != d.kind:
             out = self._close()
             self.index += 1
@@ -95,6 +97,7 @@ class MessagesWriter(Writer):
         return out + _event(BlockDelta(index=self.index, delta=delta))
 
     def tool_calls(self, calls: list[ToolCall]) -> bytes:
+        self.answered = self.answered or bool(calls)
         return b"".join(self._tool_use(c) for c in calls)
 
     def _tool_use(self, call: ToolCall) -> bytes:
@@ -121,7 +124,17 @@ class MessagesWriter(Writer):
             stop_sequence=done.stop_sequence,
         )
         final = MessageDelta(delta=delta, usage=anthropic_usage(usage).model_dump())
-        return self._close() + _event(final) + _event(MessageStop())
+        return self._close() + self._empty_text() + _event(final) + _event(MessageStop())
+
+    def _empty_text(self) -> bytes:
+        """An answer of no text and no tool call (a few tokens that decode to nothing) still
+        streams one empty text block, as its non-streamed body has one (body())."""
+        if self.answered:
+            return b""
+        self.index += 1
+        return _event(BlockStart(index=self.index, content_block=TextBlock(text=""))) + _event(
+            BlockStop(index=self.index)
+        )
 
     def error(self, err: MlxdError, usage: TokenUsage) -> bytes:
         return self._close() + sse.data(anthropic_body(err), event="error")

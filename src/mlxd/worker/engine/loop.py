@@ -293,16 +293,18 @@ class Engine:
         batch.fail_broken()
         t1 = time.perf_counter()
         emit(batch, responses)
+        t2 = time.perf_counter()
         if self.clock is not None:
             self.clock["step"] += t1 - t0
-            self.clock["emit"] += time.perf_counter() - t1
+            self.clock["emit"] += t2 - t1
         if self._trace is not None:
             done = [rid for uid, rid in before.items() if uid not in batch.rows]
             decoded = [before[r.uid] for r in responses if r.uid in before]
             names = [row.sub.rid for row in admitted]
+            queued = len(self._sched)
             try:
                 self._trace(
-                    StepTrace(self._steps, chunk, names, chunks, decoded, done, len(self._sched))
+                    StepTrace(self._steps, chunk, names, chunks, decoded, done, queued, t0, t2 - t0)
                 )
             except Exception:  # a test's observer: never a reason to stop the engine
                 log.exception("step trace callback failed")

@@ -1,4 +1,5 @@
-"""The engine's step trace: what each step did, for tests that prove order, never timing.
+"""The engine's step trace: what each step did, for tests that prove order (never timing) and
+for the step log (steplog.py), where operators and bench read how long each step took.
 
 `Engine(..., trace=callback)` calls `callback(StepTrace)` on the engine thread after every
 step; None (the default) costs nothing. Rows are named by their request id.
@@ -20,3 +21,5 @@ class StepTrace:
     decoded: list[str] = field(default_factory=list)  # rows that got a token
     finished: list[str] = field(default_factory=list)  # rows that left the batch
     queued: int = 0  # rows still waiting for room after it
+    started: float = 0.0  # time.perf_counter() when the step began
+    seconds: float = 0.0  # how long the step took, its rows' events included

@@ -1,0 +1,88 @@
+"""`python -m bench steps FILE`: summarise a worker's step log (MLXD_STEP_LOG, see
+docs/operations.md): where the engine's time went, by kind of step, and the slowest steps.
+
+    MLXD_STEP_LOG=/tmp/steps.jsonl bash bench/gpu_run.sh --only concurrency --levels 8
+    python -m bench steps /tmp/steps.jsonl
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+from collections import defaultdict
+from pathlib import Path
+
+import orjson
+
+KINDS = ("decode", "prefill", "mixed", "empty")
+
+
+def kind(step: dict) -> str:
+    """decode: only decoding rows; prefill: only prefilling ones; mixed: both."""
+    pre, dec = step["prefill_rows"] > 0, step["decoded"] > 0
+    if pre and dec:
+        return "mixed"
+    return "prefill" if pre else "decode" if dec else "empty"
+
+
+def read(path: Path) -> list[dict]:
+    steps = []
+    for line in path.read_bytes().splitlines():
+        if line.strip():
+            steps.append(orjson.loads(line))
+    return steps
+
+
+def summary(steps: list[dict], slowest: int = 12) -> str:
+    """A markdown summary: per kind, steps, total and median/p95/max seconds, prefill tokens;
+    then the slowest steps."""
+    by: dict[str, list[dict]] = defaultdict(list)
+    for s in steps:
+        by[kind(s)].append(s)
+    wall = steps[-1]["t"] + steps[-1]["s"] - steps[0]["t"] if steps else 0.0
+    busy = sum(s["s"] for s in steps)
+    out = [
+        f"{len(steps)} steps over {wall:.2f} s, {busy:.2f} s of them in steps "
+        f"({busy / wall:.0%} busy)"
+        if wall
+        else "no steps",
+        "",
+        "| kind | steps | seconds | median ms | p95 ms | max ms | prefill tokens | tok/s |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for k in KINDS:
+        group = by.get(k)
+        if not group:
+            continue
+        secs = sorted(s["s"] for s in group)
+        total = sum(secs)
+        tokens = sum(s["prefill_tokens"] for s in group)
+        p95 = secs[min(len(secs) - 1, int(0.95 * len(secs)))]
+        rate = f"{tokens / total:.0f}" if tokens and total else ""
+        out.append(
+            f"| {k} | {len(group)} | {total:.2f} | {statistics.median(secs) * 1e3:.1f} | "
+            f"{p95 * 1e3:.1f} | {secs[-1] * 1e3:.1f} | {tokens} | {rate} |"
+        )
+    out += [
+        "",
+        f"Slowest {slowest} steps:",
+        "",
+        "| step | t s | ms | chunk | prefill rows | prefill tokens | decoded | admitted | queued |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for s in sorted(steps, key=lambda s: s["s"], reverse=True)[:slowest]:
+        out.append(
+            f"| {s['step']} | {s['t']:.3f} | {s['s'] * 1e3:.1f} | {s['chunk']} | "
+            f"{s['prefill_rows']} | {s['prefill_tokens']} | {s['decoded']} | {s['admitted']} | "
+            f"{s['queued']} |"
+        )
+    return "\n".join(out)
+
+
+def main(argv: list[str]) -> int:
+    p = argparse.ArgumentParser(prog="python -m bench steps", description=__doc__.splitlines()[0])
+    p.add_argument("file", type=Path, help="a step log (MLXD_STEP_LOG)")
+    p.add_argument("--slowest", type=int, default=12, help="how many of the slowest steps")
+    a = p.parse_args(argv)
+    print(summary(read(a.file), a.slowest))
+    return 0

@@ -1,0 +1,66 @@
+"""The step log: one JSON line per engine step, for operators and bench (`MLXD_STEP_LOG`).
+
+Where a request's first token went is a question of steps: how long each took, how many rows
+it prefilled and by how much, how many decoded, how many waited. `MLXD_STEP_LOG=/path` in a
+worker's environment appends one line per step there (bench/steps.py summarises it). The file
+is bounded (MAX_LINES, then the log stops with a last line saying so); unset costs nothing.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+
+import orjson
+
+from mlxd.worker.engine.trace import StepTrace
+
+log = logging.getLogger("mlxd.worker.engine")
+
+ENV = "MLXD_STEP_LOG"
+MAX_LINES = 100_000  # ~15 MB: hours of a busy batch, and a bound on the disk it takes
+
+
+class StepLog:
+    """A trace callback writing StepTraces as JSON lines to `path`."""
+
+    def __init__(self, path: Path, max_lines: int = MAX_LINES):
+        self._f = open(path, "ab", buffering=0)  # noqa: SIM115 (open for the engine's life)
+        self._left = max_lines
+        self._t0: float | None = None
+
+    def __call__(self, t: StepTrace) -> None:
+        if self._left <= 0:
+            return
+        if self._t0 is None:
+            self._t0 = t.started
+        self._left -= 1
+        line = {
+            "step": t.step,
+            "t": round(t.started - self._t0, 6),
+            "s": round(t.seconds, 6),
+            "chunk": t.chunk,
+            "admitted": len(t.admitted),
+            "prefill_rows": len(t.chunks),
+            "prefill_tokens": sum(n for _, n in t.chunks.values()),
+            "decoded": len(t.decoded),
+            "finished": len(t.finished),
+            "queued": t.queued,
+        }
+        if self._left == 0:
+            line["end"] = f"the step log stops at {t.step} steps (its bound)"
+        self._f.write(orjson.dumps(line) + b"\n")
+
+
+def from_env() -> StepLog | None:
+    """The step log `MLXD_STEP_LOG` asks for, or None (unset, or the path cannot be opened:
+    logged once, the worker serves without it)."""
+    path = os.environ.get(ENV)
+    if not path:
+        return None
+    try:
+        return StepLog(Path(path))
+    except OSError as exc:
+        log.warning("%s=%s cannot be opened (%s): no step log", ENV, path, exc.strerror)
+        return None
