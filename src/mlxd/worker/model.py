@@ -18,6 +18,7 @@ from mlx_lm import load
 from mlxd.shared.config import is_template_text
 from mlxd.shared.kv_math import kv_bytes_per_token
 from mlxd.shared.worker_spec import MODEL_DEFAULT_FIELDS, WorkerSpec
+from mlxd.worker.attention import route_on_cuda
 from mlxd.worker.engine.kvquant import KvScheme, apply_kv_scheme
 from mlxd.worker.group.shard import shard_model
 
@@ -188,6 +189,7 @@ def load_model(
     ones win over the folder's generation_config.json and chat template. `kv_bits` quantizes
     the model's KV (a model whose caches cannot be quantized raises ValueError). With a worker
     `group` (an mx.distributed.Group), only this rank's shard is loaded (worker/group/)."""
+    route_on_cuda()  # small prefills attend without a cuDNN graph build (attention.py)
     model, tokenizer, config = load(str(path), return_config=True, lazy=group is not None)
     if group is not None:
         shard_model(model, config, group)
