@@ -14,15 +14,28 @@ from pathlib import Path
 
 import orjson
 
-KINDS = ("decode", "prefill", "mixed", "empty")
+KINDS = ("decode", "prefill", "mixed", "empty", "failed")
 
 
 def kind(step: dict) -> str:
-    """decode: only decoding rows; prefill: only prefilling ones; mixed: both."""
+    """decode: only decoding rows; prefill: only prefilling ones; mixed: both; failed: the
+    step raised (out of memory, ...) and its batch was rebuilt."""
+    if step.get("failed"):
+        return "failed"
     pre, dec = step["prefill_rows"] > 0, step["decoded"] > 0
     if pre and dec:
         return "mixed"
     return "prefill" if pre else "decode" if dec else "empty"
+
+
+def segments(steps: list[dict]) -> list[list[dict]]:
+    """The log split by worker run: a run's steps count from 1 again (a restart, a reload)."""
+    runs: list[list[dict]] = []
+    for s in steps:
+        if not runs or s["step"] < runs[-1][-1]["step"]:
+            runs.append([])
+        runs[-1].append(s)
+    return runs
 
 
 def read(path: Path) -> list[dict]:
@@ -39,11 +52,13 @@ def summary(steps: list[dict], slowest: int = 12) -> str:
     by: dict[str, list[dict]] = defaultdict(list)
     for s in steps:
         by[kind(s)].append(s)
-    wall = steps[-1]["t"] + steps[-1]["s"] - steps[0]["t"] if steps else 0.0
+    peak = max((s.get("peak_mb", 0) for s in steps), default=0)
+    runs = segments(steps)
+    wall = sum(r[-1]["t"] + r[-1]["s"] - r[0]["t"] for r in runs)
     busy = sum(s["s"] for s in steps)
     out = [
-        f"{len(steps)} steps over {wall:.2f} s, {busy:.2f} s of them in steps "
-        f"({busy / wall:.0%} busy)"
+        f"{len(steps)} steps of {len(runs)} worker run(s) over {wall:.2f} s, {busy:.2f} s of "
+        f"them in steps ({busy / wall:.0%} busy); MLX's peak memory {peak} MiB"
         if wall
         else "no steps",
         "",
@@ -67,14 +82,15 @@ def summary(steps: list[dict], slowest: int = 12) -> str:
         "",
         f"Slowest {slowest} steps:",
         "",
-        "| step | t s | ms | chunk | prefill rows | prefill tokens | decoded | admitted | queued |",
-        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| step | t s | ms | chunk | prefill rows | prefill tokens | decoded | admitted | queued "
+        "| peak MiB |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for s in sorted(steps, key=lambda s: s["s"], reverse=True)[:slowest]:
         out.append(
             f"| {s['step']} | {s['t']:.3f} | {s['s'] * 1e3:.1f} | {s['chunk']} | "
             f"{s['prefill_rows']} | {s['prefill_tokens']} | {s['decoded']} | {s['admitted']} | "
-            f"{s['queued']} |"
+            f"{s['queued']} | {s.get('peak_mb', '')} |"
         )
     return "\n".join(out)
 

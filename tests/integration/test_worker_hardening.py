@@ -17,6 +17,7 @@ from mlxd.shared.params import GenerationParams
 from mlxd.worker.engine.loop import Engine
 from mlxd.worker.engine.planner import PlanConfig
 from mlxd.worker.engine.rows import Submission
+from mlxd.worker.engine.steplog import StepLog
 from mlxd.worker.model import load_model
 
 from procs import CONTEXT_LIMIT, MAX_BODY_BYTES
@@ -365,7 +366,7 @@ def test_an_allocation_failure_fails_the_new_row_with_out_of_memory_and_serving_
 
 
 def test_a_prefill_out_of_memory_once_is_retried_in_smaller_chunks_and_loses_nothing(
-    loaded, monkeypatch
+    loaded, monkeypatch, tmp_path
 ):
     # A transient allocation failure while a long prompt prefills (four 16k-token agent prompts
     # at once on a GPU): the rows are carried over, the chunks halved, and every answer is the
@@ -374,7 +375,13 @@ def test_a_prefill_out_of_memory_once_is_retried_in_smaller_chunks_and_loses_not
 
     real_next = BatchGenerator.next
     failed = []
-    engine = Engine(loaded, batch=4, plan=PlanConfig(idle_chunk=64, step_budget=64, min_chunk=8))
+    steps = tmp_path / "steps.jsonl"
+    engine = Engine(
+        loaded,
+        batch=4,
+        plan=PlanConfig(idle_chunk=64, step_budget=64, min_chunk=8),
+        trace=StepLog(steps),
+    )
     long = [(7 * i) % 400 + 10 for i in range(300)]
 
     def next_or_oom(gen):
@@ -396,6 +403,11 @@ def test_a_prefill_out_of_memory_once_is_retried_in_smaller_chunks_and_loses_not
         row = _run(engine, _Row("long", prompt=long))
         assert failed and row.last.error is None and row.text == expected
         assert engine.recoveries == 1 and engine._sched.oom_divisor == 2
+        # The step log shows the failed step, then the halved chunks.
+        lines = [json.loads(x) for x in steps.read_text().splitlines()]
+        at = next(i for i, x in enumerate(lines) if x.get("failed"))
+        assert lines[at]["failed"] == "RuntimeError" and lines[at]["chunk"] == 64
+        assert lines[at + 1]["chunk"] == 32 and "failed" not in lines[at + 1]
         assert _run(engine, _Row("after", max_tokens=5)).last.error is None
         assert engine._sched.oom_divisor == 1  # an empty batch starts afresh
     finally:

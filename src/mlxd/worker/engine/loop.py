@@ -280,6 +280,9 @@ class Engine:
             # A prefill that ran out of memory is retried in smaller chunks, every row kept.
             retry = is_out_of_memory(exc) and self._sched.shrink_prefill()
             rebuild(batch, self._new_generator, exc, keep_all=retry)
+            took = time.perf_counter() - t0
+            failed = type(exc).__name__
+            self._traced(StepTrace(self._steps + 1, chunk, started=t0, seconds=took, failed=failed))
             return
         self._totals += st
         self._steps += 1
@@ -302,12 +305,17 @@ class Engine:
             decoded = [before[r.uid] for r in responses if r.uid in before]
             names = [row.sub.rid for row in admitted]
             queued = len(self._sched)
-            try:
-                self._trace(
-                    StepTrace(self._steps, chunk, names, chunks, decoded, done, queued, t0, t2 - t0)
-                )
-            except Exception:  # a test's observer: never a reason to stop the engine
-                log.exception("step trace callback failed")
+            self._traced(
+                StepTrace(self._steps, chunk, names, chunks, decoded, done, queued, t0, t2 - t0)
+            )
+
+    def _traced(self, st: StepTrace) -> None:
+        if self._trace is None:
+            return
+        try:
+            self._trace(st)
+        except Exception:  # an observer: never a reason to stop the engine
+            log.exception("step trace callback failed")
 
     def _handle(self, cmd: Command) -> None:
         """Dispatch one inbox command (on the engine thread, between steps)."""

@@ -12,6 +12,7 @@ import logging
 import os
 from pathlib import Path
 
+import mlx.core as mx
 import orjson
 
 from mlxd.worker.engine.trace import StepTrace
@@ -33,12 +34,12 @@ class StepLog:
     def __call__(self, t: StepTrace) -> None:
         if self._left <= 0:
             return
-        if self._t0 is None:
+        if self._t0 is None and t.started:
             self._t0 = t.started
         self._left -= 1
         line = {
             "step": t.step,
-            "t": round(t.started - self._t0, 6),
+            "t": round(t.started - (self._t0 or t.started), 6),
             "s": round(t.seconds, 6),
             "chunk": t.chunk,
             "admitted": len(t.admitted),
@@ -47,7 +48,14 @@ class StepLog:
             "decoded": len(t.decoded),
             "finished": len(t.finished),
             "queued": t.queued,
+            # MLX's memory after the step, in MiB: arrays alive, its buffer cache, and the
+            # process's peak so far (a step that raised it is where memory ran high)
+            "active_mb": mx.get_active_memory() >> 20,
+            "cache_mb": mx.get_cache_memory() >> 20,
+            "peak_mb": mx.get_peak_memory() >> 20,
         }
+        if t.failed:  # the step raised (out of memory, ...): its batch was rebuilt
+            line["failed"] = t.failed
         if self._left == 0:
             line["end"] = f"the step log stops at {t.step} steps (its bound)"
         self._f.write(orjson.dumps(line) + b"\n")

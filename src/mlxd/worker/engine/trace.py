@@ -23,3 +23,4 @@ class StepTrace:
     queued: int = 0  # rows still waiting for room after it
     started: float = 0.0  # time.perf_counter() when the step began
     seconds: float = 0.0  # how long the step took, its rows' events included
+    failed: str = ""  # the error that failed the step (its rows were rebuilt), else ""
