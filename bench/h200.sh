@@ -2,7 +2,8 @@
 # The H200 figures of docs/benchmarks.md, one step per device call (see ../shared/gpu/README.md):
 #   bash bench/h200.sh profile    # bench profile on both shapes (builds the 8B model once)
 #   bash bench/h200.sh small      # bench run, 0.6B shape: single, concurrency 1-32, proxy
-#   bash bench/h200.sh large      # bench run, 8B shape: longprompt, concurrency 8 and 16
+#   bash bench/h200.sh large      # bench run, 8B shape: longprompt (one server on the device at a time)
+#   bash bench/h200.sh large-conc # bench run, 8B shape: concurrency 8, 16, 32
 #   bash bench/h200.sh spec       # bench speculative (prompt lookup) on both shapes
 #   bash bench/h200.sh ttft       # 0.6B concurrency @8, @16 with the engine's first-token
 #                                 # split and its step log (where the TTFT goes)
@@ -27,9 +28,13 @@ small)
     --levels 1,8,16,32 --repeats 3 --out "$out/small" 2>&1 | tail -60
   ;;
 large)
-  MLXD_STEP_LOG="$out/steps-8b.jsonl" timeout 540 bash bench/gpu_run.sh --shape qwen3-8b \
-    --only longprompt,concurrency --levels 8,16 --repeats 3 --exclusive --out "$out/large" \
-    2>&1 | grep '^|'
+  MLXD_STEP_LOG="$out/steps-8b.jsonl" timeout 560 bash bench/gpu_run.sh --shape qwen3-8b \
+    --only longprompt --repeats 3 --exclusive --out "$out/large" 2>&1 | grep '^|'
+  python3 -m bench steps "$out/steps-8b.jsonl" --slowest 15 | tee "$out/steps-8b.md"
+  ;;
+large-conc)
+  MLXD_STEP_LOG="$out/steps-8b.jsonl" timeout 560 bash bench/gpu_run.sh --shape qwen3-8b \
+    --only concurrency --levels 8,16,32 --repeats 3 --out "$out/large-conc" 2>&1 | grep '^|'
   python3 -m bench steps "$out/steps-8b.jsonl" --slowest 15 | tee "$out/steps-8b.md"
   ;;
 ttft)
@@ -37,5 +42,5 @@ ttft)
     --only concurrency --levels 8,16 --repeats 3 --out "$out/ttft" 2>&1 | grep '^|'
   python3 -m bench steps "$out/steps.jsonl" --slowest 25 | tee "$out/steps.md"
   ;;
-*) echo "usage: $0 profile|small|large|spec|ttft" >&2; exit 2 ;;
+*) echo "usage: $0 profile|small|large|large-conc|spec|ttft" >&2; exit 2 ;;
 esac

@@ -12,7 +12,9 @@ from __future__ import annotations
 import asyncio
 import time
 
-from .client import Target, stream_chat
+import aiohttp
+
+from .client import BenchError, Target, stream_chat
 from .context import Context, Figure, _check_length, _one, _order, _percentile
 from .metrics import SSD_WRITTEN, engine_first, engine_first_means, ssd_written_bytes
 from .servers import bare_load
@@ -65,28 +67,48 @@ async def _level(
 
 async def longprompt(ctx: Context) -> list[Figure]:
     """Cold long prompts (what a coding agent sends each turn): TTFT and prefill tok/s for one
-    client, then the slowest TTFT of several cold prompts sent at once."""
+    client, then the slowest TTFT of several cold prompts sent at once. Each server's turn
+    runs every size, so `exclusive` switches the device once per turn, not once per size."""
     s = ctx.sizes
-    figs: list[Figure] = []
+    sizes: list[tuple[int, Figure, Figure, Figure]] = []
     for n in s.long_prompts:
         size = f"{n / 1024:g}k" if n >= 1024 else str(n)
-        ttft = Figure("longprompt", f"TTFT {size}", "s", False, goal=0.8)
-        rate = Figure("longprompt", f"prefill tok/s {size}", "tok/s", True)
-        together = Figure(
-            "longprompt", f"TTFT {size} ×{s.long_clients} at once (slowest)", "s", False
+        sizes.append(
+            (
+                n,
+                Figure("longprompt", f"TTFT {size}", "s", False, goal=0.8),
+                Figure("longprompt", f"prefill tok/s {size}", "tok/s", True),
+                Figure(
+                    "longprompt", f"TTFT {size} ×{s.long_clients} at once (slowest)", "s", False
+                ),
+            )
         )
-        for run in range(s.repeats):
-            for t in _order([ctx.mlxd, ctx.mlx_lm], run):
-                await _hold_device(ctx, t)
-                res = await _one(ctx, t, ctx.prompt(n, "long"), 8)
-                ttft.add(t.name, res.ttft_s)
-                rate.add(t.name, (res.prompt_tokens or n) / res.ttft_s)
-                many = await asyncio.gather(
-                    *(_one(ctx, t, ctx.prompt(n, "long"), 8) for _ in range(s.long_clients))
-                )
-                together.add(t.name, max(r.ttft_s for r in many))
-        figs += [ttft, rate, together]
-    return figs
+    for run in range(s.repeats):
+        for t in _order([ctx.mlxd, ctx.mlx_lm], run):
+            await _hold_device(ctx, t)
+            for n, ttft, rate, together in sizes:
+                try:
+                    res = await _one(ctx, t, ctx.prompt(n, "long"), 8)
+                    ttft.add(t.name, res.ttft_s)
+                    rate.add(t.name, (res.prompt_tokens or n) / res.ttft_s)
+                except (BenchError, aiohttp.ClientError) as exc:
+                    _failed(ttft, t, exc)
+                try:
+                    many = await asyncio.gather(
+                        *(_one(ctx, t, ctx.prompt(n, "long"), 8) for _ in range(s.long_clients))
+                    )
+                    together.add(t.name, max(r.ttft_s for r in many))
+                except (BenchError, aiohttp.ClientError) as exc:  # out of memory, ...
+                    _failed(together, t, exc)
+    return [fig for _, *figs in sizes for fig in figs]
+
+
+def _failed(fig: Figure, t: Target, exc: Exception) -> None:
+    """A server that failed a request (a baseline out of memory, ...): said once in the
+    figure's note, and the run goes on with the figures it can still measure."""
+    said = f"{t.name} failed ("
+    if said not in fig.note:
+        fig.note += f"{said}{str(exc).strip().splitlines()[0][:160]}). "
 
 
 async def _hold_device(ctx: Context, t: Target) -> None:
