@@ -42,6 +42,7 @@ def main(argv: list[str]) -> int:
     from mlx_lm.models.cache import BatchKVCache, make_prompt_cache
 
     from mlxd.worker import attention
+    from mlxd.worker.model import device_memory_bytes
 
     from .models import build_model
 
@@ -112,7 +113,7 @@ def main(argv: list[str]) -> int:
     gpu = mx.default_device() == mx.gpu
     cudnn = ("cuDNN off" if a.no_cudnn else "cuDNN on") if gpu else "no GPU: nothing to route"
     results = {"MLX's attention": scenarios()}
-    attention.route_on_cuda(force=True)
+    attention.route_on_cuda(device_memory_bytes(), force=True)
     results["mlxd's routing (worker/attention.py)"] = scenarios()
     mx.fast.scaled_dot_product_attention = attention._fused
     print(f"shape {a.shape}, device {mx.default_device()}, {cudnn}; ms per call\n")

@@ -29,13 +29,15 @@ def kind(step: dict) -> str:
 
 
 def segments(steps: list[dict]) -> list[list[dict]]:
-    """The log split by worker run: a run's steps count from 1 again (a restart, a reload)."""
-    runs: list[list[dict]] = []
+    """The log split by worker run: each process's own lines (older logs without a pid: a
+    run's steps count from 1 again after a restart or reload)."""
+    runs: dict[object, list[dict]] = {}
+    n = 0
     for s in steps:
-        if not runs or s["step"] < runs[-1][-1]["step"]:
-            runs.append([])
-        runs[-1].append(s)
-    return runs
+        if "pid" not in s and n in runs and s["step"] < runs[n][-1]["step"]:
+            n += 1
+        runs.setdefault(s.get("pid", n), []).append(s)
+    return list(runs.values())
 
 
 def read(path: Path) -> list[dict]:

@@ -91,16 +91,24 @@ async def longprompt(ctx: Context) -> list[Figure]:
                     res = await _one(ctx, t, ctx.prompt(n, "long"), 8)
                     ttft.add(t.name, res.ttft_s)
                     rate.add(t.name, (res.prompt_tokens or n) / res.ttft_s)
-                except (BenchError, aiohttp.ClientError) as exc:
+                except SERVER_FAILED as exc:
                     _failed(ttft, t, exc)
-                try:
-                    many = await asyncio.gather(
-                        *(_one(ctx, t, ctx.prompt(n, "long"), 8) for _ in range(s.long_clients))
-                    )
+                many = await asyncio.gather(
+                    *(_one(ctx, t, ctx.prompt(n, "long"), 8) for _ in range(s.long_clients)),
+                    return_exceptions=True,  # every request ends before the next measurement
+                )
+                if errors := [r for r in many if isinstance(r, BaseException)]:
+                    if not all(isinstance(e, SERVER_FAILED) for e in errors):
+                        raise errors[0]
+                    _failed(together, t, errors[0])  # out of memory, ...
+                else:
                     together.add(t.name, max(r.ttft_s for r in many))
-                except (BenchError, aiohttp.ClientError) as exc:  # out of memory, ...
-                    _failed(together, t, exc)
     return [fig for _, *figs in sizes for fig in figs]
+
+
+# What a server that cannot serve a request raises here: an error answer, a broken
+# connection, a timeout.
+SERVER_FAILED = (BenchError, aiohttp.ClientError, asyncio.TimeoutError)
 
 
 def _failed(fig: Figure, t: Target, exc: Exception) -> None:
@@ -108,7 +116,8 @@ def _failed(fig: Figure, t: Target, exc: Exception) -> None:
     figure's note, and the run goes on with the figures it can still measure."""
     said = f"{t.name} failed ("
     if said not in fig.note:
-        fig.note += f"{said}{str(exc).strip().splitlines()[0][:160]}). "
+        why = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:160]
+        fig.note += f"{said}{why}). "
 
 
 async def _hold_device(ctx: Context, t: Target) -> None:

@@ -117,7 +117,9 @@ def test_slow_headers_are_cut_while_other_clients_are_served(make_daemon):
     assert time.monotonic() - t0 < 6
     for s in slow:
         s.close()
-    assert d.http.get("/health").status_code == 200
+    # A fresh connection: d.http's pooled one sat idle past the 1 s header timeout, so the
+    # daemon may close it just as the client reuses it (a reset that says nothing here).
+    assert httpx.get(d.url + "/health").status_code == 200
 
 
 def test_idle_keep_alive_connection_is_closed_after_the_header_timeout(make_daemon):

@@ -1,5 +1,5 @@
-"""Small prefills attend unfused on CUDA (worker/attention.py): the same numbers as MLX's own
-attention, for every mask kind and grouped heads, and only the small calls are rerouted."""
+"""Small masked prefills attend unfused on CUDA (worker/attention.py): the same numbers as
+MLX's own attention, for every mask kind and grouped heads, and only those calls rerouted."""
 
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ FUSED = attention._fused
 def restore():
     yield
     mx.fast.scaled_dot_product_attention = FUSED
+    attention.small_scores_bytes = attention.SMALL_SCORES_CAP
 
 
 def _qkv(b, h, hkv, n, s, d=16):
@@ -45,19 +46,39 @@ def test_unfused_attention_equals_mlxs_own(heads, kind):
     assert mx.allclose(got, want, atol=1e-5).item()
 
 
-def test_only_small_multi_token_calls_are_rerouted(monkeypatch):
+def test_only_small_calls_with_a_plain_array_mask_are_rerouted(monkeypatch):
     calls = []
     monkeypatch.setattr(attention, "_fused", lambda *a, **kw: calls.append(a[0].shape) or a[0])
-    small = _qkv(1, 4, 4, 8, 8)
-    attention.routed(*small, scale=1.0, mask="causal")
-    assert calls == []  # computed unfused
+    q, k, v = _qkv(1, 4, 4, 8, 8)
+    mask = mx.ones((1, 1, 8, 8), dtype=mx.bool_)
+    attention.routed(q, k, v, scale=1.0, mask=mask)
+    attention.routed(q, k, v, scale=1.0, mask=mx.zeros((8, 8)))  # additive, q's dtype
+    assert calls == []  # both computed unfused
+    kept = [
+        dict(mask="causal"),  # a plain cache's prefill: a cheap build, not routed
+        dict(mask=None),
+        dict(mask=mx.ones((1, 4, 8, 8), dtype=mx.bool_)),  # one mask per head
+        dict(mask=mx.zeros((8, 8), dtype=mx.float16)),  # a dtype MLX would cast
+        dict(mask=mask, sinks=mx.zeros((4,))),
+    ]
+    for kw in kept:
+        attention.routed(q, k, v, scale=1.0, **kw)
     decode = _qkv(1, 4, 4, 1, 8)
-    attention.routed(*decode, scale=1.0)
-    monkeypatch.setattr(attention, "SMALL_SCORES_BYTES", 4 * 8 * 8 * 4 - 1)
-    attention.routed(*small, scale=1.0, mask="causal")
-    assert calls == [(1, 4, 1, 16), (1, 4, 8, 16)]  # a decode step, then a call too large
+    attention.routed(*decode, scale=1.0, mask=mx.ones((1, 1, 1, 8), dtype=mx.bool_))
+    monkeypatch.setattr(attention, "small_scores_bytes", 4 * 8 * 8 * 4)  # not under it
+    attention.routed(q, k, v, scale=1.0, mask=mask)
+    assert len(calls) == len(kept) + 2
 
 
+def test_the_bound_follows_a_small_devices_memory(restore):
+    assert attention.route_on_cuda(64 << 20, force=True)
+    assert attention.small_scores_bytes == 1 << 20
+    mx.fast.scaled_dot_product_attention = FUSED
+    assert attention.route_on_cuda(200 << 30, force=True)
+    assert attention.small_scores_bytes == attention.SMALL_SCORES_CAP
+
+
+@pytest.mark.skipif(mx.default_device() == mx.gpu, reason="a GPU host routes for real")
 def test_the_cpu_is_left_alone_and_a_routed_model_gives_the_same_logits(
     tiny_model_dir, restore, monkeypatch
 ):

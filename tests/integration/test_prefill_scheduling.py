@@ -7,6 +7,7 @@ which row, and the tests assert the order of those events.
 from __future__ import annotations
 
 import json
+import os
 import random
 import threading
 from dataclasses import replace
@@ -229,7 +230,7 @@ def test_warm_up_runs_before_ready_and_an_impossible_row_gets_413(tiny_model_dir
 def test_the_step_log_has_a_line_per_step_with_its_prefill_and_decode(loaded, tmp_path):
     rows = Rows()
     path = tmp_path / "steps.jsonl"
-    log = StepLog(path)
+    log = StepLog(path, "tiny")
 
     def both(st):
         rows.trace(st)
@@ -246,6 +247,7 @@ def test_the_step_log_has_a_line_per_step_with_its_prefill_and_decode(loaded, tm
 
     lines = [json.loads(x) for x in path.read_text().splitlines()]
     assert [x["step"] for x in lines] == [st.step for st in rows.steps]
+    assert {(x["model"], x["pid"]) for x in lines} == {("tiny", os.getpid())}
     assert all(x["s"] > 0 for x in lines) and lines[0]["t"] == 0
     assert [x["t"] for x in lines] == sorted(x["t"] for x in lines)
     # Each 150-token prompt is prefilled in chunks, its last token going with the first decode.
@@ -268,4 +270,5 @@ def test_a_step_log_that_cannot_be_opened_is_skipped(tmp_path, monkeypatch):
     monkeypatch.setenv(steplog.ENV, str(tmp_path / "missing" / "steps.jsonl"))
     assert steplog.from_env() is None
     monkeypatch.setenv(steplog.ENV, str(tmp_path / "steps.jsonl"))
-    assert isinstance(steplog.from_env(), StepLog)
+    assert isinstance(steplog.from_env("tiny"), StepLog)
+    assert steplog.from_env("tiny", follower=True) is None  # a group logs from rank 0 only

@@ -9,12 +9,15 @@ itself took 25-140 ms; every row in the batch waited for it (docs/benchmarks.md,
 afternoon). Turning cuDNN off for the whole process (MLX_CUDA_USE_CUDNN_SDPA=0) removes the
 builds but made an 8B 16k-token prefill 2.5x slower.
 
-So attention is routed per call: a multi-token call whose score matrix is small (at most
-SMALL_SCORES_BYTES) is computed as the plain product (scores, softmax, values: what MLX
-itself does where no fused kernel applies), which costs a few ms at that size and needs no
-build; larger ones (long prompts' 4096-token chunks, whose shapes recur from prompt to
-prompt) and every decode call keep MLX's fused kernels. Only on CUDA: Metal's fused kernels
-take any shape without a build, and the CPU has no fused prefill kernel to avoid.
+So attention is routed per call: a multi-token call with an array mask (a prompt batch's,
+a speculative verify's) whose score matrix is small (under `small_scores_bytes`) is computed
+as the plain product (scores, softmax, values: what MLX itself does where no fused kernel
+applies), which costs a few ms at that size and needs no build. Everything else keeps MLX's
+fused kernels: larger calls (long prompts' 4096-token chunks on models of 32 heads and more,
+whose shapes recur from prompt to prompt), "causal" and unmasked calls (a plain cache's
+prefill, embeddings: a build of ~60 ms, not measured worth routing), decode, attention sinks,
+per-head masks. Only on CUDA: Metal's fused kernels take any shape without a build, and the
+CPU has no fused prefill kernel to avoid.
 
 mlx-lm's models call `mx.fast.scaled_dot_product_attention` by attribute at every forward,
 so replacing that attribute in the worker process routes them all (route_on_cuda).
@@ -29,10 +32,12 @@ import mlx.core as mx
 
 log = logging.getLogger("mlxd.worker")
 
-# The largest score matrix (rows x heads x queries x keys, float32) computed unfused: a
-# transient of at most this many bytes per layer; 8 rows of 512-token prompts on a 32-head
-# model take 268 MB, one 2k-token prompt 537 MB.
-SMALL_SCORES_BYTES = 1 << 30
+# The largest score matrix (rows x heads x queries x keys, 4 bytes a score) computed unfused:
+# a transient of less than this per layer. 8 rows of 512-token prompts on a 32-head model
+# take 268 MB. At most 1/64 of the device's memory (1 GiB on an H200), so that a small GPU's
+# plan headroom (shared/memory_plan.py) covers it.
+SMALL_SCORES_CAP = 1 << 30
+small_scores_bytes = SMALL_SCORES_CAP  # set by route_on_cuda from the device's memory
 
 _fused = mx.fast.scaled_dot_product_attention
 
@@ -64,31 +69,44 @@ def unfused(
 
 
 def is_small(q: mx.array, k: mx.array) -> bool:
-    """Whether a call's score matrix stays within SMALL_SCORES_BYTES."""
+    """Whether a multi-token call's score matrix stays under `small_scores_bytes`."""
     b, h, n, _ = q.shape
-    return n > 1 and b * h * n * k.shape[2] * 4 <= SMALL_SCORES_BYTES
+    return n > 1 and b * h * n * k.shape[2] * 4 < small_scores_bytes
+
+
+def _plain_mask(mask, q: mx.array) -> bool:
+    """An array mask `unfused` reads as MLX does: boolean or of q's dtype, one for all heads."""
+    if not isinstance(mask, mx.array):
+        return False
+    same_heads = mask.ndim < 3 or mask.shape[-3] == 1
+    return same_heads and mask.dtype in (mx.bool_, q.dtype)
 
 
 def routed(q, k, v, *, scale, mask=None, sinks=None, **kw):
-    """mx.fast.scaled_dot_product_attention, with small multi-token calls unfused."""
-    if sinks is None and not kw and is_small(q, k) and k.shape[1] and q.shape[1] % k.shape[1] == 0:
+    """mx.fast.scaled_dot_product_attention, with small masked multi-token calls unfused."""
+    grouped = k.shape[1] > 0 and q.shape[1] % k.shape[1] == 0
+    if sinks is None and not kw and grouped and _plain_mask(mask, q) and is_small(q, k):
         return unfused(q, k, v, scale, mask)
     if sinks is not None:
         kw["sinks"] = sinks
     return _fused(q, k, v, scale=scale, mask=mask, **kw)
 
 
-def route_on_cuda(force: bool = False) -> bool:
+def route_on_cuda(memory_bytes: int = 0, force: bool = False) -> bool:
     """Route this process's attention calls (routed) when its GPU is an NVIDIA one (or
-    `force`, for tests); True when routed. Idempotent."""
+    `force`, for tests); `memory_bytes`: the device's, which bounds what is routed. True when
+    routed. Idempotent."""
+    global small_scores_bytes
     if mx.fast.scaled_dot_product_attention is routed:
         return True
     cuda = sys.platform.startswith("linux") and mx.default_device() == mx.gpu
     if not (cuda or force):
         return False
+    cap = SMALL_SCORES_CAP
+    small_scores_bytes = min(cap, memory_bytes // 64) if memory_bytes > 0 else cap
     mx.fast.scaled_dot_product_attention = routed
     log.info(
-        "attention: calls of up to %d MiB of scores unfused (no cuDNN graph builds)",
-        SMALL_SCORES_BYTES >> 20,
+        "attention: masked prefills under %d MiB of scores unfused (no cuDNN graph builds)",
+        small_scores_bytes >> 20,
     )
     return True

@@ -189,7 +189,7 @@ def load_model(
     ones win over the folder's generation_config.json and chat template. `kv_bits` quantizes
     the model's KV (a model whose caches cannot be quantized raises ValueError). With a worker
     `group` (an mx.distributed.Group), only this rank's shard is loaded (worker/group/)."""
-    route_on_cuda()  # small prefills attend without a cuDNN graph build (attention.py)
+    route_on_cuda(device_memory_bytes())  # small prefills: no cuDNN graph build (attention.py)
     model, tokenizer, config = load(str(path), return_config=True, lazy=group is not None)
     if group is not None:
         shard_model(model, config, group)

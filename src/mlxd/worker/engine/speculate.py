@@ -17,8 +17,9 @@ the row's history, which drafts would change under them.
 
 The verify forward always has k + 1 positions (short drafts are padded) and attends over the
 cache's whole allocated buffer, masked (BucketView): its shapes change only every 256 tokens.
-On MLX's CUDA backend every new (positions, key length) pair of a multi-token forward costs a
-kernel compile of ~60 ms; unpadded, every verify step would pay it.
+On MLX's CUDA backend every new (positions, key length) pair of a multi-token forward cost a
+cuDNN graph build of ~60 ms; worker/attention.py now computes such small masked calls
+unfused, and the fixed shapes still keep the number of shapes anything caches by small.
 
 `SpecState.skip` backs off after misses, so a row whose text doesn't repeat (free writing
 under prompt lookup) goes back to the pipelined step, which speculation gives up.

@@ -2,8 +2,10 @@
 
 Where a request's first token went is a question of steps: how long each took, how many rows
 it prefilled and by how much, how many decoded, how many waited. `MLXD_STEP_LOG=/path` in a
-worker's environment appends one line per step there (bench/steps.py summarises it). The file
-is bounded (MAX_LINES, then the log stops with a last line saying so); unset costs nothing.
+worker's environment appends one line per step there (bench/steps.py summarises it), each
+naming its model and process, so several workers can share the file (a worker group logs
+from rank 0 only). Each worker writes at most MAX_LINES, then stops with a last line saying
+so; a write that fails (disk full) stops it with one warning; unset costs nothing.
 """
 
 from __future__ import annotations
@@ -20,16 +22,18 @@ from mlxd.worker.engine.trace import StepTrace
 log = logging.getLogger("mlxd.worker.engine")
 
 ENV = "MLXD_STEP_LOG"
-MAX_LINES = 100_000  # ~15 MB: hours of a busy batch, and a bound on the disk it takes
+# Per worker process: ~100 MB, about 80 minutes of steps at 10 ms each.
+MAX_LINES = 500_000
 
 
 class StepLog:
     """A trace callback writing StepTraces as JSON lines to `path`."""
 
-    def __init__(self, path: Path, max_lines: int = MAX_LINES):
+    def __init__(self, path: Path, model: str = "", max_lines: int = MAX_LINES):
         self._f = open(path, "ab", buffering=0)  # noqa: SIM115 (open for the engine's life)
         self._left = max_lines
         self._t0: float | None = None
+        self._who = {"model": model, "pid": os.getpid()}
 
     def __call__(self, t: StepTrace) -> None:
         if self._left <= 0:
@@ -38,6 +42,7 @@ class StepLog:
             self._t0 = t.started
         self._left -= 1
         line = {
+            **self._who,
             "step": t.step,
             "t": round(t.started - (self._t0 or t.started), 6),
             "s": round(t.seconds, 6),
@@ -58,17 +63,21 @@ class StepLog:
             line["failed"] = t.failed
         if self._left == 0:
             line["end"] = f"the step log stops at {t.step} steps (its bound)"
-        self._f.write(orjson.dumps(line) + b"\n")
+        try:
+            self._f.write(orjson.dumps(line) + b"\n")
+        except OSError as exc:  # disk full, ...: the engine goes on, the log stops
+            self._left = 0
+            log.warning("the step log stops: %s", exc.strerror or exc)
 
 
-def from_env() -> StepLog | None:
-    """The step log `MLXD_STEP_LOG` asks for, or None (unset, or the path cannot be opened:
-    logged once, the worker serves without it)."""
+def from_env(model: str = "", follower: bool = False) -> StepLog | None:
+    """The step log `MLXD_STEP_LOG` asks for, or None (unset, a worker group's follower, or
+    the path cannot be opened: logged once, the worker serves without it)."""
     path = os.environ.get(ENV)
-    if not path:
+    if not path or follower:
         return None
     try:
-        return StepLog(Path(path))
+        return StepLog(Path(path), model)
     except OSError as exc:
         log.warning("%s=%s cannot be opened (%s): no step log", ENV, path, exc.strerror)
         return None
