@@ -138,3 +138,25 @@ def test_caches_it_cannot_compile_take_the_plain_forward(loaded):
     written = KVCache()
     written.update_and_fetch(mx.zeros((1, 1, 4, 8)), mx.zeros((1, 1, 4, 8)))
     assert not step.usable([written, ArraysCache(2)])  # a hybrid: every layer must be plain KV
+
+
+def test_the_warm_up_runs_a_row_leaving_while_others_decode(tiny_model_dir, monkeypatch):
+    # A request ending beside others filters the batch's caches (a gather per layer): a path
+    # the GPU compiles on first use, so the warm-up takes it before READY.
+    from mlxd.worker.engine.decode import DecodeBatch
+
+    partial = []
+    real = DecodeBatch.filter
+
+    def spy(self, keep):
+        if 0 < len(keep) < len(self.uids):
+            partial.append((len(self.uids), len(keep)))
+        return real(self, keep)
+
+    monkeypatch.setattr(DecodeBatch, "filter", spy)
+    engine = Engine(load_model(tiny_model_dir, "tiny"), batch=4)
+    engine.start()
+    assert engine.warmed.wait(120)
+    engine.stop()
+    assert engine.join(30)
+    assert (2, 1) in partial  # two rows, one leaves: the other goes on alone

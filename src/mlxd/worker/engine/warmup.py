@@ -61,7 +61,11 @@ def warm_up(
             if b > 1:
                 samplers[-1] = RowSampling(SAMPLED)
             processors = [make_row_processors(s, []) for s in samplers]
-            steps += _run(gen, _prompts([4] * b), max(chunks), 2, samplers, processors)
+            # The first row leaves a step before the others: the batch's caches and arrays
+            # are filtered while rows go on (a gather per layer; down to one row, the move to
+            # plain caches), as whenever a request ends beside others.
+            lengths = [2] + [3] * (b - 1)
+            steps += _run(gen, _prompts([4] * b), max(chunks), lengths, samplers, processors)
         if spec is not None:
             gen.close()
             own = SpecConfig(spec.mode, spec.k, spec.draft_model)  # not the engine's counters
@@ -79,9 +83,12 @@ def _prompts(lengths: list[int]) -> list[list[int]]:
     return [[(7 * i + j) % 100 + 1 for j in range(n)] for i, n in enumerate(lengths)]
 
 
-def _run(gen, prompts, chunk, max_tokens=1, samplers=None, processors=None) -> int:
+def _run(
+    gen, prompts, chunk, max_tokens: int | list[int] = 1, samplers=None, processors=None
+) -> int:
     n = len(prompts)
-    gen.insert(prompts, [max_tokens] * n, samplers=samplers, logits_processors=processors)
+    limits = max_tokens if isinstance(max_tokens, list) else [max_tokens] * n
+    gen.insert(prompts, limits, samplers=samplers, logits_processors=processors)
     left, steps = len(prompts), 0
     while left and steps < MAX_STEPS:
         gen.prefill_step_size = chunk
