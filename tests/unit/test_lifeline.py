@@ -22,6 +22,7 @@ STUCK = """
 import time
 from mlxd.worker.lifeline import exit_when_orphaned
 exit_when_orphaned(7, interval_s=0.05)
+print("armed", flush=True)
 time.sleep(600)
 """
 
@@ -33,6 +34,9 @@ def test_an_orphaned_process_exits_even_while_its_main_thread_is_stuck():
     try:
         assert middle.stdout is not None
         grandchild = psutil.Process(int(middle.stdout.readline()))
+        # Killed before it armed (a slow start on a busy machine), it would already be an
+        # orphan with nothing to notice: wait for its word (it shares the middle's stdout).
+        assert middle.stdout.readline().strip() == "armed"
         time.sleep(0.5)
         assert grandchild.is_running()  # the parent lives: so does it
         os.kill(middle.pid, signal.SIGKILL)
