@@ -51,3 +51,36 @@ def test_an_orphaned_process_exits_even_while_its_main_thread_is_stuck():
             raise AssertionError("the orphan kept running")
     finally:
         middle.kill()
+
+
+# Orphaned between importing the lifeline and arming it (a worker's slow start): the parent it
+# started under is the one it watches, so it still exits.
+LATE = """
+import os, time
+from mlxd.worker import lifeline
+start = os.getppid()
+print("imported", flush=True)
+while os.getppid() == start:
+    time.sleep(0.01)
+lifeline.exit_when_orphaned(7, interval_s=0.05)
+time.sleep(600)
+"""
+
+
+def test_a_parent_gone_before_the_lifeline_is_armed_still_ends_the_process():
+    middle = subprocess.Popen(
+        [sys.executable, "-c", MIDDLE, LATE], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert middle.stdout is not None
+        grandchild = psutil.Process(int(middle.stdout.readline()))
+        assert middle.stdout.readline().strip() == "imported"
+        os.kill(middle.pid, signal.SIGKILL)
+        middle.wait()
+        try:
+            grandchild.wait(20)  # not our child: psutil sees it end, not its code
+        except psutil.TimeoutExpired:
+            grandchild.kill()
+            raise AssertionError("the orphan kept running") from None
+    finally:
+        middle.kill()
