@@ -27,30 +27,40 @@ time.sleep(600)
 """
 
 
-def test_an_orphaned_process_exits_even_while_its_main_thread_is_stuck():
+def _orphan_ends(code: str, word: str, parent_lives=None) -> None:
+    """Start `code` as a grandchild, wait for it to print `word` (it shares the middle's
+    stdout), kill the middle (after `parent_lives(grandchild)`, if given), and assert the
+    orphan ends within 20 s."""
     middle = subprocess.Popen(
-        [sys.executable, "-c", MIDDLE, STUCK], stdout=subprocess.PIPE, text=True
+        [sys.executable, "-c", MIDDLE, code], stdout=subprocess.PIPE, text=True
     )
     try:
         assert middle.stdout is not None
         grandchild = psutil.Process(int(middle.stdout.readline()))
-        # Killed before it armed (a slow start on a busy machine), it would already be an
-        # orphan with nothing to notice: wait for its word (it shares the middle's stdout).
-        assert middle.stdout.readline().strip() == "armed"
-        time.sleep(0.5)
-        assert grandchild.is_running()  # the parent lives: so does it
+        assert middle.stdout.readline().strip() == word
+        if parent_lives is not None:
+            parent_lives(grandchild)
         os.kill(middle.pid, signal.SIGKILL)
         middle.wait()
         deadline = time.monotonic() + 20
         while time.monotonic() < deadline:
             if not grandchild.is_running() or grandchild.status() == psutil.STATUS_ZOMBIE:
-                break
+                return
             time.sleep(0.05)
-        else:
-            grandchild.kill()
-            raise AssertionError("the orphan kept running")
+        grandchild.kill()
+        raise AssertionError("the orphan kept running")
     finally:
         middle.kill()
+
+
+def test_an_orphaned_process_exits_even_while_its_main_thread_is_stuck():
+    def still_running(grandchild):
+        time.sleep(0.5)
+        assert grandchild.is_running()  # the parent lives: so does it
+
+    # Killed before it armed (a slow start on a busy machine), it would not be testing the
+    # armed lifeline: it says "armed" first.
+    _orphan_ends(STUCK, "armed", still_running)
 
 
 # Orphaned between importing the lifeline and arming it (a worker's slow start): the parent it
@@ -68,19 +78,4 @@ time.sleep(600)
 
 
 def test_a_parent_gone_before_the_lifeline_is_armed_still_ends_the_process():
-    middle = subprocess.Popen(
-        [sys.executable, "-c", MIDDLE, LATE], stdout=subprocess.PIPE, text=True
-    )
-    try:
-        assert middle.stdout is not None
-        grandchild = psutil.Process(int(middle.stdout.readline()))
-        assert middle.stdout.readline().strip() == "imported"
-        os.kill(middle.pid, signal.SIGKILL)
-        middle.wait()
-        try:
-            grandchild.wait(20)  # not our child: psutil sees it end, not its code
-        except psutil.TimeoutExpired:
-            grandchild.kill()
-            raise AssertionError("the orphan kept running") from None
-    finally:
-        middle.kill()
+    _orphan_ends(LATE, "imported")
