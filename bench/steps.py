@@ -14,6 +14,8 @@ from pathlib import Path
 
 import orjson
 
+from .context import _percentile
+
 KINDS = ("decode", "prefill", "mixed", "empty", "failed")
 
 
@@ -74,7 +76,7 @@ def summary(steps: list[dict], slowest: int = 12) -> str:
         secs = sorted(s["s"] for s in group)
         total = sum(secs)
         tokens = sum(s["prefill_tokens"] for s in group)
-        p95 = secs[min(len(secs) - 1, int(0.95 * len(secs)))]
+        p95 = _percentile(secs, 0.95)
         rate = f"{tokens / total:.0f}" if tokens and total else ""
         out.append(
             f"| {k} | {len(group)} | {total:.2f} | {statistics.median(secs) * 1e3:.1f} | "
