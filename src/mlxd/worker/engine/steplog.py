@@ -38,13 +38,13 @@ class StepLog:
     def __call__(self, t: StepTrace) -> None:
         if self._left <= 0:
             return
-        if self._t0 is None and t.started:
+        if self._t0 is None:
             self._t0 = t.started
         self._left -= 1
         line = {
             **self._who,
             "step": t.step,
-            "t": round(t.started - (self._t0 or t.started), 6),
+            "t": round(t.started - self._t0, 6),
             "s": round(t.seconds, 6),
             "chunk": t.chunk,
             "admitted": len(t.admitted),
