@@ -46,16 +46,16 @@ def test_unfused_attention_equals_mlxs_own(heads, kind):
     assert mx.allclose(got, want, atol=1e-5).item()
 
 
-def test_only_small_calls_with_a_plain_array_mask_are_rerouted(monkeypatch):
+def test_only_small_masked_calls_are_unfused_and_large_array_masks_go_in_blocks(monkeypatch):
     calls = []
     monkeypatch.setattr(attention, "_fused", lambda *a, **kw: calls.append(a[0].shape) or a[0])
     q, k, v = _qkv(1, 4, 4, 8, 8)
     mask = mx.ones((1, 1, 8, 8), dtype=mx.bool_)
     attention.routed(q, k, v, scale=1.0, mask=mask)
     attention.routed(q, k, v, scale=1.0, mask=mx.zeros((8, 8)))  # additive, q's dtype
-    assert calls == []  # both computed unfused
+    attention.routed(q, k, v, scale=1.0, mask="causal")  # an unpadded prompt batch's
+    assert calls == []  # all computed unfused
     kept = [
-        dict(mask="causal"),  # a plain cache's prefill: a cheap build, not routed
         dict(mask=None),
         dict(mask=mx.ones((1, 4, 8, 8), dtype=mx.bool_)),  # one mask per head
         dict(mask=mx.zeros((8, 8), dtype=mx.float16)),  # a dtype MLX would cast
@@ -65,9 +65,67 @@ def test_only_small_calls_with_a_plain_array_mask_are_rerouted(monkeypatch):
         attention.routed(q, k, v, scale=1.0, **kw)
     decode = _qkv(1, 4, 4, 1, 8)
     attention.routed(*decode, scale=1.0, mask=mx.ones((1, 1, 1, 8), dtype=mx.bool_))
-    monkeypatch.setattr(attention, "small_scores_bytes", 4 * 8 * 8 * 4)  # not under it
+    assert len(calls) == len(kept) + 1
+    # Past the bound: causal calls take the fused (flash) kernel, array masks go in blocks.
+    monkeypatch.setattr(attention, "small_scores_bytes", 4 * 4 * 8 * 4)  # half the scores
+    blocks = []
+    plain = attention.unfused
+    monkeypatch.setattr(attention, "unfused", lambda *a: blocks.append(a[0].shape) or plain(*a))
+    attention.routed(q, k, v, scale=1.0, mask="causal")
+    assert len(calls) == len(kept) + 2 and blocks == []
     attention.routed(q, k, v, scale=1.0, mask=mask)
     assert len(calls) == len(kept) + 2
+    assert [b[2] for b in blocks] == [4, 4]  # two blocks of 4 queries, each within the bound
+
+
+@pytest.mark.parametrize("shape", [(2, 1, 7, 9), (7, 9), (2, 1, 1, 9)], ids=["rows", "2d", "bcast"])
+def test_attention_in_blocks_of_queries_equals_mlxs_own(shape, restore):
+    q, k, v = _qkv(2, 8, 2, 7, 9)
+    mask = mx.random.uniform(shape=shape) > 0.3
+    mask = mask | (mx.arange(9) == 0)  # every query sees a key (no row of -inf)
+    want = FUSED(q, k, v, scale=0.25, mask=mask)
+    attention.small_scores_bytes = 2 * 8 * 9 * 4 * 3  # three queries a block: 3, 3, 1
+    got = attention.blocked(q, k, v, 0.25, mask)
+    assert got.shape == want.shape
+    assert mx.allclose(got, want, atol=1e-5).item()
+
+
+def test_an_unpadded_prompt_batch_asks_for_the_causal_kernel(tiny_model_dir):
+    load_model(tiny_model_dir, "tiny")  # installs attention.causal_when_unpadded
+    fresh = BatchKVCache([0, 0])
+    fresh.prepare(lengths=[5, 8], right_padding=[3, 0])  # right padding is never attended
+    assert fresh.make_mask(8) == "causal"
+    assert isinstance(fresh.make_mask(1), mx.array)  # decode keeps its array
+    assert isinstance(fresh.make_mask(8, return_array=True), mx.array)  # a model asking for one
+    assert isinstance(fresh.make_mask(8, window_size=4), mx.array)
+    assert isinstance(BatchKVCache([0, 3]).make_mask(8), mx.array)  # left padding is masked
+
+
+def test_a_batch_of_unpadded_and_left_padded_rows_gives_the_array_masks_logits(tiny_model_dir):
+    """The causal kernel and mlx-lm's array mask give one answer: a prefill of fresh rows, then
+    a chunk more after a row with a shorter history joins (left padding: the array path)."""
+    loaded = load_model(tiny_model_dir, "tiny")
+    model = loaded.model
+    tokens = mx.array([[5 + i for i in range(12)], [9 + i for i in range(12)]])
+
+    def forward() -> list[mx.array]:
+        cache = [BatchKVCache([0, 0]) for _ in model.layers]
+        for c in cache:
+            c.prepare(lengths=[7, 12], right_padding=[5, 0])
+        first = model(tokens, cache=cache)
+        for c in cache:
+            c.finalize()  # the shorter row's right padding becomes left padding
+        return [first, model(tokens[:, :4], cache=cache)]
+
+    got = forward()
+    patched = BatchKVCache.make_mask
+    BatchKVCache.make_mask = attention._array_mask
+    try:
+        want = forward()
+    finally:
+        BatchKVCache.make_mask = patched
+    for g, w in zip(got, want):
+        assert mx.allclose(g, w, atol=1e-4).item()
 
 
 def test_the_bound_follows_a_small_devices_memory(restore):

@@ -19,8 +19,21 @@ prefill, embeddings: a build of ~60 ms, not measured worth routing), decode, att
 per-head masks. Only on CUDA: Metal's fused kernels take any shape without a build, and the
 CPU has no fused prefill kernel to avoid.
 
+Larger masked calls (a prompt batch whose rows have different cached prefixes: left padding)
+are computed unfused too, in blocks of queries each under that bound: cuDNN with an array mask
+took 2.8 s and 68 GB of peak memory for a lone 16k-token prompt of the 8B shape, in 4,096-token
+chunks, where its causal kernel took 0.57 s and 26 GB; blocks of the plain product took 2.0 s
+and 31 GB (docs/benchmarks.md, 2026-12-02 evening).
+
+Which is why the mask matters most: mlx-lm's BatchKVCache always hands the model an array
+mask, though for rows without left padding (fresh prompts, a lone row: nearly every long
+prefill) it is exactly the causal one. `causal_when_unpadded` (every backend) makes such a
+cache say "causal", so MLX's fused causal kernels run: cuDNN's flash attention on CUDA, the
+causal variant of the fused kernel on Metal.
+
 mlx-lm's models call `mx.fast.scaled_dot_product_attention` by attribute at every forward,
-so replacing that attribute in the worker process routes them all (route_on_cuda).
+so replacing that attribute in the worker process routes them all (route_on_cuda); they ask
+their cache for the mask at every forward too (`make_mask`).
 """
 
 from __future__ import annotations
@@ -29,6 +42,7 @@ import logging
 import sys
 
 import mlx.core as mx
+from mlx_lm.models.cache import BatchKVCache
 
 log = logging.getLogger("mlxd.worker")
 
@@ -82,14 +96,52 @@ def _plain_mask(mask, q: mx.array) -> bool:
     return same_heads and mask.dtype in (mx.bool_, q.dtype)
 
 
+def blocked(q: mx.array, k: mx.array, v: mx.array, scale: float, mask: mx.array) -> mx.array:
+    """`unfused`, a block of queries at a time: each block's scores under `small_scores_bytes`
+    (at least one query a block), so the transient is bounded whatever the call's size."""
+    b, h, n, _ = q.shape
+    step = max(1, small_scores_bytes // (b * h * k.shape[2] * 4))
+    per_query = mask.ndim >= 2 and mask.shape[-2] == n  # else one row broadcast to all
+    out = [
+        unfused(
+            q[:, :, i : i + step], k, v, scale, mask[..., i : i + step, :] if per_query else mask
+        )
+        for i in range(0, n, step)
+    ]
+    return mx.concatenate(out, axis=2)
+
+
 def routed(q, k, v, *, scale, mask=None, sinks=None, **kw):
-    """mx.fast.scaled_dot_product_attention, with small masked multi-token calls unfused."""
+    """mx.fast.scaled_dot_product_attention, with masked multi-token calls unfused where MLX
+    would build a cuDNN graph (small calls) or run cuDNN's slow biased kernel (array masks)."""
     grouped = k.shape[1] > 0 and q.shape[1] % k.shape[1] == 0
-    if sinks is None and not kw and grouped and _plain_mask(mask, q) and is_small(q, k):
-        return unfused(q, k, v, scale, mask)
+    if sinks is None and not kw and grouped and q.shape[2] > 1:
+        causal = isinstance(mask, str) and mask == "causal"
+        if (causal or _plain_mask(mask, q)) and is_small(q, k):
+            return unfused(q, k, v, scale, mask)
+        if _plain_mask(mask, q):
+            return blocked(q, k, v, scale, mask)
     if sinks is not None:
         kw["sinks"] = sinks
     return _fused(q, k, v, scale=scale, mask=mask, **kw)
+
+
+_array_mask = BatchKVCache.make_mask
+
+
+def _unpadded_causal_mask(self, N: int, return_array: bool = False, **kw):
+    """BatchKVCache.make_mask, but "causal" for a multi-token call when no row is left-padded
+    (the array would be exactly the causal mask: mlx-lm's right padding is never attended)."""
+    plain = N > 1 and not return_array and kw.get("window_size") is None
+    if plain and max(self.left_padding.tolist(), default=0) == 0:
+        return "causal"
+    return _array_mask(self, N, return_array=return_array, **kw)
+
+
+def causal_when_unpadded() -> None:
+    """Make mlx-lm's BatchKVCache give "causal" instead of an all-causal array mask (above).
+    Idempotent; every backend."""
+    BatchKVCache.make_mask = _unpadded_causal_mask
 
 
 def route_on_cuda(memory_bytes: int = 0, force: bool = False) -> bool:

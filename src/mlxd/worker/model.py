@@ -18,7 +18,7 @@ from mlx_lm import load
 from mlxd.shared.config import is_template_text
 from mlxd.shared.kv_math import kv_bytes_per_token
 from mlxd.shared.worker_spec import MODEL_DEFAULT_FIELDS, WorkerSpec
-from mlxd.worker.attention import route_on_cuda
+from mlxd.worker.attention import causal_when_unpadded, route_on_cuda
 from mlxd.worker.engine.kvquant import KvScheme, apply_kv_scheme
 from mlxd.worker.group.shard import shard_model
 
@@ -190,6 +190,7 @@ def load_model(
     the model's KV (a model whose caches cannot be quantized raises ValueError). With a worker
     `group` (an mx.distributed.Group), only this rank's shard is loaded (worker/group/)."""
     route_on_cuda(device_memory_bytes())  # small prefills: no cuDNN graph build (attention.py)
+    causal_when_unpadded()  # fused causal kernels for unpadded prompt batches (attention.py)
     model, tokenizer, config = load(str(path), return_config=True, lazy=group is not None)
     if group is not None:
         shard_model(model, config, group)
