@@ -9,6 +9,7 @@
     python -m bench group                            # a worker group of 2 vs one process
     python -m bench steps /tmp/steps.jsonl           # a worker's step log (MLXD_STEP_LOG)
     python -m bench attention --shape qwen3-0.6b     # first use of attention shapes (CUDA)
+    python -m bench masks --shape qwen3-8b           # a long prefill by attention path
 
 See docs/benchmarks.md for what each workload measures and the goals.
 """
@@ -40,6 +41,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     sub.add_parser("profile", help="split a decode step's time (bench/profile.py)", add_help=False)
     sub.add_parser("speculative", help="decode with and without drafts", add_help=False)
     sub.add_parser("attention", help="attention shapes' first use", add_help=False)
+    sub.add_parser("masks", help="a long prefill by attention path", add_help=False)
     sub.add_parser("steps", help="summarise a worker's step log (bench/steps.py)", add_help=False)
     r = sub.add_parser("run", help="run the side-by-side benchmark")
     r.add_argument(
@@ -236,6 +238,10 @@ def main(argv: list[str] | None = None) -> int:
         from . import speculative
 
         return speculative.main(argv[1:])
+    if argv[:1] == ["masks"]:  # a long prefill by attention path: bench/masks.py
+        from . import masks
+
+        return masks.main(argv[1:])
     if argv[:1] == ["attention"]:  # first-use cost of attention shapes: bench/attention.py
         from . import attention
 

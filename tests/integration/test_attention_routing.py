@@ -161,3 +161,48 @@ def test_the_cpu_is_left_alone_and_a_routed_model_gives_the_same_logits(
     got = forward()
     assert len(unfused_calls) == len(loaded.model.layers)  # every layer took the plain path
     assert mx.allclose(got, want, atol=1e-4).item()
+
+
+def test_a_large_left_padded_batch_attends_row_by_row_as_its_mask_says(
+    tiny_model_dir, restore, monkeypatch
+):
+    """Rows with different histories (a newcomer joining a running prefill: left padding)
+    attend through the causal kernel one row at a time on their own keys, in every layer, and
+    the logits are those of mlx-lm's array mask."""
+    loaded = load_model(tiny_model_dir, "tiny")
+    model = loaded.model
+    mx.random.seed(3)
+    tokens = mx.random.randint(0, 100, (2, 14))
+
+    def forward() -> mx.array:
+        old = [BatchKVCache([0]) for _ in model.layers]
+        model(tokens[:1, :6], cache=old)  # a row 6 tokens into its prompt
+        for c, new in zip(old, [BatchKVCache([0]) for _ in model.layers]):
+            c.extend(new)  # a fresh row joins it: left-padded by 6
+        assert old[0].left_padding.tolist() == [0, 6]
+        return model(tokens[:, 6:], cache=old)
+
+    want = forward()  # MLX's own attention with the array mask
+    rows = []
+    plain = attention.row_by_row
+    monkeypatch.setattr(attention, "row_by_row", lambda *a: rows.append(a[4]) or plain(*a))
+    attention.route_on_cuda(force=True)
+    attention.small_scores_bytes = 4  # every call is "large"
+    got = forward()
+    assert rows == [[0, 6]] * len(model.layers)
+    assert mx.allclose(got, want, atol=1e-4).item()
+
+
+def test_only_the_mask_the_padded_cache_made_is_read_as_its_padding(restore, monkeypatch):
+    calls = []
+    monkeypatch.setattr(attention, "row_by_row", lambda *a: calls.append("rows") or a[0])
+    monkeypatch.setattr(attention, "blocked", lambda *a: calls.append("blocked") or a[0])
+    attention.causal_when_unpadded()
+    attention.small_scores_bytes = 4
+    cache = BatchKVCache([0, 3])
+    mask = cache.make_mask(4)
+    q, k, v = _qkv(2, 4, 4, 4, 4)
+    attention.routed(q, k, v, scale=1.0, mask=mask)
+    attention.routed(q, k, v, scale=1.0, mask=mask[..., 1:])  # another array: no padding known
+    attention.routed(q, k, v, scale=1.0, mask=mx.array(mask))
+    assert calls == ["rows", "blocked", "blocked"]

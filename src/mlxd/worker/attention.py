@@ -1,35 +1,30 @@
-"""Prefill attention on CUDA without a cuDNN graph build per prompt.
+"""Prefill attention: the fused causal kernel where the mask allows, and on CUDA no cuDNN
+graph build per prompt and no cuDNN biased kernel.
 
-MLX's CUDA attention hands every masked multi-token call to cuDNN, which builds (and caches,
-256 at most) a graph per combination of rows, query and key lengths, KV buffer capacity and
-mask shape. A server meets a new combination at nearly every prefill: prompt lengths vary,
-and a batch's prompt rows (mlx-lm's BatchKVCache) always carry an array mask, even alone.
-On the lent H200 such a build took 80 ms (8B shape) to 1.5 s (0.6B shape) where the prefill
-itself took 25-140 ms; every row in the batch waited for it (docs/benchmarks.md, 2026-12-02
-afternoon). Turning cuDNN off for the whole process (MLX_CUDA_USE_CUDNN_SDPA=0) removes the
-builds but made an 8B 16k-token prefill 2.5x slower.
+The mask first. mlx-lm's BatchKVCache hands the model an array mask at every multi-token call,
+though for rows without left padding (fresh prompts, a lone row: nearly every long prefill) it
+is exactly the causal one. `causal_when_unpadded` (every backend) makes such a cache say
+"causal", so MLX's fused causal kernels run (cuDNN's flash attention on CUDA). On the lent H200
+a lone 16k-token prompt of the 8B shape, in 4,096-token chunks, took 2.8 s and 68 GB of peak
+memory with the array mask (cuDNN with a bias) and 0.57 s and 26 GB as "causal"
+(docs/benchmarks.md, 2026-12-02 evening).
 
-So attention is routed per call: a multi-token call with an array mask (a prompt batch's,
-a speculative verify's) whose score matrix is small (under `small_scores_bytes`) is computed
-as the plain product (scores, softmax, values: what MLX itself does where no fused kernel
-applies), which costs a few ms at that size and needs no build. Everything else keeps MLX's
-fused kernels: larger calls (long prompts' 4096-token chunks on models of 32 heads and more,
-whose shapes recur from prompt to prompt), "causal" and unmasked calls (a plain cache's
-prefill, embeddings: a build of ~60 ms, not measured worth routing), decode, attention sinks,
-per-head masks. Only on CUDA: Metal's fused kernels take any shape without a build, and the
-CPU has no fused prefill kernel to avoid.
-
-Larger masked calls (a prompt batch whose rows have different cached prefixes: left padding)
-are computed unfused too, in blocks of queries each under that bound: cuDNN with an array mask
-took 2.8 s and 68 GB of peak memory for a lone 16k-token prompt of the 8B shape, in 4,096-token
-chunks, where its causal kernel took 0.57 s and 26 GB; blocks of the plain product took 2.0 s
-and 31 GB (docs/benchmarks.md, 2026-12-02 evening).
-
-Which is why the mask matters most: mlx-lm's BatchKVCache always hands the model an array
-mask, though for rows without left padding (fresh prompts, a lone row: nearly every long
-prefill) it is exactly the causal one. `causal_when_unpadded` (every backend) makes such a
-cache say "causal", so MLX's fused causal kernels run: cuDNN's flash attention on CUDA, the
-causal variant of the fused kernel on Metal.
+Then, on CUDA, each multi-token call is routed:
+- small (scores under `small_scores_bytes`), causal or with an array mask: the plain product
+  (scores, softmax, values: what MLX does where no fused kernel applies). MLX would hand it to
+  cuDNN, which builds (and caches, 256 at most) a graph per combination of rows, query and key
+  lengths, KV capacity and mask shape: 80 ms (8B shape) to 1.5 s (0.6B shape) where the call
+  itself takes a few ms, at nearly every prefill since prompt lengths vary (2026-12-02
+  afternoon). Turning cuDNN off for the process instead made an 8B 16k prefill 2.5x slower.
+- large, with the mask a left-padded BatchKVCache made (rows of different histories: a
+  newcomer joining a running prefill): row by row through the fused causal kernel, each on its
+  own keys from its padding on, which is what that mask says.
+- large, with another array mask: the plain product in blocks of queries, each block's scores
+  under the bound (2.0 s and 31 GB for the 16k prompt above, against cuDNN's 2.8 s and 68 GB).
+- everything else (large causal calls, unmasked ones, decode, attention sinks, per-head masks)
+  keeps MLX's fused kernels.
+Only on CUDA: Metal's fused kernels take any shape without a build, and the CPU has no fused
+prefill kernel to avoid.
 
 mlx-lm's models call `mx.fast.scaled_dot_product_attention` by attribute at every forward,
 so replacing that attribute in the worker process routes them all (route_on_cuda); they ask
@@ -40,6 +35,7 @@ from __future__ import annotations
 
 import logging
 import sys
+import weakref
 
 import mlx.core as mx
 from mlx_lm.models.cache import BatchKVCache
@@ -119,6 +115,8 @@ def routed(q, k, v, *, scale, mask=None, sinks=None, **kw):
         causal = isinstance(mask, str) and mask == "causal"
         if (causal or _plain_mask(mask, q)) and is_small(q, k):
             return unfused(q, k, v, scale, mask)
+        if (left := _left_padding_of(mask)) is not None:
+            return row_by_row(q, k, v, scale, left)
         if _plain_mask(mask, q):
             return blocked(q, k, v, scale, mask)
     if sinks is not None:
@@ -126,22 +124,47 @@ def routed(q, k, v, *, scale, mask=None, sinks=None, **kw):
     return _fused(q, k, v, scale=scale, mask=mask, **kw)
 
 
+def row_by_row(q: mx.array, k: mx.array, v: mx.array, scale: float, left: list[int]) -> mx.array:
+    """A left-padded batch's causal attention, one row at a time through the fused causal
+    kernel on that row's own keys (from its padding on): what the array mask says, without
+    scores and without attending the padding."""
+    out = [
+        _fused(q[i : i + 1], k[i : i + 1, :, p:], v[i : i + 1, :, p:], scale=scale, mask="causal")
+        for i, p in enumerate(left)
+    ]
+    return mx.concatenate(out, axis=0)
+
+
 _array_mask = BatchKVCache.make_mask
+# The last causal mask a left-padded BatchKVCache made, and its rows' padding: `routed` knows
+# that array by identity and attends row by row (a mask another op made or changed is not it).
+_padded: tuple[weakref.ref, list[int]] | None = None
+
+
+def _left_padding_of(mask) -> list[int] | None:
+    if _padded is None or not isinstance(mask, mx.array) or _padded[0]() is not mask:
+        return None
+    return _padded[1]
 
 
 def _unpadded_causal_mask(self, N: int, return_array: bool = False, **kw):
     """BatchKVCache.make_mask, but "causal" for a multi-token call when no row is left-padded
     (the array would be exactly the causal mask: mlx-lm's right padding is never attended)."""
-    plain = N > 1 and not return_array and kw.get("window_size") is None
-    if plain and max(self.left_padding.tolist(), default=0) == 0:
+    global _padded
+    if N <= 1 or return_array or kw.get("window_size") is not None:
+        return _array_mask(self, N, return_array=return_array, **kw)
+    left = self.left_padding.tolist()
+    if max(left, default=0) == 0:
         return "causal"
-    return _array_mask(self, N, return_array=return_array, **kw)
+    mask = _array_mask(self, N, **kw)
+    _padded = (weakref.ref(mask), left)
+    return mask
 
 
 def causal_when_unpadded() -> None:
     """Make mlx-lm's BatchKVCache give "causal" instead of an all-causal array mask (above).
     Idempotent; every backend."""
-    BatchKVCache.make_mask = _unpadded_causal_mask
+    BatchKVCache.make_mask = _unpadded_causal_mask  # type: ignore[method-assign]
 
 
 def route_on_cuda(memory_bytes: int = 0, force: bool = False) -> bool:
