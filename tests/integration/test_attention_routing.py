@@ -206,3 +206,66 @@ def test_only_the_mask_the_padded_cache_made_is_read_as_its_padding(restore, mon
     attention.routed(q, k, v, scale=1.0, mask=mask[..., 1:])  # another array: no padding known
     attention.routed(q, k, v, scale=1.0, mask=mx.array(mask))
     assert calls == ["rows", "blocked", "blocked"]
+
+
+def test_the_engine_decodes_what_one_row_alone_would_whatever_path_its_prefill_took(
+    tiny_model_dir, restore, monkeypatch
+):
+    """Greedy tokens of rows admitted together (unpadded: "causal") and of a row joining a
+    running prefill (left padding: row by row, every call "large" here) are those of mlx-lm's
+    own single-row generation."""
+    import random
+    import threading
+
+    from mlx_lm.generate import generate_step
+
+    from mlxd.shared.params import GenerationParams
+    from mlxd.worker.engine.loop import Engine
+    from mlxd.worker.engine.planner import PlanConfig
+    from mlxd.worker.engine.rows import Submission
+
+    loaded = load_model(tiny_model_dir, "tiny")
+    rng = random.Random(7)
+    prompts = {
+        rid: [rng.randrange(10, 2000) for _ in range(n)]
+        for rid, n in (("a", 150), ("b", 90), ("late", 40))
+    }
+    want = {}
+    for rid, prompt in prompts.items():
+        steps = generate_step(mx.array(prompt), loaded.model, max_tokens=6)
+        want[rid] = [int(tok) for tok, _ in steps]
+
+    rows = []
+    plain = attention.row_by_row
+    monkeypatch.setattr(attention, "row_by_row", lambda *a: rows.append(a[4]) or plain(*a))
+    attention.route_on_cuda(force=True)
+    attention.small_scores_bytes = 4
+    got = {rid: [] for rid in prompts}
+    done = {rid: threading.Event() for rid in prompts}
+
+    def sub(rid: str) -> Submission:
+        def sink(ev):
+            got[rid] += [e["token_id"] for e in ev.logprobs or []]
+            if ev.finish_reason is not None:
+                done[rid].set()
+
+        params = GenerationParams(max_tokens=6, temperature=0.0, logprobs=True)
+        return Submission(rid, prompts[rid], params, sink)
+
+    engine = Engine(
+        loaded,
+        batch=4,
+        plan=PlanConfig(idle_chunk=32, step_budget=32, min_chunk=8),
+        warmup=False,
+        trace=lambda st: st.step == 2 and engine.submit(sub("late")),
+    )
+    engine.start()
+    try:
+        engine.submit(sub("a"))
+        engine.submit(sub("b"))
+        assert all(d.wait(120) for d in done.values())
+    finally:
+        engine.stop()
+    assert rows and any(max(left) > 0 for left in rows)  # the late row joined left-padded
+    for rid, tokens in got.items():
+        assert tokens and tokens == want[rid][: len(tokens)], rid
