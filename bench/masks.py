@@ -7,11 +7,12 @@ Two workloads, each timed per forward (ms) with MLX's peak memory:
 - lone: one row of `--tokens` in 4,096-token chunks, through a plain cache ("causal"), through
   mlx-lm's BatchKVCache as it comes (an array mask: cuDNN with a bias on CUDA), and through it
   with mlxd's mask and routing (worker/attention.py);
-- join: a row a quarter into its prompt, joined by three fresh rows (left padding, as a
-  newcomer joins a running prefill), then all four in chunks of a sixteenth up to `--tokens`:
-  row by row through the causal kernel (mlxd), the blocked plain product, MLX's own attention.
-Each runs twice, the second with prompts 256 tokens shorter (new shapes, so cuDNN builds are
-paid in both). The join's last logits are compared with MLX's (max absolute difference).
+- join: a row a quarter into its prompt, joined by three rows a sixteenth into theirs (left
+  padding, as a newcomer joins a running prefill), then all four in chunks of a sixteenth up to
+  `--tokens`: row by row through the causal kernel (mlxd), the blocked plain product, MLX's own.
+Each runs twice: the first pays cuDNN's graph builds for its shapes; the second, with prompts
+256 tokens shorter, shares all but its last forward's shapes with the first (the warm cost).
+The join's last logits are compared with MLX's (max absolute difference).
 """
 
 from __future__ import annotations

@@ -102,8 +102,9 @@ def test_an_unpadded_prompt_batch_asks_for_the_causal_kernel(tiny_model_dir):
 
 
 def test_a_batch_of_unpadded_and_left_padded_rows_gives_the_array_masks_logits(tiny_model_dir):
-    """The causal kernel and mlx-lm's array mask give one answer: a prefill of fresh rows, then
-    a chunk more after a row with a shorter history joins (left padding: the array path)."""
+    """The causal kernel and mlx-lm's array mask give one answer for a prefill of fresh rows;
+    once the shorter row's right padding became left padding, the patched cache hands on
+    mlx-lm's own array (a chunk more gives the same logits)."""
     loaded = load_model(tiny_model_dir, "tiny")
     model = loaded.model
     tokens = mx.array([[5 + i for i in range(12)], [9 + i for i in range(12)]])
@@ -166,30 +167,37 @@ def test_the_cpu_is_left_alone_and_a_routed_model_gives_the_same_logits(
 def test_a_large_left_padded_batch_attends_row_by_row_as_its_mask_says(
     tiny_model_dir, restore, monkeypatch
 ):
-    """Rows with different histories (a newcomer joining a running prefill: left padding)
-    attend through the causal kernel one row at a time on their own keys, in every layer, and
-    the logits are those of mlx-lm's array mask."""
+    """Rows with different histories (two newcomers joining a running prefill: left padding)
+    attend through the causal kernel on their own keys, in every layer, the two of one padding
+    in one call, and the logits are those of mlx-lm's array mask."""
     loaded = load_model(tiny_model_dir, "tiny")
     model = loaded.model
     mx.random.seed(3)
-    tokens = mx.random.randint(0, 100, (2, 14))
+    tokens = mx.random.randint(0, 100, (3, 14))
+    rows, calls = [], []
 
     def forward() -> mx.array:
         old = [BatchKVCache([0]) for _ in model.layers]
         model(tokens[:1, :6], cache=old)  # a row 6 tokens into its prompt
-        for c, new in zip(old, [BatchKVCache([0]) for _ in model.layers]):
-            c.extend(new)  # a fresh row joins it: left-padded by 6
-        assert old[0].left_padding.tolist() == [0, 6]
+        new = [BatchKVCache([0, 0]) for _ in model.layers]
+        model(tokens[1:, :2], cache=new)  # two rows 2 tokens into theirs
+        for c, n in zip(old, new):
+            c.extend(n)  # they join it: left-padded by 4, with 2 tokens of their own
+        assert old[0].left_padding.tolist() == [0, 4, 4]
+        calls.clear()
         return model(tokens[:, 6:], cache=old)
 
     want = forward()  # MLX's own attention with the array mask
-    rows = []
-    plain = attention.row_by_row
+    plain, fused = attention.row_by_row, attention._fused
     monkeypatch.setattr(attention, "row_by_row", lambda *a: rows.append(a[4]) or plain(*a))
+    monkeypatch.setattr(
+        attention, "_fused", lambda q, *a, **kw: calls.append(q.shape[0]) or fused(q, *a, **kw)
+    )
     attention.route_on_cuda(force=True)
     attention.small_scores_bytes = 4  # every call is "large"
     got = forward()
-    assert rows == [[0, 6]] * len(model.layers)
+    assert rows == [[0, 4, 4]] * len(model.layers)
+    assert calls == [1, 2] * len(model.layers)  # one call per padding
     assert mx.allclose(got, want, atol=1e-4).item()
 
 
@@ -235,9 +243,16 @@ def test_the_engine_decodes_what_one_row_alone_would_whatever_path_its_prefill_t
         steps = generate_step(mx.array(prompt), loaded.model, max_tokens=6)
         want[rid] = [int(tok) for tok, _ in steps]
 
-    rows = []
-    plain = attention.row_by_row
+    rows, causal_batches = [], []
+    plain, fused = attention.row_by_row, attention._fused
+
+    def record_causal(q, *a, mask=None, **kw):
+        if isinstance(mask, str):
+            causal_batches.append(q.shape[0])
+        return fused(q, *a, mask=mask, **kw)
+
     monkeypatch.setattr(attention, "row_by_row", lambda *a: rows.append(a[4]) or plain(*a))
+    monkeypatch.setattr(attention, "_fused", record_causal)
     attention.route_on_cuda(force=True)
     attention.small_scores_bytes = 4
     got = {rid: [] for rid in prompts}
@@ -267,5 +282,8 @@ def test_the_engine_decodes_what_one_row_alone_would_whatever_path_its_prefill_t
     finally:
         engine.stop()
     assert rows and any(max(left) > 0 for left in rows)  # the late row joined left-padded
+    assert 2 in causal_batches  # "a" and "b" were prefilled together as "causal"
+    eos = set(loaded.tokenizer.eos_token_ids)
     for rid, tokens in got.items():
-        assert tokens and tokens == want[rid][: len(tokens)], rid
+        assert tokens == want[rid][: len(tokens)], rid
+        assert len(tokens) == 6 or tokens[-1] in eos, rid  # the whole answer, or to its end

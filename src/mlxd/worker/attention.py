@@ -1,13 +1,14 @@
 """Prefill attention: the fused causal kernel where the mask allows, and on CUDA no cuDNN
 graph build per prompt and no cuDNN biased kernel.
 
-The mask first. mlx-lm's BatchKVCache hands the model an array mask at every multi-token call,
-though for rows without left padding (fresh prompts, a lone row: nearly every long prefill) it
-is exactly the causal one. `causal_when_unpadded` (every backend) makes such a cache say
-"causal", so MLX's fused causal kernels run (cuDNN's flash attention on CUDA). On the lent H200
-a lone 16k-token prompt of the 8B shape, in 4,096-token chunks, took 2.8 s and 68 GB of peak
-memory with the array mask (cuDNN with a bias) and 0.57 s and 26 GB as "causal"
-(docs/benchmarks.md, 2026-12-02 evening).
+The mask first. mlx-lm's float BatchKVCache hands the model an array mask at every multi-token
+call, though for rows without left padding (fresh prompts admitted together, a lone row: nearly
+every long prefill) it is exactly the causal one. `causal_when_unpadded` (every backend) makes
+such a cache say "causal", so MLX's fused causal kernels run (cuDNN's flash attention on CUDA);
+quantized-KV and sliding-window caches keep their arrays. On the lent H200 a lone 16k-token
+prompt of the 8B shape, in 4,096-token chunks, took 2.8 s and 68 GiB of peak memory with the
+array mask (cuDNN with a bias) and 0.57 s and 26 GiB as "causal" (docs/benchmarks.md,
+2026-12-02 evening).
 
 Then, on CUDA, each multi-token call is routed:
 - small (scores under `small_scores_bytes`), causal or with an array mask: the plain product
@@ -17,10 +18,11 @@ Then, on CUDA, each multi-token call is routed:
   itself takes a few ms, at nearly every prefill since prompt lengths vary (2026-12-02
   afternoon). Turning cuDNN off for the process instead made an 8B 16k prefill 2.5x slower.
 - large, with the mask a left-padded BatchKVCache made (rows of different histories: a
-  newcomer joining a running prefill): row by row through the fused causal kernel, each on its
-  own keys from its padding on, which is what that mask says.
+  newcomer joining a running prefill, prompt-cache hits of unequal lengths): row by row
+  through the fused causal kernel, each on its own keys from its padding on, which is what
+  that mask says.
 - large, with another array mask: the plain product in blocks of queries, each block's scores
-  under the bound (2.0 s and 31 GB for the 16k prompt above, against cuDNN's 2.8 s and 68 GB).
+  under the bound (2.0 s and 31 GiB for the 16k prompt above, against cuDNN's 2.8 s and 68 GiB).
 - everything else (large causal calls, unmasked ones, decode, attention sinks, per-head masks)
   keeps MLX's fused kernels.
 Only on CUDA: Metal's fused kernels take any shape without a build, and the CPU has no fused
@@ -125,14 +127,18 @@ def routed(q, k, v, *, scale, mask=None, sinks=None, **kw):
 
 
 def row_by_row(q: mx.array, k: mx.array, v: mx.array, scale: float, left: list[int]) -> mx.array:
-    """A left-padded batch's causal attention, one row at a time through the fused causal
-    kernel on that row's own keys (from its padding on): what the array mask says, without
-    scores and without attending the padding."""
-    out = [
-        _fused(q[i : i + 1], k[i : i + 1, :, p:], v[i : i + 1, :, p:], scale=scale, mask="causal")
-        for i, p in enumerate(left)
-    ]
-    return mx.concatenate(out, axis=0)
+    """A left-padded batch's causal attention through the fused causal kernel, each run of
+    neighbouring rows with the same padding in one call on their own keys (from the padding
+    on): what the array mask says, without scores and without attending the padding. Rows of
+    one padding (newcomers admitted together) share a call, so a cuDNN graph per padding."""
+    out, start = [], 0
+    for end in range(1, len(left) + 1):
+        if end == len(left) or left[end] != left[start]:
+            p = left[start]
+            keys, values = k[start:end, :, p:], v[start:end, :, p:]
+            out.append(_fused(q[start:end], keys, values, scale=scale, mask="causal"))
+            start = end
+    return mx.concatenate(out, axis=0) if len(out) > 1 else out[0]
 
 
 _array_mask = BatchKVCache.make_mask

@@ -53,7 +53,7 @@ def warm_up(
     try:
         for c in chunks:
             # One row in two chunks (a causal mask, then one at an offset), then two rows of
-            # unequal lengths (right padding, an array mask).
+            # unequal lengths (right padding; still "causal": no row is left-padded).
             steps += _run(gen, _prompts([2 * c + 1]), c)
             steps += _run(gen, _prompts([c + 1, c // 2 + 1]), c)
         for b in buckets:
