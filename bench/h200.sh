@@ -7,6 +7,7 @@
 #   bash bench/h200.sh spec       # bench speculative (prompt lookup) on both shapes
 #   bash bench/h200.sh ttft       # 0.6B concurrency @8, @16 with the engine's first-token
 #                                 # split and its step log (where the TTFT goes)
+#   bash bench/h200.sh masks      # bench masks on the 8B shape: a 16k prefill by attention path
 # Results go to $OUT (the device tool brings them back).
 set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -42,5 +43,8 @@ ttft)
     --only concurrency --levels 8,16 --repeats 3 --out "$out/ttft" 2>&1 | grep '^|'
   python3 -m bench steps "$out/steps.jsonl" --slowest 25 | tee "$out/steps.md"
   ;;
-*) echo "usage: $0 profile|small|large|large-conc|spec|ttft" >&2; exit 2 ;;
+masks)
+  timeout 280 python3 -m bench masks --shape qwen3-8b 2>&1 | grep -v tokenizer | tee "$out/masks-8b.md"
+  ;;
+*) echo "usage: $0 profile|small|large|large-conc|spec|ttft|masks" >&2; exit 2 ;;
 esac
