@@ -28,7 +28,14 @@ from pathlib import Path
 
 from . import context, report, workloads
 from .client import BenchError
-from .models import SHAPE_NAMES, alias_model, build_model, load_text_tokenizer, no_eos_bias
+from .models import (
+    MODEL_CACHE,
+    SHAPE_NAMES,
+    alias_model,
+    build_model,
+    load_text_tokenizer,
+    no_eos_bias,
+)
 from .servers import StartError
 from .session import Session, environment
 
@@ -133,9 +140,7 @@ def _models(a: argparse.Namespace, shape: str | None, work: Path) -> tuple[Path,
         model_a = a.model.resolve()
         model_b = a.model_b.resolve() if a.model_b else alias_model(model_a, work / "model-b")
         return model_a, model_b, str(model_a)
-    cache = a.models_dir or (
-        work / "models" if shape == "tiny" else Path.home() / ".cache" / "mlxd-bench" / "models"
-    )
+    cache = a.models_dir or (work / "models" if shape == "tiny" else MODEL_CACHE)
     print(f"building {shape} random-weight model in {cache} ...", flush=True)
     model_a = build_model(shape, cache / shape)
     # tiny: a real second model (cheap); large shapes: the same files under another name.

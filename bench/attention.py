@@ -19,7 +19,6 @@ import statistics
 import sys
 import time
 from collections.abc import Callable
-from pathlib import Path
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -44,10 +43,9 @@ def main(argv: list[str]) -> int:
     from mlxd.worker import attention
     from mlxd.worker.model import device_memory_bytes
 
-    from .models import build_model
+    from .models import cached_model
 
-    path = build_model(a.shape, Path.home() / ".cache" / "mlxd-bench" / "models" / a.shape)
-    model, _ = load(str(path))
+    model, _ = load(str(cached_model(a.shape)))
     rng = random.Random(0)
 
     def timed(fn: Callable[[], None]) -> float:

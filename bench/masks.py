@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from pathlib import Path
 from typing import Any
 
 
@@ -41,10 +40,9 @@ def main(argv: list[str]) -> int:
     from mlxd.worker import attention
     from mlxd.worker.model import device_memory_bytes
 
-    from .models import build_model
+    from .models import cached_model
 
-    path = build_model(a.shape, Path.home() / ".cache" / "mlxd-bench" / "models" / a.shape)
-    model = load(str(path))[0]
+    model = load(str(cached_model(a.shape)))[0]
     layers = model.layers
     mlx_mask, mlx_sdpa = BatchKVCache.make_mask, attention._fused
 

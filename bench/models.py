@@ -13,6 +13,8 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+# Where random-weight models of the larger shapes stay between runs (building one takes a while).
+MODEL_CACHE = Path.home() / ".cache" / "mlxd-bench" / "models"
 
 # The architecture halves of the published Qwen3 configs (Hugging Face Qwen/Qwen3-*).
 _QWEN3_COMMON = {
@@ -59,6 +61,11 @@ def _tiny_builder():
     from tiny_model import build_tiny_model
 
     return build_tiny_model
+
+
+def cached_model(shape: str) -> Path:
+    """The random-weight model of `shape` in MODEL_CACHE, built there on first use."""
+    return build_model(shape, MODEL_CACHE / shape)
 
 
 def build_model(shape: str, dest: Path, seed: int = 0) -> Path:

@@ -49,10 +49,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 def _model(a: argparse.Namespace) -> Path:
     if a.model:
         return a.model.resolve()
-    from .models import build_model
+    from .models import cached_model
 
-    shape = a.shape or "tiny"
-    return build_model(shape, Path.home() / ".cache" / "mlxd-bench" / "models" / shape)
+    return cached_model(a.shape or "tiny")
 
 
 def _prompts(tok, n_rows: int, n_tokens: int) -> list[list[int]]:

@@ -63,7 +63,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 def _model(a: argparse.Namespace) -> Path:
     if a.model:
         return a.model.resolve()
-    cache = Path.home() / ".cache" / "mlxd-bench" / "models"
+    from .models import MODEL_CACHE as cache
+
     if a.builtin:
         from mlxd.shared.builtin_model import BUILTIN_MODEL_ID, find_builtin_gguf
         from mlxd.worker.importers.gguf import import_gguf
@@ -75,10 +76,9 @@ def _model(a: argparse.Namespace) -> Path:
                 sys.exit("the built-in model is not installed (make install)")
             import_gguf(gguf, cache, BUILTIN_MODEL_ID, overwrite=True)
         return folder
-    from .models import build_model
+    from .models import cached_model
 
-    shape = a.shape or "tiny"
-    return build_model(shape, cache / shape)
+    return cached_model(a.shape or "tiny")
 
 
 def run_once(engine, prompt: list[int], n: int, bias: dict) -> tuple[float, str, int]:
