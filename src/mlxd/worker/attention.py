@@ -114,12 +114,12 @@ def routed(q, k, v, *, scale, mask=None, sinks=None, **kw):
     would build a cuDNN graph (small calls) or run cuDNN's slow biased kernel (array masks)."""
     grouped = k.shape[1] > 0 and q.shape[1] % k.shape[1] == 0
     if sinks is None and not kw and grouped and q.shape[2] > 1:
-        causal = isinstance(mask, str) and mask == "causal"
-        if (causal or _plain_mask(mask, q)) and is_small(q, k):
+        plain = _plain_mask(mask, q)
+        if (plain or isinstance(mask, str) and mask == "causal") and is_small(q, k):
             return unfused(q, k, v, scale, mask)
         if (left := _left_padding_of(mask)) is not None:
             return row_by_row(q, k, v, scale, left)
-        if _plain_mask(mask, q):
+        if plain:
             return blocked(q, k, v, scale, mask)
     if sinks is not None:
         kw["sinks"] = sinks
