@@ -12,7 +12,8 @@ from fake_workers import FakeClock, Fleet, make_registry, settled
 
 from mlxd.shared.errors import BadRequest
 from mlxd.shared.wire.bodies import parse_model
-from mlxd.shared.wire.ollama import ChatRequest, GenerateRequest, keep_alive_seconds, model_id_of
+from mlxd.shared.wire.keep_alive import keep_alive_seconds
+from mlxd.shared.wire.ollama import ChatRequest, GenerateRequest, model_id_of
 from mlxd.shared.wire.ollama_answers import ollama_name
 from mlxd.supervisor.daemon import build_app
 from mlxd.supervisor.lifecycle.states import State

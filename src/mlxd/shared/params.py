@@ -15,7 +15,17 @@ MIN_SEED = 0
 MAX_SEED = 2**64 - 1
 # Stop strings are scanned for at every token (their prefixes too): a long one costs each step.
 MAX_STOP_CHARS = 256
+MAX_STOP_SEQUENCES = 16  # stop strings a request may give, on every surface
 MAX_PENALTY_WINDOW = 256
+
+
+def check_stop_strings(stops: list[str]) -> None:
+    """Each stop string non-empty and at most MAX_STOP_CHARS; ValueError says which rule (a
+    wire model's validator turns it into its surface's 400)."""
+    if any(s == "" for s in stops):
+        raise ValueError("stop sequences must not be empty")
+    if any(len(s) > MAX_STOP_CHARS for s in stops):
+        raise ValueError(f"stop sequences must be at most {MAX_STOP_CHARS} characters")
 
 
 @dataclass(frozen=True)

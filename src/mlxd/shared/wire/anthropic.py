@@ -1,30 +1,20 @@
-"""Anthropic Messages API wire bodies: requests, the message, and the stream events."""
+"""Anthropic Messages API request bodies: /v1/messages and /v1/messages/count_tokens (the
+answers, the message and its stream events, are in anthropic_answers.py)."""
 
 from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import Field, field_validator
 
 from mlxd.shared.chat_job import ChatJob, ToolMode, function_tool, text_of, tool_call_message
 from mlxd.shared.errors import BadRequest
-from mlxd.shared.params import MAX_STOP_CHARS, GenerationParams
+from mlxd.shared.params import MAX_STOP_SEQUENCES, GenerationParams, check_stop_strings
 from mlxd.shared.structured_output import GuidedFields, GuidedSpec
-
-MAX_STOP_SEQUENCES = 16
-STOP_REASONS = {
-    "stop": "end_turn",
-    "length": "max_tokens",
-    "tool_calls": "tool_use",
-    "error": "end_turn",
-}
+from mlxd.shared.wire.bodies import Lenient
 
 
-class _Lenient(BaseModel):
-    model_config = ConfigDict(extra="allow", strict=True)
-
-
-class AnthropicTool(_Lenient):
+class AnthropicTool(Lenient):
     name: str = Field(min_length=1)
     description: str | None = None
     input_schema: dict[str, Any] = Field(default_factory=lambda: {"type": "object"})
@@ -38,13 +28,13 @@ class AnthropicTool(_Lenient):
         return v
 
 
-class ToolChoice(_Lenient):
+class ToolChoice(Lenient):
     type: Literal["auto", "any", "tool", "none"]
     name: str | None = None
     disable_parallel_tool_use: bool | None = None
 
 
-class MessageParam(_Lenient):
+class MessageParam(Lenient):
     # "system" mid-conversation: Claude Code's beta `mid-conversation-system-2026-04-07`.
     role: Literal["user", "assistant", "system"]
     content: str | list[dict[str, Any]]
@@ -75,10 +65,7 @@ class MessagesRequest(GuidedFields):
     @field_validator("stop_sequences")
     @classmethod
     def _no_empty_stop(cls, v):
-        if any(s == "" for s in v or []):
-            raise ValueError("stop sequences must not be empty")
-        if any(len(s) > MAX_STOP_CHARS for s in v or []):
-            raise ValueError(f"stop sequences must be at most {MAX_STOP_CHARS} characters")
+        check_stop_strings(v or [])
         return v
 
     def to_generation_params(self) -> GenerationParams:
@@ -195,112 +182,3 @@ def _assistant_blocks(blocks: list[dict], param: str) -> dict:
 
 class CountTokensRequest(MessagesRequest):
     max_tokens: int = Field(1, ge=1)
-
-
-class CountTokens(BaseModel):
-    input_tokens: int
-
-
-# -- responses ---------------------------------------------------------------------------
-class TextBlock(BaseModel):
-    type: Literal["text"] = "text"
-    text: str
-
-
-class ThinkingBlock(BaseModel):
-    type: Literal["thinking"] = "thinking"
-    thinking: str
-    signature: str = ""
-
-
-class ToolUseBlock(BaseModel):
-    type: Literal["tool_use"] = "tool_use"
-    id: str
-    name: str
-    input: dict[str, Any]
-
-
-Block = TextBlock | ThinkingBlock | ToolUseBlock
-
-
-class AnthropicUsage(BaseModel):
-    input_tokens: int
-    output_tokens: int
-    cache_creation_input_tokens: int = 0
-    cache_read_input_tokens: int = 0
-
-
-class Message(BaseModel):
-    id: str
-    type: Literal["message"] = "message"
-    role: Literal["assistant"] = "assistant"
-    model: str
-    content: list[Block]
-    stop_reason: str | None = None
-    stop_sequence: str | None = None
-    usage: AnthropicUsage
-
-
-class _Event(BaseModel):
-    type: str
-
-
-class MessageStart(_Event):
-    type: Literal["message_start"] = "message_start"
-    message: Message
-
-
-class BlockStart(_Event):
-    type: Literal["content_block_start"] = "content_block_start"
-    index: int
-    content_block: Block
-
-
-class TextDelta(BaseModel):
-    type: Literal["text_delta"] = "text_delta"
-    text: str
-
-
-class ThinkingDelta(BaseModel):
-    type: Literal["thinking_delta"] = "thinking_delta"
-    thinking: str
-
-
-class InputJsonDelta(BaseModel):
-    type: Literal["input_json_delta"] = "input_json_delta"
-    partial_json: str
-
-
-class BlockDelta(_Event):
-    type: Literal["content_block_delta"] = "content_block_delta"
-    index: int
-    delta: TextDelta | ThinkingDelta | InputJsonDelta
-
-
-class BlockStop(_Event):
-    type: Literal["content_block_stop"] = "content_block_stop"
-    index: int
-
-
-class MessageDeltaBody(BaseModel):
-    stop_reason: str | None
-    stop_sequence: str | None = None
-
-
-class MessageDelta(_Event):
-    type: Literal["message_delta"] = "message_delta"
-    delta: MessageDeltaBody
-    usage: dict[str, int]
-
-
-class MessageStop(_Event):
-    type: Literal["message_stop"] = "message_stop"
-
-
-class Ping(_Event):
-    type: Literal["ping"] = "ping"
-
-
-def stop_reason(finish: str, stop_sequence: str | None) -> str:
-    """The engine's finish reason in Anthropic's words."""
-    return "stop_sequence" if stop_sequence is not None else STOP_REASONS.get(finish, "end_turn")

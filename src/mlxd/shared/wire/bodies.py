@@ -5,11 +5,18 @@ from __future__ import annotations
 from typing import TypeVar
 
 import orjson
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel, ConfigDict, ValidationError
 
 from mlxd.shared.errors import BadRequest
 
 M = TypeVar("M", bound=BaseModel)
+
+
+class Lenient(BaseModel):
+    """The base of request bodies: fields a surface does not know are accepted (clients send
+    extras), the ones it knows are strictly typed."""
+
+    model_config = ConfigDict(extra="allow", strict=True)
 
 
 def load_json(raw: bytes) -> dict:

@@ -13,16 +13,16 @@ from typing import Literal
 
 import numpy as np
 import orjson
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, Field, field_validator
+
+from mlxd.shared.wire.bodies import Lenient
 
 # OpenAI's own bound on inputs per request.
 MAX_INPUTS = 2048
 
 
-class EmbeddingRequest(BaseModel):
+class EmbeddingRequest(Lenient):
     """POST /v1/embeddings. Unknown fields are ignored, as in the other OpenAI bodies."""
-
-    model_config = ConfigDict(extra="allow", strict=True)
 
     model: str | None = None
     input: str | list[str] | list[int] | list[list[int]]

@@ -9,25 +9,23 @@ change nothing a client can see here and are accepted and ignored, as are unknow
 
 from __future__ import annotations
 
-import math
-import re
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import Field, field_validator
 
 from mlxd.shared.chat_job import ChatJob, RawPrompt, developer_as_system, tool_call_message
 from mlxd.shared.errors import BadRequest
-from mlxd.shared.params import MAX_PENALTY_WINDOW, MAX_SEED, MAX_STOP_CHARS, GenerationParams
+from mlxd.shared.params import (
+    GenerationParams,
+)
 from mlxd.shared.structured_output import GuidedFields, GuidedSpec
+from mlxd.shared.wire.bodies import Lenient
+from mlxd.shared.wire.keep_alive import check_keep_alive, keep_alive_seconds
+from mlxd.shared.wire.ollama_options import Options
 from mlxd.shared.wire.tools import chat_tool_set
 
 LATEST = ":latest"
-MAX_STOP_SEQUENCES = 16
 NO_VISION = "images are not supported: mlxd serves text-only models (there is no vision yet)"
-_DURATION = re.compile(r"([0-9]*\.?[0-9]+)(ns|us|µs|ms|s|m|h)")
-NEUTRAL = {"mirostat": 0, "tfs_z": 1.0, "typical_p": 1.0}
-MAX_KEEP_ALIVE_S = 292 * 365.25 * 86400
-_UNIT_S = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
 
 
 def _refuse_images(cls, v):
@@ -37,114 +35,9 @@ def _refuse_images(cls, v):
     return v
 
 
-class _Lenient(BaseModel):
-    model_config = ConfigDict(extra="allow", strict=True)
-
-
-def keep_alive_seconds(value: float | int | str | None) -> float | None:
-    """Ollama's `keep_alive` in seconds: a number of seconds or a Go duration ("5m", "1h30m",
-    "0"); negative keeps the model loaded for good (-1). None: the model's configured value."""
-    if value is None:
-        return None
-    if isinstance(value, str):
-        text = value.strip()
-        sign = -1.0 if text.startswith("-") else 1.0
-        text = text.lstrip("+-")
-        try:
-            seconds = float(text)  # "300": plain seconds, which Ollama's Go parser refuses
-        except ValueError:
-            parts = _DURATION.findall(text)
-            if not text or "".join(n + u for n, u in parts) != text:
-                raise ValueError(
-                    f"keep_alive {value[:40]!r} is not a duration such as '5m', '1h' or '0'"
-                ) from None
-            seconds = sum(float(n) * _UNIT_S[u] for n, u in parts)
-        value = sign * seconds
-    if math.isnan(value):
-        raise ValueError("keep_alive must be a number of seconds or a duration")
-    # Past ~292 years (Go's longest duration) it is "for good": a date that far is no date.
-    return -1.0 if value < 0 or value > MAX_KEEP_ALIVE_S else float(value)
-
-
-def check_keep_alive(cls, v):
-    """A pydantic validator: a bad duration is a 400 before any model loads."""
-    keep_alive_seconds(v)
-    return v
-
-
 def model_id_of(name: str) -> str:
     """The mlxd id an Ollama model name means: "smollm2:latest" is the model "smollm2"."""
     return name.removesuffix(LATEST) if name.endswith(LATEST) else name
-
-
-class Options(_Lenient):
-    """`options`: the sampling options that map onto the engine, checked like OpenAI's."""
-
-    temperature: float | None = Field(None, ge=0.0, le=2.0)
-    top_p: float | None = Field(None, gt=0.0, le=1.0)
-    top_k: int | None = Field(None, ge=-1)
-    min_p: float | None = Field(None, ge=0.0, le=1.0)
-    seed: int | None = Field(None, le=MAX_SEED)  # negative: a random seed, as in Ollama
-    num_predict: int | None = Field(None, ge=-2)  # -1 and -2: up to the context's end
-    stop: list[str] | None = Field(None, max_length=MAX_STOP_SEQUENCES)
-    repeat_penalty: float | None = Field(None, gt=0.0, le=10.0)
-    presence_penalty: float | None = Field(None, ge=-2.0, le=2.0)
-    frequency_penalty: float | None = Field(None, ge=-2.0, le=2.0)
-    num_ctx: int | None = Field(None, ge=1)
-    # Accepted only at their neutral values: the sampler has no such stage.
-    mirostat: int | None = None
-    tfs_z: float | None = None
-    typical_p: float | None = None
-    repeat_last_n: int | None = None
-
-    @field_validator("num_predict")
-    @classmethod
-    def _not_zero(cls, v):
-        if v == 0:
-            raise ValueError("must be at least 1, or -1 for no limit")
-        return v
-
-    @field_validator("stop")
-    @classmethod
-    def _check_stop(cls, v):
-        if any(s == "" or len(s) > MAX_STOP_CHARS for s in v or []):
-            raise ValueError(f"stop sequences must have 1 to {MAX_STOP_CHARS} characters")
-        return v
-
-    @field_validator("mirostat", "tfs_z", "typical_p")
-    @classmethod
-    def _neutral_only(cls, v, info):
-        if v is not None and v != NEUTRAL[info.field_name]:
-            raise ValueError(
-                f"{info.field_name} sampling is not supported; leave it unset or at "
-                f"{NEUTRAL[info.field_name]}"
-            )
-        return v
-
-    def to_generation_params(self, **extra: Any) -> GenerationParams:
-        last_n = self.repeat_last_n
-        if last_n is not None and not -1 <= last_n <= MAX_PENALTY_WINDOW:
-            raise BadRequest(
-                f"Invalid 'options.repeat_last_n': between -1 and {MAX_PENALTY_WINDOW}",
-                param="options.repeat_last_n",
-            )
-        n = self.num_predict
-        return GenerationParams(
-            max_tokens=n if n is not None and n > 0 else None,
-            temperature=self.temperature,
-            top_p=self.top_p,
-            top_k=self.top_k,
-            min_p=self.min_p,
-            seed=self.seed if self.seed is not None and self.seed >= 0 else None,
-            repetition_penalty=self.repeat_penalty,
-            # -1 is "the whole context" in Ollama: here the longest window there is.
-            penalty_window=MAX_PENALTY_WINDOW if last_n == -1 else last_n,
-            presence_penalty=self.presence_penalty or 0.0,
-            frequency_penalty=self.frequency_penalty or 0.0,
-            stop=tuple(self.stop or ()),
-            context_window=self.num_ctx,
-            **extra,
-        )
 
 
 class _Generating(GuidedFields):
@@ -191,17 +84,17 @@ class _Generating(GuidedFields):
         return {"enable_thinking": self.think}
 
 
-class ToolCallFunction(_Lenient):
+class ToolCallFunction(Lenient):
     name: str = Field(min_length=1)
     arguments: dict[str, Any] = Field(default_factory=dict)
 
 
-class ToolCallIn(_Lenient):
+class ToolCallIn(Lenient):
     function: ToolCallFunction
     id: str | None = None
 
 
-class ChatMessage(_Lenient):
+class ChatMessage(Lenient):
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str = ""
     thinking: str | None = None
@@ -298,7 +191,7 @@ class GenerateRequest(_Generating):
         )
 
 
-class ModelRequest(_Lenient):
+class ModelRequest(Lenient):
     """POST /api/show (older clients send `name`)."""
 
     model: str | None = None
@@ -312,7 +205,7 @@ class ModelRequest(_Lenient):
         return self.model or self.name or ""
 
 
-class EmbedRequest(_Lenient):
+class EmbedRequest(Lenient):
     """POST /api/embed (`input`) and the older /api/embeddings (`prompt`)."""
 
     model: str = Field(min_length=1)

@@ -13,7 +13,6 @@ from typing import Any, Literal
 
 from pydantic import (
     BaseModel,
-    ConfigDict,
     Field,
     field_validator,
     model_serializer,
@@ -27,22 +26,23 @@ from mlxd.shared.chat_job import (
     text_of,
     tool_mode,
 )
-from mlxd.shared.params import MAX_SEED, MAX_STOP_CHARS, MIN_SEED, GenerationParams
+from mlxd.shared.params import (
+    MAX_SEED,
+    MAX_STOP_SEQUENCES,
+    MIN_SEED,
+    GenerationParams,
+    check_stop_strings,
+)
 from mlxd.shared.structured_output import GuidedFields
+from mlxd.shared.wire.bodies import Lenient
 from mlxd.shared.wire.tools import CUSTOM_INPUT, chat_tool_set
 
-MAX_STOP_SEQUENCES = 16
 
-
-class _Lenient(BaseModel):
-    model_config = ConfigDict(extra="allow", strict=True)
-
-
-class StreamOptions(_Lenient):
+class StreamOptions(Lenient):
     include_usage: bool = False
 
 
-class ChatMessage(_Lenient):
+class ChatMessage(Lenient):
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[dict[str, Any]] | None = None
     name: str | None = None
@@ -74,7 +74,7 @@ class ChatMessage(_Lenient):
         return out
 
 
-class SamplingRequest(_Lenient):
+class SamplingRequest(Lenient):
     """Fields shared by chat and completions."""
 
     model: str | None = None
@@ -101,10 +101,7 @@ class SamplingRequest(_Lenient):
         stops = [v] if isinstance(v, str) else (v or [])
         if len(stops) > MAX_STOP_SEQUENCES:
             raise ValueError(f"at most {MAX_STOP_SEQUENCES} stop sequences")
-        if any(s == "" for s in stops):
-            raise ValueError("stop sequences must not be empty")
-        if any(len(s) > MAX_STOP_CHARS for s in stops):
-            raise ValueError(f"stop sequences must be at most {MAX_STOP_CHARS} characters")
+        check_stop_strings(stops)
         return v
 
     @field_validator("logit_bias")

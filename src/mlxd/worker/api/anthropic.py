@@ -6,18 +6,17 @@ import orjson
 from aiohttp import web
 
 from mlxd.shared.errors import MlxdError, anthropic_body
-from mlxd.shared.wire.anthropic import (
+from mlxd.shared.wire.anthropic import CountTokensRequest, MessagesRequest
+from mlxd.shared.wire.anthropic_answers import (
     AnthropicUsage,
     BlockDelta,
     BlockStart,
     BlockStop,
     CountTokens,
-    CountTokensRequest,
     InputJsonDelta,
     Message,
     MessageDelta,
     MessageDeltaBody,
-    MessagesRequest,
     MessageStart,
     MessageStop,
     Ping,
