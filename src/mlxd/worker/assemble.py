@@ -12,8 +12,9 @@ import psutil
 
 from mlxd.shared.memory_plan import plan_memory
 from mlxd.shared.worker_spec import WorkerSpec
+from mlxd.worker.cache.kv_arrays import kv_layout
 from mlxd.worker.cache.layout import fingerprint, ssd_folder
-from mlxd.worker.cache.prompt_cache import PromptCache, kv_layout
+from mlxd.worker.cache.prompt_cache import PromptCache
 from mlxd.worker.draft_model import spec_config
 from mlxd.worker.engine import steplog
 from mlxd.worker.engine.loop import Engine

@@ -1,4 +1,5 @@
-"""MLX KV caches to and from the NumPy arrays the SSD format stores (zero-copy one way).
+"""MLX KV caches to and from the NumPy arrays the SSD format stores (zero-copy one way), and
+the layout of the KV a model makes (what every stored entry is checked against).
 
 Plain KVCache layers and quantized ones (kvquant.py: packed values, scales, biases) travel;
 bfloat16 travels as its uint16 bits (NumPy has no bfloat16).
@@ -8,9 +9,9 @@ from __future__ import annotations
 
 import mlx.core as mx
 import numpy as np
-from mlx_lm.models.cache import KVCache, QuantizedKVCache
+from mlx_lm.models.cache import KVCache, QuantizedKVCache, make_prompt_cache
 
-from mlxd.worker.cache.format import pack_kv, unpack_kv
+from mlxd.worker.cache.format import BF16_STORED, Layout, pack_kv, unpack_kv
 from mlxd.worker.engine.kvquant import QuantizedRowCache
 
 
@@ -72,3 +73,37 @@ def from_numpy(arrays: dict[str, np.ndarray], quant: tuple[int, int] | None = No
         layers.append(c)
     mx.eval([(c.keys, c.values) for c in layers])
     return layers
+
+
+def kv_layout(model) -> Layout | None:
+    """Per-layer (key heads, key dim, value heads, value dim, stored dtype) of the KV this
+    model makes, from one token through a fresh cache, plus (bits, group size) when it is
+    quantized; None when its caches are neither all plain KVCache nor all quantized (the
+    kinds the SSD tier holds)."""
+    caches = make_prompt_cache(model)
+    if not storable(caches):
+        return None
+    model(mx.array([[0]]), cache=caches)
+    mx.eval([(c.keys, c.values) for c in caches])
+    out: list[tuple] = []
+    for c in caches:
+        if isinstance(c, QuantizedKVCache):
+            (k, ks, _), (v, _, _) = c.keys, c.values
+            # Packed values are uint32 holding 32 / bits elements each: the dims they stand for.
+            per = 32 // c.bits
+            kd, vd, dtype = k.shape[3] * per, v.shape[3] * per, ks.dtype
+            quant: tuple = (c.bits, c.group_size)
+        else:
+            k, v = c.keys, c.values
+            kd, vd, dtype, quant = k.shape[3], v.shape[3], k.dtype, ()
+        # bfloat16 travels as uint16 (NumPy has no bfloat16): what the file holds is checked.
+        stored = BF16_STORED if dtype == mx.bfloat16 else str(dtype).rsplit(".", 1)[-1]
+        out.append((k.shape[1], kd, v.shape[1], vd, stored, *quant))
+    return tuple(out)
+
+
+def layout_quant(layout: Layout | None) -> tuple[int, int] | None:
+    """(bits, group size) of a quantized layout, else None."""
+    if not layout or len(layout[0]) != 7:
+        return None
+    return int(layout[0][5]), int(layout[0][6])

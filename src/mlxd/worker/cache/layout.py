@@ -2,7 +2,7 @@
 
 The fingerprint keeps an entry from restoring into a model it does not belong to; the model id
 keeps two copies of one model (two ids, one folder) from scanning, evicting and deleting each
-other's files. No MLX here (the shapes check is prompt_cache.kv_layout).
+other's files. No MLX here (the shapes check is kv_arrays.kv_layout).
 """
 
 from __future__ import annotations

@@ -19,10 +19,9 @@ from pathlib import Path
 
 import mlx.core as mx
 import numpy as np
-from mlx_lm.models.cache import QuantizedKVCache, make_prompt_cache
 
-from mlxd.worker.cache.format import BF16_STORED, Layout, LayoutMismatch, check_layout
-from mlxd.worker.cache.kv_arrays import from_numpy, storable, to_numpy
+from mlxd.worker.cache.format import Layout, LayoutMismatch, check_layout
+from mlxd.worker.cache.kv_arrays import from_numpy, layout_quant, storable, to_numpy
 from mlxd.worker.cache.quiet_log import QuietLog
 from mlxd.worker.cache.ram import EARN_TOKENS, Entry, RamCache, usable_length, view
 from mlxd.worker.cache.ssd import SsdEntry, SsdStore
@@ -32,40 +31,6 @@ from mlxd.worker.cache.writer import CacheWriter, WriteJob
 log = logging.getLogger("mlxd.worker.cache")
 
 WRITE_REASONS = ("session", "reused", "drain")
-
-
-def kv_layout(model) -> Layout | None:
-    """Per-layer (key heads, key dim, value heads, value dim, stored dtype) of the KV this
-    model makes, from one token through a fresh cache, plus (bits, group size) when it is
-    quantized; None when its caches are neither all plain KVCache nor all quantized (the
-    kinds the SSD tier holds)."""
-    caches = make_prompt_cache(model)
-    if not storable(caches):
-        return None
-    model(mx.array([[0]]), cache=caches)
-    mx.eval([(c.keys, c.values) for c in caches])
-    out: list[tuple] = []
-    for c in caches:
-        if isinstance(c, QuantizedKVCache):
-            (k, ks, _), (v, _, _) = c.keys, c.values
-            # Packed values are uint32 holding 32 / bits elements each: the dims they stand for.
-            per = 32 // c.bits
-            kd, vd, dtype = k.shape[3] * per, v.shape[3] * per, ks.dtype
-            quant: tuple = (c.bits, c.group_size)
-        else:
-            k, v = c.keys, c.values
-            kd, vd, dtype, quant = k.shape[3], v.shape[3], k.dtype, ()
-        # bfloat16 travels as uint16 (NumPy has no bfloat16): what the file holds is checked.
-        stored = BF16_STORED if dtype == mx.bfloat16 else str(dtype).rsplit(".", 1)[-1]
-        out.append((k.shape[1], kd, v.shape[1], vd, stored, *quant))
-    return tuple(out)
-
-
-def layout_quant(layout: Layout | None) -> tuple[int, int] | None:
-    """(bits, group size) of a quantized layout, else None."""
-    if not layout or len(layout[0]) != 7:
-        return None
-    return int(layout[0][5]), int(layout[0][6])
 
 
 def write_reason(e: Entry) -> str:
