@@ -97,14 +97,19 @@ class Context:
 
     def prompt(self, n_tokens: int, tag: str = "") -> str:
         """About `n_tokens` of filler text behind a fresh nonce (the exact count is in usage)."""
-        nonce = next(self._nonce)
-        rng = random.Random(f"{self._run_id}-{nonce}")
-        words = " ".join(rng.choice(_WORDS) for _ in range(n_tokens * 2))
-        text = f"[{tag}{self._run_id}-{nonce}] {words}"
-        if self.tokenizer is None:  # roughly 1.3 tokens per English word
-            return " ".join(text.split()[: max(1, int(n_tokens / 1.3))])
-        ids = self.tokenizer.encode(text, add_special_tokens=False).ids[:n_tokens]
-        return self.tokenizer.decode(ids)
+        return filler(n_tokens, f"{tag}{self._run_id}-{next(self._nonce)}", self.tokenizer)
+
+
+def filler(n_tokens: int, key: str, tokenizer=None) -> str:
+    """About `n_tokens` of filler text, different for each `key` (which leads it, so no two
+    keys share a cached prefix); `tokenizer` (`tokenizers.Tokenizer`) sizes it exactly."""
+    rng = random.Random(key)
+    words = " ".join(rng.choice(_WORDS) for _ in range(n_tokens * 2))
+    text = f"[{key}] {words}"
+    if tokenizer is None:  # roughly 1.3 tokens per English word
+        return " ".join(text.split()[: max(1, int(n_tokens / 1.3))])
+    ids = tokenizer.encode(text, add_special_tokens=False).ids[:n_tokens]
+    return tokenizer.decode(ids)
 
 
 _WORDS = (

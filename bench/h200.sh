@@ -8,6 +8,8 @@
 #   bash bench/h200.sh ttft       # 0.6B concurrency @8, @16 with the engine's first-token
 #                                 # split and its step log (where the TTFT goes)
 #   bash bench/h200.sh masks      # bench masks on the 8B shape: a 16k prefill by attention path
+#   bash bench/h200.sh group2     # (nvidia-h200-x2) bench group, 8B shape: 2 ranks over NCCL, one
+#                                 # GPU each, vs one GPU: decode @1/8/32, cold 8k TTFT, same text
 # Results go to $OUT (the device tool brings them back).
 set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -46,5 +48,10 @@ ttft)
 masks)
   timeout 280 python3 -m bench masks --shape qwen3-8b 2>&1 | grep -v tokenizer | tee "$out/masks-8b.md"
   ;;
-*) echo "usage: $0 profile|small|large|large-conc|spec|ttft|masks" >&2; exit 2 ;;
+group2)
+  # NVLink multicast stays off (the lent machines' rule; NCCL reads this at init).
+  NCCL_NVLS_ENABLE=0 timeout 560 bash bench/gpu_run.sh group --shape qwen3-8b --backend nccl \
+    --ranks 2 --tokens 256 --levels 1,8,32 --ttft-tokens 8192 --out "$out/group2-8b.md" 2>&1 | tail -20
+  ;;
+*) echo "usage: $0 profile|small|large|large-conc|spec|ttft|masks|group2" >&2; exit 2 ;;
 esac

@@ -1,12 +1,16 @@
-"""Worker groups without MLX or processes: the settings, every rank's spec, the events rank 0
-broadcasts, and how the group's process ends (over fake ranks)."""
+"""Worker groups without MLX: the settings, every rank's spec and environment (an NCCL rank's
+GPU), the events rank 0 broadcasts, how the group's process ends (over fake ranks), and a
+rank's entry point refusing a GPU it was not given (one real process, before MLX loads)."""
 
 from __future__ import annotations
 
 import asyncio
 import json
+import os
 import signal
 import socket
+import subprocess
+import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -24,6 +28,8 @@ from mlxd.supervisor.lifecycle.slot import ModelSlot
 from mlxd.worker.group import wire
 from mlxd.worker.group.channel import Channel, LinkClosed
 from mlxd.worker.group.env import group_env, write_hostfile
+
+SRC = str(Path(__file__).resolve().parents[2] / "src")
 
 
 def settings_with(tmp_path, toml: str):
@@ -86,8 +92,45 @@ def test_nccl_ranks_meet_at_rank_zero(tmp_path):
     assert write_hostfile(specs[1].group) is None
     env = group_env(specs[1].group)
     assert (env["NCCL_HOST_IP"], env["MLX_RANK"], env["MLX_WORLD_SIZE"]) == ("10.0.0.1", "1", "2")
+    # One rank per host: each on its host's first GPU.
+    assert env["CUDA_VISIBLE_DEVICES"] == "0"
     # Remote ranks use their own host's memory: only rank 0's share is this host's.
     assert [s.memory_limit_bytes for s in specs] == [8000, None]
+
+
+def test_local_nccl_ranks_each_get_a_gpu_and_its_whole_budget(tmp_path):
+    spec = spec_of(tmp_path, '[models.g]\ngroup_size = 2\nbackend = "nccl"\n')
+    specs = rank_specs(spec, ["127.0.0.1"] * 2)
+    assert [s.group.device for s in specs] == [0, 1]
+    # Each rank has a GPU of its own: the budget is not split as it is for ranks sharing one.
+    assert [s.memory_limit_bytes for s in specs] == [8000, 8000]
+    gpus = [group_env(s.group, None, {})["CUDA_VISIBLE_DEVICES"] for s in specs]
+    assert gpus == ["0", "1"]
+    # Given GPUs (a scheduler's CUDA_VISIBLE_DEVICES): the rank takes its entry of them.
+    given = {"CUDA_VISIBLE_DEVICES": "2, 3"}
+    assert group_env(specs[1].group, None, given)["CUDA_VISIBLE_DEVICES"] == "3"
+    with pytest.raises(ValueError, match="one GPU per rank"):
+        group_env(specs[1].group, None, {"CUDA_VISIBLE_DEVICES": "5"})
+    # Ring ranks share the process's device: no GPU is chosen for them.
+    ring = rank_specs(spec_of(tmp_path, "[models.g]\ngroup_size = 2\n"), ["127.0.0.1"] * 2)
+    assert ring[1].group.device is None
+    assert "CUDA_VISIBLE_DEVICES" not in group_env(ring[1].group, None, given)
+
+
+def test_a_rank_without_a_gpu_of_its_own_exits_saying_why(tmp_path):
+    spec = spec_of(tmp_path, '[models.g]\ngroup_size = 2\nbackend = "nccl"\n')
+    rank1 = rank_specs(spec, ["127.0.0.1"] * 2)[1]
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": "0", "PYTHONPATH": SRC}
+    done = subprocess.run(
+        [sys.executable, "-m", "mlxd.worker", *rank1.to_argv()],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode != 0
+    assert "rank 1 of the group needs GPU #2" in done.stderr
+    assert "Traceback" not in done.stderr
 
 
 def test_spawner_picks_a_group_for_a_group_spec(tmp_path):

@@ -83,6 +83,9 @@ class GroupSpec(BaseModel):
     coordinator: str | None = None
     # Rank 0's "ip:port" for the links (worker/group/channel.py): each iteration's events.
     link: str | None = None
+    # nccl: which of its host's GPUs this rank runs on (its place among that host's ranks);
+    # NCCL needs one GPU per rank. None: the process's default device (ring).
+    device: int | None = Field(None, ge=0)
 
 
 class WorkerSpec(BaseModel):

@@ -19,14 +19,19 @@ from mlxd.worker.device_env import apply_device_env  # noqa: E402
 
 apply_device_env(os.environ)  # before MLX's first kernel: it reads them once
 
-from mlxd.worker.app import main  # noqa: E402
 from mlxd.worker.config import parse_args  # noqa: E402
 from mlxd.worker.group.env import forget_hostfile, group_env, write_hostfile  # noqa: E402
 
 if __name__ == "__main__":
     cfg = parse_args(log_level=os.environ.get("MLXD_LOG_LEVEL", "INFO"))
     if cfg.group is not None:  # where mx.distributed finds its peers (mlx.launch's variables)
-        os.environ.update(group_env(cfg.group, write_hostfile(cfg.group)))
+        try:
+            os.environ.update(group_env(cfg.group, write_hostfile(cfg.group), os.environ))
+        except ValueError as exc:  # a rank without a GPU of its own: say why, no traceback
+            sys.exit(f"mlxd worker: {exc}")
+    # MLX starts with this import: after the rank's GPU is chosen (CUDA reads it once).
+    from mlxd.worker.app import main
+
     if cfg.exit_with_parent:
         die_with_parent()
     code = main(cfg)

@@ -49,25 +49,27 @@ def rank_specs(spec: WorkerSpec, hosts: list[str]) -> list[WorkerSpec]:
     ports = free_ports(group.size + 1) if local else [*_remote_ports(hosts), LINK_PORT]
     coordinator = f"{hosts[0]}:{ports[0]}"
     link = f"{hosts[0]}:{ports[-1]}"
+    nccl = group.backend == "nccl"
     out = []
     for rank in range(group.size):
         g = GroupSpec(
             size=group.size,
             rank=rank,
             backend=group.backend,
-            peers=tuple(f"{h}:{p}" for h, p in zip(hosts, ports, strict=False))
-            if group.backend == "ring"
-            else (),
-            coordinator=coordinator if group.backend == "nccl" else None,
+            peers=() if nccl else tuple(f"{h}:{p}" for h, p in zip(hosts, ports, strict=False)),
+            coordinator=coordinator if nccl else None,
             link=link,
+            # NCCL: one GPU per rank, the host's next one (mlx.launch binds them the same way)
+            device=hosts[:rank].count(hosts[rank]) if nccl else None,
         )
         update: dict = {"group": g}
         if spec.memory_limit_bytes is not None:
-            # The group's share of this host's budget, split between the ranks on it; a rank
-            # on another host plans with that host's memory.
-            on_host = sum(1 for h in hosts if h == hosts[0])
+            # The group's share of this host's budget, split between the ranks that share its
+            # memory (NCCL ranks each have a GPU of their own); a rank on another host plans
+            # with that host's memory.
+            sharing = 1 if nccl else hosts.count(hosts[0])
             mine = hosts[rank] == hosts[0]
-            update["memory_limit_bytes"] = spec.memory_limit_bytes // on_host if mine else None
+            update["memory_limit_bytes"] = spec.memory_limit_bytes // sharing if mine else None
         out.append(spec.model_copy(update=update))
     return out
 

@@ -5,20 +5,44 @@ from __future__ import annotations
 import json
 import os
 import tempfile
+from collections.abc import Mapping
 
 from mlxd.shared.worker_spec import GroupSpec
 
 
-def group_env(spec: GroupSpec, hostfile: str | None = None) -> dict[str, str]:
-    """The variables the backend reads at init (the entry point sets them: it is the one
-    place a worker touches its environment); `hostfile`: the ring's, write_hostfile's."""
+def group_env(
+    spec: GroupSpec, hostfile: str | None = None, environ: Mapping[str, str] | None = None
+) -> dict[str, str]:
+    """The variables the backend reads at init (the entry point sets them, before MLX is
+    imported: it is the one place a worker touches its environment); `hostfile`: the ring's,
+    write_hostfile's; `environ`: the worker's own (the GPUs it was given).
+
+    Raises ValueError when an NCCL rank's GPU is not among those CUDA_VISIBLE_DEVICES lists.
+    """
     env = {"MLX_RANK": str(spec.rank), "MLX_WORLD_SIZE": str(spec.size)}
     if spec.backend == "ring" and hostfile is not None:
         env["MLX_HOSTFILE"] = hostfile
     if spec.backend == "nccl" and spec.coordinator:
         host, _, port = spec.coordinator.rpartition(":")
         env.update(NCCL_HOST_IP=host, NCCL_PORT=port)
+    if spec.backend == "nccl" and spec.device is not None:
+        env["CUDA_VISIBLE_DEVICES"] = _gpu_of(spec, (environ or {}).get("CUDA_VISIBLE_DEVICES"))
     return env
+
+
+def _gpu_of(spec: GroupSpec, visible: str | None) -> str:
+    """The rank's GPU: its index on the host, or that entry of the GPUs the worker was given."""
+    assert spec.device is not None
+    given = [g.strip() for g in (visible or "").split(",") if g.strip()]
+    if not given:
+        return str(spec.device)
+    if spec.device >= len(given):
+        raise ValueError(
+            f"rank {spec.rank} of the group needs GPU #{spec.device + 1} of this host, "
+            f"but CUDA_VISIBLE_DEVICES lists {len(given)} ({visible}): NCCL needs one GPU "
+            "per rank"
+        )
+    return given[spec.device]
 
 
 _written: list[str] = []  # this process's hostfile, until the backend has read it
