@@ -25,6 +25,7 @@ from mlxd.supervisor.lifecycle.group import GroupProcess, rank_specs, spawn_work
 from mlxd.supervisor.lifecycle.launch import worker_spec
 from mlxd.supervisor.lifecycle.process import WorkerProcess
 from mlxd.supervisor.lifecycle.slot import ModelSlot
+from mlxd.worker.group import env as group_env_module
 from mlxd.worker.group import wire
 from mlxd.worker.group.channel import Channel, LinkClosed
 from mlxd.worker.group.env import group_env, write_hostfile
@@ -111,10 +112,42 @@ def test_local_nccl_ranks_each_get_a_gpu_and_its_whole_budget(tmp_path):
     assert group_env(specs[1].group, None, given)["CUDA_VISIBLE_DEVICES"] == "3"
     with pytest.raises(ValueError, match="one GPU per rank"):
         group_env(specs[1].group, None, {"CUDA_VISIBLE_DEVICES": "5"})
+    with pytest.raises(ValueError, match="lists 0"):  # "" hides every GPU, as CUDA reads it
+        group_env(specs[0].group, None, {"CUDA_VISIBLE_DEVICES": ""})
     # Ring ranks share the process's device: no GPU is chosen for them.
     ring = rank_specs(spec_of(tmp_path, "[models.g]\ngroup_size = 2\n"), ["127.0.0.1"] * 2)
     assert ring[1].group.device is None
     assert "CUDA_VISIBLE_DEVICES" not in group_env(ring[1].group, None, given)
+
+
+def test_without_a_gpu_list_the_drivers_count_decides(tmp_path, monkeypatch):
+    spec = spec_of(tmp_path, '[models.g]\ngroup_size = 2\nbackend = "nccl"\n')
+    rank1 = rank_specs(spec, ["127.0.0.1"] * 2)[1].group
+    monkeypatch.setattr(group_env_module, "host_gpu_count", lambda: 2)
+    assert group_env(rank1, None, {})["CUDA_VISIBLE_DEVICES"] == "1"
+    monkeypatch.setattr(group_env_module, "host_gpu_count", lambda: 1)
+    with pytest.raises(ValueError, match="this host has 1"):
+        group_env(rank1, None, {})
+    monkeypatch.setattr(group_env_module, "host_gpu_count", lambda: None)  # no driver to ask
+    assert group_env(rank1, None, {})["CUDA_VISIBLE_DEVICES"] == "1"
+
+
+def test_the_worker_entry_point_chooses_the_gpu_before_mlx_loads():
+    # CUDA reads CUDA_VISIBLE_DEVICES once: nothing the entry point imports before it sets a
+    # rank's GPU may load MLX.
+    code = (
+        "import sys, mlxd.worker.__main__\n"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] == 'mlx'))"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        env={**os.environ, "PYTHONPATH": SRC},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]"
 
 
 def test_a_rank_without_a_gpu_of_its_own_exits_saying_why(tmp_path):

@@ -78,7 +78,7 @@ class GroupSpec(BaseModel):
     backend: Literal["ring", "nccl"] = "ring"
     hosts: tuple[str, ...] = ()  # one address per rank, rank 0's first; empty: all on this host
     # ring: every rank's "ip:port", rank 0's first (the worker writes mlx.launch's hostfile
-    # from them); nccl: rank 0's "ip:port" as the coordinator.
+    # from them); nccl: none, the ranks meet at `coordinator` (rank 0's "ip:port").
     peers: tuple[str, ...] = ()
     coordinator: str | None = None
     # Rank 0's "ip:port" for the links (worker/group/channel.py): each iteration's events.

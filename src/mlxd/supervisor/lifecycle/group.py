@@ -59,14 +59,14 @@ def rank_specs(spec: WorkerSpec, hosts: list[str]) -> list[WorkerSpec]:
             peers=() if nccl else tuple(f"{h}:{p}" for h, p in zip(hosts, ports, strict=False)),
             coordinator=coordinator if nccl else None,
             link=link,
-            # NCCL: one GPU per rank, the host's next one (mlx.launch binds them the same way)
+            # NCCL: one GPU per rank, the host's next one (as mlx.launch binds a host's ranks)
             device=hosts[:rank].count(hosts[rank]) if nccl else None,
         )
         update: dict = {"group": g}
         if spec.memory_limit_bytes is not None:
             # The group's share of this host's budget, split between the ranks that share its
-            # memory (NCCL ranks each have a GPU of their own); a rank on another host plans
-            # with that host's memory.
+            # memory (NCCL ranks each have a GPU of their own: each plans with the whole share);
+            # a rank on another host plans with that host's memory.
             sharing = 1 if nccl else hosts.count(hosts[0])
             mine = hosts[rank] == hosts[0]
             update["memory_limit_bytes"] = spec.memory_limit_bytes // sharing if mine else None

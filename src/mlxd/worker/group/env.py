@@ -6,6 +6,7 @@ import json
 import os
 import tempfile
 from collections.abc import Mapping
+from pathlib import Path
 
 from mlxd.shared.worker_spec import GroupSpec
 
@@ -17,7 +18,8 @@ def group_env(
     imported: it is the one place a worker touches its environment); `hostfile`: the ring's,
     write_hostfile's; `environ`: the worker's own (the GPUs it was given).
 
-    Raises ValueError when an NCCL rank's GPU is not among those CUDA_VISIBLE_DEVICES lists.
+    Raises ValueError when an NCCL rank's GPU is not there (CUDA_VISIBLE_DEVICES lists too
+    few, or the driver shows too few).
     """
     env = {"MLX_RANK": str(spec.rank), "MLX_WORLD_SIZE": str(spec.size)}
     if spec.backend == "ring" and hostfile is not None:
@@ -33,16 +35,31 @@ def group_env(
 def _gpu_of(spec: GroupSpec, visible: str | None) -> str:
     """The rank's GPU: its index on the host, or that entry of the GPUs the worker was given."""
     assert spec.device is not None
-    given = [g.strip() for g in (visible or "").split(",") if g.strip()]
-    if not given:
-        return str(spec.device)
+    if visible is None:  # all of the host's GPUs: its count, where the driver shows it
+        count = host_gpu_count()
+        if count is None or spec.device < count:
+            return str(spec.device)
+        given, said = [], f"this host has {count}"
+    else:  # "" hides every GPU, as CUDA reads it
+        given = [g.strip() for g in visible.split(",") if g.strip()]
+        said = f"CUDA_VISIBLE_DEVICES lists {len(given)} ({visible!r})"
     if spec.device >= len(given):
         raise ValueError(
             f"rank {spec.rank} of the group needs GPU #{spec.device + 1} of this host, "
-            f"but CUDA_VISIBLE_DEVICES lists {len(given)} ({visible}): NCCL needs one GPU "
-            "per rank"
+            f"but {said}: NCCL needs one GPU per rank"
         )
     return given[spec.device]
+
+
+NVIDIA_GPUS = Path("/proc/driver/nvidia/gpus")  # one folder per GPU (Linux driver)
+
+
+def host_gpu_count() -> int | None:
+    """The host's NVIDIA GPUs, read from the driver without starting CUDA; None: unknown."""
+    try:
+        return sum(1 for _ in NVIDIA_GPUS.iterdir())
+    except OSError:
+        return None
 
 
 _written: list[str] = []  # this process's hostfile, until the backend has read it
