@@ -28,7 +28,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from .client import Target, stream_chat
+from .client import BenchError, Target, stream_chat
 from .context import filler
 from .models import (
     SHAPE_NAMES,
@@ -151,7 +151,7 @@ def main(argv: list[str]) -> int:
     work = Path(tempfile.mkdtemp(prefix="mlxd-bench-group-"))
     try:
         md = asyncio.run(run(a, work))
-    except StartError as exc:
+    except (StartError, BenchError) as exc:  # no server, or a model that did not load
         print(f"benchmark aborted: {exc}", file=sys.stderr)
         return 1
     finally:
