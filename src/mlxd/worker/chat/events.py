@@ -91,20 +91,10 @@ class ChatOutput:
     """A chat's text: cut at stop strings the API names, split into reasoning, answer text
     and tool calls."""
 
-    def __init__(
-        self,
-        tokenizer,
-        job: ChatJob,
-        in_reasoning: bool,
-        stops: tuple[str, ...],
-        constrained: bool = False,
-    ):
+    def __init__(self, tokenizer, job: ChatJob, in_reasoning: bool, stops: tuple[str, ...]):
         self.tok = tokenizer
         self.tools = job.rendered_tools
-        # An answer a grammar constrains from its first token has no reasoning block: a think
-        # marker in it is the answer's own text (a JSON string may hold "<think>").
-        may_think = tokenizer.has_thinking and (in_reasoning or not constrained)
-        think = (tokenizer.think_start, tokenizer.think_end) if may_think else None
+        think = (tokenizer.think_start, tokenizer.think_end) if tokenizer.has_thinking else None
         tool_markers = markers(tokenizer) if self.tools else None
         self.split = OutputSplitter(think, tool_markers, in_reasoning)
         self.stops = StopScanner(stops)

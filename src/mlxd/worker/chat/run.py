@@ -117,10 +117,7 @@ class ChatRun:
         # The engine cuts stop strings itself; when the API must name the one that matched,
         # they are cut here instead (the row is then cancelled as the block ends).
         stops = params.stop if job.report_stop else ()
-        # A grammar constrains the answer from its first token (after the reasoning the prompt
-        # opened, if it did): the output has no reasoning block of its own to find.
-        constrained = compiled is not None
-        self._output = ChatOutput(m.tokenizer, job, self.prompt.in_reasoning, stops, constrained)
+        self._output = ChatOutput(m.tokenizer, job, self.prompt.in_reasoning, stops)
         if job.report_stop:
             params = replace(params, stop=())
         processors = []
