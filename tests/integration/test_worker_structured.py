@@ -122,6 +122,17 @@ def test_json_object_choice_regex_and_grammar(oai):
     assert re.fullmatch(r"[1-9][0-9]? (km|mi)", r.choices[0].message.content)
 
 
+def test_a_think_marker_inside_a_constrained_answer_stays_in_the_answer(oai):
+    # A grammar's answer may spell a reasoning block first (the test below), but "<think>"
+    # written inside the answer (a JSON string may hold it; the tiny random model wrote one
+    # there) is the answer's text, not the start of reasoning.
+    r = chat(oai, extra_body={"guided_regex": r'\{"a": "<think>[a-z]{2,4}"\}'})
+    message = r.choices[0].message
+    assert re.fullmatch(r'\{"a": "<think>[a-z]{2,4}"\}', message.content)
+    assert json.loads(message.content)["a"].startswith("<think>")
+    assert not getattr(message, "reasoning_content", None)
+
+
 def test_completions_accept_constraints_too(oai):
     r = oai.completions.create(
         model="tiny",

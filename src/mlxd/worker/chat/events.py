@@ -91,12 +91,21 @@ class ChatOutput:
     """A chat's text: cut at stop strings the API names, split into reasoning, answer text
     and tool calls."""
 
-    def __init__(self, tokenizer, job: ChatJob, in_reasoning: bool, stops: tuple[str, ...]):
+    def __init__(
+        self,
+        tokenizer,
+        job: ChatJob,
+        in_reasoning: bool,
+        stops: tuple[str, ...],
+        constrained: bool = False,
+    ):
         self.tok = tokenizer
         self.tools = job.rendered_tools
         think = (tokenizer.think_start, tokenizer.think_end) if tokenizer.has_thinking else None
         tool_markers = markers(tokenizer) if self.tools else None
-        self.split = OutputSplitter(think, tool_markers, in_reasoning)
+        # A grammar's answer may spell a reasoning block first; a think marker later in it (a
+        # JSON string may hold "<think>") is the answer's own text.
+        self.split = OutputSplitter(think, tool_markers, in_reasoning, think_first_only=constrained)
         self.stops = StopScanner(stops)
         self.n_calls = 0
 

@@ -34,8 +34,12 @@ class OutputSplitter:
         think: tuple[str, str] | None = None,
         tool: tuple[str, str] | None = None,
         in_reasoning: bool = False,
+        think_first_only: bool = False,
     ):
         self._think = think
+        # think_first_only: a reasoning block opens only before any answer text (an answer a
+        # grammar constrains may spell one first; a marker later in it is its own text)
+        self._think_first_only = think_first_only
         self._tool = tool
         self.state = REASONING if in_reasoning and think else TEXT
         self._buf = ""  # text not yet classified (may hold the start of a marker)
@@ -43,6 +47,7 @@ class OutputSplitter:
         self._tool_text = ""
         self._after_marker = self.state == REASONING
         self.saw_marker = self.state == REASONING
+        self._said_text = False
 
     def feed(self, delta: str) -> list[Piece]:
         """Classify `delta`; returns the pieces that are now certain."""
@@ -79,7 +84,8 @@ class OutputSplitter:
             return [self._think[1]]
         if self.state == TOOL:
             return [self._tool[1]]
-        return [pair[0] for pair in (self._think, self._tool) if pair]
+        think = None if self._think_first_only and self._said_text else self._think
+        return [pair[0] for pair in (think, self._tool) if pair]
 
     def _next_marker(self) -> tuple[str | None, int]:
         best: tuple[str | None, int] = (None, -1)
@@ -106,6 +112,7 @@ class OutputSplitter:
         self._ws = text[len(body) :]
         if body:
             out.append(Piece(self.state, body))
+            self._said_text = self._said_text or self.state == TEXT
 
     def _switch(self, marker: str, out: list[Piece]) -> None:
         self._ws = ""  # whitespace before a marker is layout

@@ -117,7 +117,8 @@ class ChatRun:
         # The engine cuts stop strings itself; when the API must name the one that matched,
         # they are cut here instead (the row is then cancelled as the block ends).
         stops = params.stop if job.report_stop else ()
-        self._output = ChatOutput(m.tokenizer, job, self.prompt.in_reasoning, stops)
+        constrained = compiled is not None  # a grammar holds the output (worker/grammar)
+        self._output = ChatOutput(m.tokenizer, job, self.prompt.in_reasoning, stops, constrained)
         if job.report_stop:
             params = replace(params, stop=())
         processors = []
