@@ -39,16 +39,16 @@ def _gpu_of(spec: GroupSpec, visible: str | None) -> str:
         count = host_gpu_count()
         if count is None or spec.device < count:
             return str(spec.device)
-        given, said = [], f"this host has {count}"
+        said = f"this host has {count}"
     else:  # "" hides every GPU, as CUDA reads it
         given = [g.strip() for g in visible.split(",") if g.strip()]
+        if spec.device < len(given):
+            return given[spec.device]
         said = f"CUDA_VISIBLE_DEVICES lists {len(given)} ({visible!r})"
-    if spec.device >= len(given):
-        raise ValueError(
-            f"rank {spec.rank} of the group needs GPU #{spec.device + 1} of this host, "
-            f"but {said}: NCCL needs one GPU per rank"
-        )
-    return given[spec.device]
+    raise ValueError(
+        f"rank {spec.rank} of the group needs GPU #{spec.device + 1} of this host, "
+        f"but {said}: NCCL needs one GPU per rank"
+    )
 
 
 NVIDIA_GPUS = Path("/proc/driver/nvidia/gpus")  # one folder per GPU (Linux driver)
