@@ -94,6 +94,14 @@ CHAT_TEMPLATE = """\
 {%- endif %}
 """
 
+# A template that opens <think> in the generation prompt (DeepSeek-R1 / QwQ style): the output
+# starts inside reasoning unless enable_thinking is false.
+_CLOSED = "{%- if enable_thinking is defined and enable_thinking is false %}"
+OPEN_THINK_TEMPLATE = CHAT_TEMPLATE.replace(
+    _CLOSED + "\n{{- '<think>\\n\\n</think>\\n\\n' }}\n{%- endif %}",
+    _CLOSED + "\n{{- '<think>\\n\\n</think>\\n\\n' }}\n{%- else %}{{- '<think>\\n' }}{%- endif %}",
+)
+
 _TEXT = """\
 The quick brown fox jumps over the lazy dog. A journey of a thousand miles begins with one step.
 Hello, world! How are you today? I'm fine, thanks; and you? Let's meet at 10:30 on Monday.

@@ -11,12 +11,8 @@ from tokenizers import Tokenizer
 
 from procs import start_worker, stop, uds_openai
 from tiny_model import CHAT_TEMPLATE, build_tiny_model
+from tiny_model import OPEN_THINK_TEMPLATE as OPEN_THINK
 
-CLOSED = "{%- if enable_thinking is defined and enable_thinking is false %}"
-OPEN_THINK = CHAT_TEMPLATE.replace(
-    CLOSED + "\n{{- '<think>\\n\\n</think>\\n\\n' }}\n{%- endif %}",
-    CLOSED + "\n{{- '<think>\\n\\n</think>\\n\\n' }}\n{%- else %}{{- '<think>\\n' }}{%- endif %}",
-)
 MSG = [{"role": "user", "content": "Where is the Eiffel tower?"}]
 THINK_ON = {"chat_template_kwargs": {"enable_thinking": True}}
 

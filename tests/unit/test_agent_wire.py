@@ -359,7 +359,9 @@ def test_a_cancelled_request_leaves_a_499_line_with_its_progress(caplog):
 
 def test_generation_params_keep_the_requested_budget_until_the_worker_clamps_it():
     req = parse_model(MessagesRequest, CLAUDE_CODE_BODY)
-    assert req.to_generation_params() == GenerationParams(max_tokens=32000, temperature=1, stop=())
+    assert req.to_generation_params() == GenerationParams(
+        max_tokens=32000, temperature=1, stop=(), reasoning_budget=31999
+    )
 
 
 def test_a_developer_message_mid_chat_is_a_system_message_for_the_template():

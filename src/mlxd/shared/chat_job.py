@@ -66,6 +66,15 @@ def function_tool(name: str, description: str | None, parameters: dict | None) -
     return {"type": "function", "function": fn}
 
 
+def with_effort(kwargs: dict[str, Any] | None, effort: str | None) -> dict[str, Any]:
+    """Template kwargs with the reasoning effort for templates that read it (gpt-oss's
+    `reasoning_effort`); the client's own kwargs win."""
+    out = dict(kwargs or {})
+    if effort is not None:
+        out.setdefault("reasoning_effort", effort)
+    return out
+
+
 def tool_mode(
     choice: str | dict | None, tools: list[dict] | None, param: str = "tool_choice"
 ) -> tuple[ToolMode, str | None]:

@@ -3,13 +3,18 @@ answers, the message and its stream events, are in anthropic_answers.py)."""
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 from pydantic import Field, field_validator
 
 from mlxd.shared.chat_job import ChatJob, ToolMode, function_tool, text_of, tool_call_message
 from mlxd.shared.errors import BadRequest
-from mlxd.shared.params import MAX_STOP_SEQUENCES, GenerationParams, check_stop_strings
+from mlxd.shared.params import (
+    MAX_STOP_SEQUENCES,
+    GenerationParams,
+    check_stop_strings,
+    effort_of,
+)
 from mlxd.shared.structured_output import GuidedFields, GuidedSpec
 from mlxd.shared.wire.bodies import Lenient
 
@@ -32,6 +37,11 @@ class ToolChoice(Lenient):
     type: Literal["auto", "any", "tool", "none"]
     name: str | None = None
     disable_parallel_tool_use: bool | None = None
+
+
+# Anthropic's own bounds on an extended-thinking budget (its API answers 400 outside them).
+MIN_THINKING_BUDGET = 1024
+THINKING_TYPES = ("enabled", "disabled", "adaptive")
 
 
 class MessageParam(Lenient):
@@ -61,6 +71,8 @@ class MessagesRequest(GuidedFields):
     thinking: dict[str, Any] | None = None
     output_config: dict[str, Any] | None = None  # {"format": {"type": "json_schema", ...}}
     output_format: dict[str, Any] | None = None  # the same, under its beta name
+    # count_tokens has no max_tokens to hold the budget under
+    _budget_below_max: ClassVar[bool] = True
 
     @field_validator("stop_sequences")
     @classmethod
@@ -75,7 +87,38 @@ class MessagesRequest(GuidedFields):
             top_p=self.top_p,
             top_k=self.top_k,
             stop=tuple(self.stop_sequences or ()),
+            reasoning_budget=self._thinking_budget(),
+            reasoning_effort=effort_of(
+                (self.output_config or {}).get("effort"), "output_config.effort"
+            ),
         )
+
+    def _thinking_budget(self) -> int | None:
+        """`thinking.budget_tokens`, checked as Anthropic checks it: at least 1024 and below
+        max_tokens (the thinking and the answer share max_tokens)."""
+        thinking = self.thinking or {}
+        kind = thinking.get("type")
+        if self.thinking is not None and kind not in THINKING_TYPES:
+            raise BadRequest(
+                f"thinking.type: Input should be {', '.join(map(repr, THINKING_TYPES))}",
+                param="thinking.type",
+            )
+        if kind != "enabled":
+            return None
+        budget = thinking.get("budget_tokens")
+        param = "thinking.enabled.budget_tokens"
+        if type(budget) is not int:
+            raise BadRequest(f"{param}: Input should be a valid integer", param=param)
+        if budget < MIN_THINKING_BUDGET:
+            raise BadRequest(
+                f"{param}: Input should be greater than or equal to {MIN_THINKING_BUDGET}",
+                param=param,
+            )
+        if self._budget_below_max and budget >= self.max_tokens:
+            raise BadRequest(
+                "`max_tokens` must be greater than `thinking.budget_tokens`", param="max_tokens"
+            )
+        return budget
 
     def to_chat_job(self) -> ChatJob:
         """The worker's view of this request."""
@@ -182,3 +225,4 @@ def _assistant_blocks(blocks: list[dict], param: str) -> dict:
 
 class CountTokensRequest(MessagesRequest):
     max_tokens: int = Field(1, ge=1)
+    _budget_below_max: ClassVar[bool] = False

@@ -9,6 +9,7 @@ change nothing a client can see here and are accepted and ignored, as are unknow
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any, Literal
 
 from pydantic import Field, field_validator
@@ -63,7 +64,10 @@ class _Generating(GuidedFields):
         if self.top_logprobs and not self.logprobs:
             raise BadRequest("top_logprobs requires logprobs: true", param="top_logprobs")
         lp = {"logprobs": bool(self.logprobs), "top_logprobs": self.top_logprobs or 0}
-        return (self.options or Options()).to_generation_params(**lp)
+        params = (self.options or Options()).to_generation_params(**lp)
+        # A level is a reasoning effort (EFFORT_BUDGETS); `true` thinks without a budget.
+        effort = self.think if isinstance(self.think, str) else None
+        return replace(params, reasoning_effort=effort)
 
     def guided(self) -> GuidedSpec | None:
         """`format` ("json" or a JSON schema) or one of the guided fields, never both."""

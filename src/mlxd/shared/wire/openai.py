@@ -9,15 +9,10 @@ but ignore unknown fields, as clients send many vendor extensions.
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 from typing import Any, Literal
 
-from pydantic import (
-    BaseModel,
-    Field,
-    field_validator,
-    model_serializer,
-    model_validator,
-)
+from pydantic import BaseModel, Field, field_validator, model_serializer, model_validator
 
 from mlxd.shared.chat_job import (
     ChatJob,
@@ -25,11 +20,13 @@ from mlxd.shared.chat_job import (
     developer_as_system,
     text_of,
     tool_mode,
+    with_effort,
 )
 from mlxd.shared.params import (
     MAX_SEED,
     MAX_STOP_SEQUENCES,
     MIN_SEED,
+    Effort,
     GenerationParams,
     check_stop_strings,
 )
@@ -157,6 +154,8 @@ class ChatCompletionRequest(SamplingRequest, GuidedFields):
     logprobs: bool | None = None
     top_logprobs: int | None = Field(None, ge=0, le=20)
     prompt_cache_key: str | None = None
+    reasoning_effort: Effort | None = None
+    thinking_token_budget: int | None = Field(None, ge=0)  # vLLM's name: a budget in tokens
 
     @model_validator(mode="after")
     def _check_logprobs(self):
@@ -169,6 +168,13 @@ class ChatCompletionRequest(SamplingRequest, GuidedFields):
 
     def _logprobs(self) -> tuple[bool, int]:
         return bool(self.logprobs), self.top_logprobs or 0
+
+    def to_generation_params(self) -> GenerationParams:
+        return replace(
+            super().to_generation_params(),
+            reasoning_budget=self.thinking_token_budget,
+            reasoning_effort=self.reasoning_effort,
+        )
 
     def template_messages(self) -> list[dict[str, Any]]:
         """Messages as plain dicts for the chat template (unset fields left out)."""
@@ -185,7 +191,7 @@ class ChatCompletionRequest(SamplingRequest, GuidedFields):
             tools=tools,
             tool_mode=mode,
             forced_tool=forced,
-            template_kwargs=dict(self.chat_template_kwargs or {}),
+            template_kwargs=with_effort(self.chat_template_kwargs, self.reasoning_effort),
             guided=self.to_guided_spec(),
             session=self.prompt_cache_key,
             tool_origins=tool_set.origins,

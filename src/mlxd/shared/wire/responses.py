@@ -17,9 +17,10 @@ from mlxd.shared.chat_job import (
     text_of,
     tool_call_message,
     tool_mode,
+    with_effort,
 )
 from mlxd.shared.errors import BadRequest
-from mlxd.shared.params import GenerationParams
+from mlxd.shared.params import GenerationParams, effort_of
 from mlxd.shared.structured_output import GuidedFields, GuidedSpec, JsonSchemaFormat
 from mlxd.shared.wire.tools import CUSTOM_INPUT, ToolSet, qualified_name, responses_tool_set
 
@@ -68,9 +69,17 @@ class ResponsesRequest(GuidedFields):
         return responses_tool_set(self.tools)
 
     def to_generation_params(self) -> GenerationParams:
+        # max_output_tokens holds reasoning and answer: the effort takes its share of it
+        # (EFFORT_BUDGETS), the rest is the answer's.
         return GenerationParams(
-            max_tokens=self.max_output_tokens, temperature=self.temperature, top_p=self.top_p
+            max_tokens=self.max_output_tokens,
+            temperature=self.temperature,
+            top_p=self.top_p,
+            reasoning_effort=self._effort(),
         )
+
+    def _effort(self):
+        return effort_of((self.reasoning or {}).get("effort"), "reasoning.effort")
 
     def to_guided_spec(self) -> GuidedSpec | None:
         fmt = self.text.format if self.text else None
@@ -97,6 +106,7 @@ class ResponsesRequest(GuidedFields):
             tools=tools,
             tool_mode=mode,
             forced_tool=forced,
+            template_kwargs=with_effort(None, self._effort()),
             guided=self.to_guided_spec(),
             session=self.prompt_cache_key,
             tool_origins=tool_set.origins,

@@ -38,6 +38,7 @@ from mlxd.worker.chat.prompts import (
     prepare_messages,
     resolve_params,
 )
+from mlxd.worker.chat.think_budget import think_budget
 from mlxd.worker.chat.tool_calls import forced_call_spec
 from mlxd.worker.grammar.processor import (
     GuidedProcessor,
@@ -51,7 +52,8 @@ from mlxd.worker.state import WorkerState
 log = logging.getLogger("mlxd.worker.chat")
 
 KEEPALIVE_S = 5.0
-# A worker group's followers could not run a grammar compiled on rank 0 (worker/group/).
+# A worker group's followers could not run a grammar compiled on rank 0 (worker/group/), nor
+# any other processor of a row's own.
 NO_GRAMMAR = "a model served by a worker group cannot enforce it"
 SUFFIX_WARNING = warning_header(
     "suffix", "this server does not fill in the middle", "it was ignored"
@@ -125,6 +127,12 @@ class ChatRun:
         if compiled is not None:
             after = m.tokenizer.think_end_tokens if self.prompt.in_reasoning else None
             processors.append(GuidedProcessor(*compiled, after=after))
+        off = self.prompt.kwargs.get("enable_thinking") is False
+        budget = think_budget(m.tokenizer, params, self.prompt.in_reasoning, off)
+        if budget is not None and not self.engine.grammars:
+            job.warnings.append(warning_header("thinking budget", NO_GRAMMAR, "it was ignored"))
+        elif budget is not None:
+            processors.append(budget)
         boundary = (
             0
             if self.engine.trimmable
