@@ -8,6 +8,8 @@ marker, then what mlx-lm generates after it.
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
+
 import mlx.core as mx
 import mlx_lm
 import openai
@@ -151,3 +153,29 @@ def test_a_block_the_model_opens_is_counted_and_a_long_end_marker_forced_in_orde
     # a second block after the budget is spent closes at once
     ctx.append(7)
     assert top(ctx) == 8
+
+
+def test_a_constraint_governs_the_answer_after_a_forced_close(oai, ref):
+    # The grammar waits for the end marker (the prompt opened the block); the budget forces it.
+    r = ask(oai, max_tokens=40, extra_body={"thinking_token_budget": 5, "guided_regex": "Paris"})
+    msg = r.choices[0].message
+    assert (msg.reasoning_content, msg.content) == (expected(ref, 5, 40)[0], "Paris")
+    assert r.choices[0].finish_reason == "stop"
+
+
+def test_budgets_are_per_row_in_a_shared_batch(oai, ref):
+    # Rows decoding together: each keeps its own budget, and a row without one is untouched.
+    budgets = [3, None, 8, None]
+    alone = ask(oai, max_tokens=20).choices[0].message.reasoning_content
+
+    def one(budget):
+        extra = {} if budget is None else {"thinking_token_budget": budget}
+        return ask(oai, max_tokens=20, extra_body=extra).choices[0].message
+
+    with ThreadPoolExecutor(len(budgets)) as pool:
+        got = list(pool.map(one, budgets))
+    for budget, msg in zip(budgets, got, strict=True):
+        if budget is None:
+            assert (msg.reasoning_content, msg.content or "") == (alone, "")
+        else:
+            assert (msg.reasoning_content, msg.content) == expected(ref, budget, 20)
