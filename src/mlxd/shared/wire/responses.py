@@ -20,7 +20,7 @@ from mlxd.shared.chat_job import (
     with_effort,
 )
 from mlxd.shared.errors import BadRequest
-from mlxd.shared.params import GenerationParams, effort_of
+from mlxd.shared.params import Effort, GenerationParams, effort_of
 from mlxd.shared.structured_output import GuidedFields, GuidedSpec, JsonSchemaFormat
 from mlxd.shared.wire.tools import CUSTOM_INPUT, ToolSet, qualified_name, responses_tool_set
 
@@ -78,7 +78,7 @@ class ResponsesRequest(GuidedFields):
             reasoning_effort=self._effort(),
         )
 
-    def _effort(self):
+    def _effort(self) -> Effort | None:
         return effort_of((self.reasoning or {}).get("effort"), "reasoning.effort")
 
     def to_guided_spec(self) -> GuidedSpec | None:
