@@ -10,15 +10,6 @@ def test_unset_limits_get_mlxd_defaults_and_a_users_value_is_kept():
     assert env["MLX_MAX_MB_PER_BUFFER"] == DEVICE_ENV["MLX_MAX_MB_PER_BUFFER"]
 
 
-def test_a_started_worker_runs_with_the_limits(tmp_path):
-    import subprocess
-    import sys
-
-    code = "import mlxd.worker.__main__, os; print(os.environ['MLX_MAX_OPS_PER_BUFFER'])"
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert out.stdout.strip() == DEVICE_ENV["MLX_MAX_OPS_PER_BUFFER"]
-
-
 def test_macos_keeps_metals_own_limits():
     env: dict[str, str] = {}
     apply_device_env(env, platform="darwin")

@@ -4,61 +4,77 @@ queue_timeout_s with Retry-After, and min_residency_s. Fake workers (tests/fake_
 from __future__ import annotations
 
 import asyncio
-import time
 
 import pytest
-from fake_workers import Fleet, make_models, settings_for
+from fake_workers import FakeClock, Fleet, make_models, settings_for, until
 
 from mlxd.shared.errors import Unavailable
 from mlxd.supervisor.lifecycle.registry import Registry
 from mlxd.supervisor.lifecycle.states import State
 
 
-def registry(tmp_path, fleet: Fleet, **overrides) -> Registry:
+def registry(tmp_path, fleet: Fleet, clock=None, **overrides) -> Registry:
     make_models(tmp_path, "a", "b")
     # Each model's footprint is 1000 bytes: the budget holds one of them.
     settings = settings_for(tmp_path, memory_budget_bytes=1500, **overrides)
-    return Registry.build(settings, fleet, total_memory_bytes=1 << 34, spawner=fleet.spawner)
+    extra = {} if clock is None else {"clock": clock}
+    return Registry.build(
+        settings, fleet, total_memory_bytes=1 << 34, spawner=fleet.spawner, **extra
+    )
 
 
-async def until(pred, timeout_s: float = 5.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not pred():
-        assert time.monotonic() < deadline, "condition not reached"
-        await asyncio.sleep(0.005)
+async def ticking(clock: FakeClock, tick_s: float = 0.005) -> None:
+    """Move `clock` by a tick after each real tick: it never runs ahead of the event loop, so
+    a loaded machine slows the clock down instead of making waits look long."""
+    while True:
+        await asyncio.sleep(tick_s)
+        clock.advance(tick_s)
+
+
+async def stays_pending(task: asyncio.Task, yields: int = 20) -> bool:
+    """`task` is still waiting after the loop ran everything ready `yields` times (and any
+    timer it armed had a chance to fire: the clock it reads has not moved)."""
+    for _ in range(yields):
+        await asyncio.sleep(0.01)
+    return not task.done()
 
 
 def test_two_busy_models_both_served_and_nobody_waits_past_the_timeout(tmp_path):
     """The livelock of issue 11: every client gets a lease or a 503 with Retry-After in time."""
     fleet = Fleet(load_s=0.05)
     queue_timeout_s = 1.5
+    clock = FakeClock()
 
     async def go():
-        reg = registry(tmp_path, fleet, queue_timeout_s=queue_timeout_s)
+        reg = registry(tmp_path, fleet, clock, queue_timeout_s=queue_timeout_s)
+        ticker = asyncio.create_task(ticking(clock))
         served = {"a": 0, "b": 0}
         refused, waits = [], []
-        stop_at = time.monotonic() + 4.0
+        stop_at = clock() + 4.0
 
         async def client(model: str):
-            while time.monotonic() < stop_at:
-                t0 = time.monotonic()
+            while clock() < stop_at:
+                t0 = clock()
                 try:
                     async with reg.leases.lease(model):
-                        waits.append(time.monotonic() - t0)
+                        waits.append(clock() - t0)
                         await asyncio.sleep(0.02)  # the response streams
                         served[model] += 1
                 except Unavailable as exc:
-                    waits.append(time.monotonic() - t0)
+                    waits.append(clock() - t0)
                     refused.append(exc)
                     assert exc.retry_after_s and exc.retry_after_s >= 1
 
-        await asyncio.gather(*(client(m) for m in ("a", "b") for _ in range(3)))
+        clients = asyncio.gather(*(client(m) for m in ("a", "b") for _ in range(3)))
+        await asyncio.wait_for(clients, 120)  # a livelock hangs here
+        ticker.cancel()
         await reg.shutdown()
         return served, refused, waits
 
     served, refused, waits = asyncio.run(go())
     assert served["a"] > 0 and served["b"] > 0, served
-    # The model's own load is not queue time; allow for one load and scheduling.
+    # On the lifecycle's own clock: the model's own load is not queue time; allow for one
+    # load and a wake-up.
     assert max(waits) < queue_timeout_s + 0.5, max(waits)
     # Each READY served its waiters: far fewer loads than requests.
     assert len(fleet.spawned) < served["a"] + served["b"]
@@ -118,13 +134,16 @@ def test_queue_timeout_gives_503_with_retry_after_then_serves(tmp_path):
     fleet = Fleet()
 
     async def go():
-        reg = registry(tmp_path, fleet, queue_timeout_s=0.4)
+        clock = FakeClock()
+        reg = registry(tmp_path, fleet, clock, queue_timeout_s=0.4)
         a = await reg.leases.acquire(reg.catalog.resolve("a"))  # a stays busy
-        t0 = time.monotonic()
+        b_waiter = asyncio.create_task(reg.leases.acquire(reg.catalog.resolve("b")))
+        await until(lambda: "b" in reg.lifecycle.slots and reg.lifecycle.slots["b"].waiting == 1)
+        clock.advance(0.35)
+        assert await stays_pending(b_waiter), "refused before queue_timeout_s"
+        clock.advance(0.1)
         with pytest.raises(Unavailable, match="queue_timeout_s") as info:
-            await reg.leases.acquire(reg.catalog.resolve("b"))
-        waited_s = time.monotonic() - t0
-        assert 0.35 <= waited_s < 1.5, waited_s
+            await asyncio.wait_for(b_waiter, 5)
         assert info.value.retry_after_s >= 1
         # Nobody waits for b any more: a takes new requests again, and b's load let go.
         a2 = await asyncio.wait_for(reg.leases.acquire(reg.catalog.resolve("a")), 3)
@@ -143,7 +162,8 @@ def test_full_queue_is_refused_at_once_with_retry_after(tmp_path):
     fleet = Fleet()
 
     async def go():
-        reg = registry(tmp_path, fleet, queue_size=1, queue_timeout_s=5)
+        clock = FakeClock()  # never moves: a refusal that waited for the timeout would hang
+        reg = registry(tmp_path, fleet, clock, queue_size=1, queue_timeout_s=5)
         a = await reg.leases.acquire(reg.catalog.resolve("a"))
         first = asyncio.create_task(reg.leases.acquire(reg.catalog.resolve("b")))
         await until(
@@ -152,11 +172,10 @@ def test_full_queue_is_refused_at_once_with_retry_after(tmp_path):
             )
         )
         await asyncio.sleep(0.05)
-        t0 = time.monotonic()
         with pytest.raises(Unavailable, match="queue is full") as info:
             # held behind b, and the queue is full
-            await reg.leases.acquire(reg.catalog.resolve("a"))
-        assert time.monotonic() - t0 < 0.2 and info.value.retry_after_s >= 1
+            await asyncio.wait_for(reg.leases.acquire(reg.catalog.resolve("a")), 5)
+        assert info.value.retry_after_s >= 1
         reg.leases.release(a)
         reg.leases.release(await asyncio.wait_for(first, 5))
         await reg.shutdown()
@@ -168,13 +187,14 @@ def test_min_residency_keeps_a_fresh_model_loaded(tmp_path):
     fleet = Fleet(load_s=0.01)
 
     async def go():
-        reg = registry(tmp_path, fleet, min_residency_s=0.6)
+        clock = FakeClock()
+        reg = registry(tmp_path, fleet, clock, min_residency_s=0.6)
         reg.leases.release(await reg.leases.acquire(reg.catalog.resolve("a")))
-        ready_at = time.monotonic()
-        b = await asyncio.wait_for(
-            reg.leases.acquire(reg.catalog.resolve("b")), 5
-        )  # a idle, but young
-        assert time.monotonic() - ready_at >= 0.5
+        b_waiter = asyncio.create_task(reg.leases.acquire(reg.catalog.resolve("b")))
+        clock.advance(0.5)
+        assert await stays_pending(b_waiter), "a was evicted before min_residency_s"  # idle, young
+        clock.advance(0.2)
+        b = await asyncio.wait_for(b_waiter, 5)
         reg.leases.release(b)
         await reg.shutdown()
 

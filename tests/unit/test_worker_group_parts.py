@@ -6,47 +6,23 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import signal
 import socket
-import subprocess
-import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
+from group_specs import settings_with, spec_of
 
 from mlxd.shared.config import ConfigError
-from mlxd.shared.config_load import load_settings
 from mlxd.shared.params import GenerationParams
-from mlxd.shared.worker_spec import GroupSpec, WorkerSpec
-from mlxd.supervisor.catalog.discovery import ModelEntry
+from mlxd.shared.worker_spec import GroupSpec
 from mlxd.supervisor.lifecycle.group import GroupProcess, rank_specs, spawn_worker
-from mlxd.supervisor.lifecycle.launch import worker_spec
 from mlxd.supervisor.lifecycle.process import WorkerProcess
-from mlxd.supervisor.lifecycle.slot import ModelSlot
 from mlxd.worker.group import env as group_env_module
 from mlxd.worker.group import wire
 from mlxd.worker.group.channel import Channel, LinkClosed
 from mlxd.worker.group.env import group_env, write_hostfile
-
-SRC = str(Path(__file__).resolve().parents[2] / "src")
-
-
-def settings_with(tmp_path, toml: str):
-    (tmp_path / "config.toml").write_text(toml)
-    return load_settings({"home": str(tmp_path)})
-
-
-def spec_of(tmp_path, toml: str, model: str = "g") -> WorkerSpec:
-    s = settings_with(tmp_path, toml)
-    slot = ModelSlot(
-        entry=ModelEntry(model, Path("/models") / model, "config", 100),
-        settings=s.for_model(model),
-        socket=s.run_dir / f"{model}.sock",
-        estimate_bytes=100,
-    )
-    return worker_spec(s, slot, memory_limit_bytes=8000)
 
 
 def test_a_group_entry_becomes_rank_zeros_spec(tmp_path):
@@ -130,40 +106,6 @@ def test_without_a_gpu_list_the_drivers_count_decides(tmp_path, monkeypatch):
         group_env(rank1, None, {})
     monkeypatch.setattr(group_env_module, "host_gpu_count", lambda: None)  # no driver to ask
     assert group_env(rank1, None, {})["CUDA_VISIBLE_DEVICES"] == "1"
-
-
-def test_the_worker_entry_point_chooses_the_gpu_before_mlx_loads():
-    # CUDA reads CUDA_VISIBLE_DEVICES once: nothing the entry point imports before it sets a
-    # rank's GPU may load MLX.
-    code = (
-        "import sys, mlxd.worker.__main__\n"
-        "print(sorted(m for m in sys.modules if m.split('.')[0] == 'mlx'))"
-    )
-    done = subprocess.run(
-        [sys.executable, "-c", code],
-        env={**os.environ, "PYTHONPATH": SRC},
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    assert done.returncode == 0, done.stderr
-    assert done.stdout.strip() == "[]"
-
-
-def test_a_rank_without_a_gpu_of_its_own_exits_saying_why(tmp_path):
-    spec = spec_of(tmp_path, '[models.g]\ngroup_size = 2\nbackend = "nccl"\n')
-    rank1 = rank_specs(spec, ["127.0.0.1"] * 2)[1]
-    env = {**os.environ, "CUDA_VISIBLE_DEVICES": "0", "PYTHONPATH": SRC}
-    done = subprocess.run(
-        [sys.executable, "-m", "mlxd.worker", *rank1.to_argv()],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    assert done.returncode != 0
-    assert "rank 1 of the group needs GPU #2" in done.stderr
-    assert "Traceback" not in done.stderr
 
 
 def test_spawner_picks_a_group_for_a_group_spec(tmp_path):
@@ -331,28 +273,3 @@ def test_links_carry_frames_in_order_and_votes_to_every_rank():
         followers[0].exchange()
     with pytest.raises(ValueError):
         Channel(FakeGroup(0, 3), [pairs[1][0]])  # rank 0 needs a link to every follower
-
-
-def test_a_rank_that_cannot_start_takes_the_started_ones_down(tmp_path, monkeypatch):
-    """A rank whose launcher is missing (no ssh on this host): the ranks already running
-    would wait for it forever in the ring backend's accept."""
-    started: list[WorkerProcess] = []
-    real_spawn = WorkerProcess.spawn
-
-    async def spawn(self, env=None):
-        if started:
-            raise FileNotFoundError("ssh")
-        self.command = ["sh", "-c", "exec sleep 30", "sh"]
-        started.append(self)
-        await real_spawn(self, env)
-
-    monkeypatch.setattr(WorkerProcess, "spawn", spawn)
-
-    async def run():
-        g = GroupProcess("g", spec_of(tmp_path, "[models.g]\ngroup_size = 2\n"), tmp_path / "g.log")
-        with pytest.raises(FileNotFoundError):
-            await g.spawn()
-        assert len(started) == 1
-        assert await asyncio.wait_for(started[0].reap(), 10) == -signal.SIGKILL
-
-    asyncio.run(run())

@@ -40,7 +40,8 @@ import sys
 import weakref
 
 import mlx.core as mx
-from mlx_lm.models.cache import BatchKVCache
+
+from mlxd.worker.engine import mlx_lm_seam as seam
 
 log = logging.getLogger("mlxd.worker")
 
@@ -51,7 +52,7 @@ log = logging.getLogger("mlxd.worker")
 SMALL_SCORES_CAP = 1 << 30
 small_scores_bytes = SMALL_SCORES_CAP  # set by route_on_cuda from the device's memory
 
-_fused = mx.fast.scaled_dot_product_attention
+_fused = seam.ORIGINAL_SDPA
 
 
 def unfused(
@@ -141,7 +142,7 @@ def row_by_row(q: mx.array, k: mx.array, v: mx.array, scale: float, left: list[i
     return mx.concatenate(out, axis=0) if len(out) > 1 else out[0]
 
 
-_array_mask = BatchKVCache.make_mask
+_array_mask = seam.ORIGINAL_MAKE_MASK
 # The last causal mask a left-padded BatchKVCache made, and its rows' padding: `routed` knows
 # that array by identity and attends row by row (a mask another op made or changed is not it).
 _padded: tuple[weakref.ref, list[int]] | None = None
@@ -170,7 +171,7 @@ def _unpadded_causal_mask(self, N: int, return_array: bool = False, **kw):
 def causal_when_unpadded() -> None:
     """Make mlx-lm's BatchKVCache give "causal" instead of an all-causal array mask (above).
     Idempotent; every backend."""
-    BatchKVCache.make_mask = _unpadded_causal_mask  # type: ignore[method-assign]
+    seam.patch_make_mask(_unpadded_causal_mask)
 
 
 def route_on_cuda(memory_bytes: int = 0, force: bool = False) -> bool:
@@ -178,14 +179,14 @@ def route_on_cuda(memory_bytes: int = 0, force: bool = False) -> bool:
     `force`, for tests); `memory_bytes`: the device's, which bounds what is routed. True when
     routed. Idempotent."""
     global small_scores_bytes
-    if mx.fast.scaled_dot_product_attention is routed:
+    if seam.sdpa() is routed:
         return True
     cuda = sys.platform.startswith("linux") and mx.default_device() == mx.gpu
     if not (cuda or force):
         return False
     cap = SMALL_SCORES_CAP
     small_scores_bytes = min(cap, memory_bytes // 64) if memory_bytes > 0 else cap
-    mx.fast.scaled_dot_product_attention = routed
+    seam.patch_sdpa(routed)
     log.info(
         "attention: masked prefills under %d MiB of scores unfused (no cuDNN graph builds)",
         small_scores_bytes >> 20,

@@ -19,6 +19,7 @@ from mlxd.shared.config import is_template_text
 from mlxd.shared.kv_math import kv_bytes_per_token
 from mlxd.shared.worker_spec import MODEL_DEFAULT_FIELDS, WorkerSpec
 from mlxd.worker.attention import causal_when_unpadded, route_on_cuda
+from mlxd.worker.engine import mlx_lm_seam as seam
 from mlxd.worker.engine.kvquant import KvScheme, apply_kv_scheme
 from mlxd.worker.group.shard import shard_model
 
@@ -236,6 +237,4 @@ def _read_defaults(path: Path) -> SamplingDefaults:
 def _set_chat_template(tokenizer, template: str) -> None:
     """Render with `template` (Jinja text, or a file holding it) instead of the folder's."""
     text = template if is_template_text(template) else Path(template).read_text()
-    tokenizer._tokenizer.chat_template = text
-    tokenizer._chat_template = None  # mlx-lm's own renderer for some models would win
-    tokenizer.has_chat_template = True
+    seam.set_chat_template(tokenizer, text)

@@ -29,6 +29,8 @@ import logging
 import mlx.core as mx
 from mlx_lm.models.cache import BatchKVCache, KVCache
 
+from mlxd.worker.engine import mlx_lm_seam as seam
+
 log = logging.getLogger("mlxd.worker.engine.loop")
 
 STEP = 256  # capacity granularity (KVCache and BatchKVCache grow by the same step)
@@ -93,7 +95,7 @@ class CompiledStep:
         kind = type(caches[0])
         batch = kind is BatchKVCache
         first = caches[0]
-        idx_int = first._idx if batch else first.offset
+        idx_int = seam.write_index(first) if batch else first.offset
         _fit(caches, idx_int)
         idx = mx.array(idx_int, dtype=mx.int32)
         offset = first.offset if batch else idx
@@ -116,7 +118,7 @@ class CompiledStep:
         for i, c in enumerate(caches):
             c.keys, c.values = out[2 + i], out[2 + n + i]
             if batch:  # one offsets array for every layer (mlx-lm never changes it in place)
-                c._idx += 1
+                seam.advance_write_index(c)
                 c.offset = nxt
             else:
                 c.offset += 1

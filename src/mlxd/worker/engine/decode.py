@@ -28,6 +28,7 @@ from mlx_lm.models.cache import BatchKVCache, KVCache, TokenBuffer
 from mlx_lm.sample_utils import greedy_sampler
 
 from mlxd.shared.params import GenerationParams
+from mlxd.worker.engine import mlx_lm_seam as seam
 from mlxd.worker.engine.compiled import CompiledStep, for_model
 from mlxd.worker.engine.draft import ModelDrafter, NgramDrafter
 from mlxd.worker.engine.kvquant import BatchQuantizedKVCache, head
@@ -123,7 +124,8 @@ class DecodeBatch:
         self.tokens.extend(other.tokens)
         self.max_tokens.extend(other.max_tokens)
         new = [_sampling_of(s) for s in other.samplers]
-        pairs = zip(new, other.logits_processors, other._token_context, strict=True)
+        handed = seam.handed_rows(other)
+        pairs = zip(new, other.logits_processors, handed.token_context, strict=True)
         for s, procs, ctx in pairs:
             self.sampling.append(s)
             extra = [p for p in procs or () if not getattr(p, "batched", False)]
@@ -131,12 +133,12 @@ class DecodeBatch:
             self.contexts.append(ctx if extra else None)
             may = self.spec is not None and s.speculate and not extra and not s.penalties
             self.specs.append(self.spec.state() if may else None)
-        self.num_tokens.extend(other._num_tokens)
-        self.matchers.extend(other._matchers)
-        nxt = other._next_tokens
+        self.num_tokens.extend(handed.num_tokens)
+        self.matchers.extend(handed.matchers)
+        nxt = handed.next_tokens
         lp = None
-        if other._next_logprobs and any(s.logprobs for s in new):
-            lp = mx.stack(other._next_logprobs).reshape(len(other.uids), -1)
+        if handed.next_logprobs and any(s.logprobs for s in new):
+            lp = mx.stack(handed.next_logprobs).reshape(len(other.uids), -1)
         self._next = nxt if self._next is None or n_old == 0 else mx.concatenate([self._next, nxt])
         self._next_lp = self._join_lp(n_old, len(other.uids), lp)
         if self._window is not None:
@@ -277,9 +279,18 @@ class DecodeBatch:
                 return logits
         return self.model(fed[:, None], cache=self.prompt_cache)[:, -1, :]
 
-    def emit_lone(self, tokens: list[int], lp: mx.array | None) -> list[Token]:
+    @property
+    def pending(self) -> tuple[mx.array | None, mx.array | None]:
+        """The tokens being computed (fed to the next step) and their log-probabilities."""
+        return self._next, self._next_lp
+
+    def emit_lone(
+        self, tokens: list[int], lp: mx.array | None, pending: tuple[mx.array, mx.array | None]
+    ) -> list[Token]:
         """The lone row's tokens from a speculative step, in order, up to where it ends
-        (its cache already holds them all; `_surplus` keeps a hand-off to what it emitted)."""
+        (its cache already holds them all; `_surplus` keeps a hand-off to what it emitted);
+        `pending`: the token sampled after them, and its log-probabilities, fed next step."""
+        self._next, self._next_lp = pending
         out = []
         uid = self.uids[0]
         for j, tok in enumerate(tokens):

@@ -1,14 +1,15 @@
 """The one place a generator is made: mlx-lm's BatchGenerator with our decode batch in it.
 
-mlx-lm 0.32 internals used (pinned in pyproject.toml): the BatchGenerator keeps its decoding
-rows in `_generation_batch` and calls only `uids`, `tokens`, `prompt_cache`, `__len__`,
-`extend`, `filter`, `extract_cache` and `next` on it; DecodeBatch (decode.py) provides those.
+mlx-lm's BatchGenerator calls only `uids`, `tokens`, `prompt_cache`, `__len__`, `extend`,
+`filter`, `extract_cache` and `next` on its generation batch; DecodeBatch (decode.py) provides
+those. How it is put in place is the seam's (mlx_lm_seam.py).
 """
 
 from __future__ import annotations
 
 from mlx_lm.generate import BatchGenerator
 
+from mlxd.worker.engine import mlx_lm_seam as seam
 from mlxd.worker.engine.decode import DecodeBatch, SpecConfig
 
 
@@ -23,17 +24,10 @@ def make_generator(
 ) -> BatchGenerator:
     """A BatchGenerator of `batch` rows that prefills in `chunk`s and decodes through ours
     (speculating for a lone row when `spec` says how; the forward compiled if `compiled`)."""
-    gen = BatchGenerator(
-        model,
-        completion_batch_size=batch,
-        prefill_batch_size=batch,
-        prefill_step_size=chunk,
-        stream=stream,
-    )
-    gen._generation_batch = DecodeBatch(model, spec, compiled)
-    return gen
+    decode = DecodeBatch(model, spec, compiled)
+    return seam.new_generator(model, batch=batch, chunk=chunk, stream=stream, decode_batch=decode)
 
 
 def decode_batch(gen: BatchGenerator) -> DecodeBatch:
     """The generator's decode batch (for log-probability requests and the profile clock)."""
-    return gen._generation_batch
+    return seam.decode_batch_of(gen)

@@ -67,7 +67,13 @@ class RunJob:
     job: Job
 
 
-Command = Submit | Cancel | PersistCache | CloseSession | Stop | RunJob
+@dataclass(frozen=True)
+class CloseGroup:
+    """A worker group's rank 0 passed its drain deadline: every rank admits nothing more
+    (only a group's engines get it; group/engine.py)."""
+
+
+Command = Submit | Cancel | PersistCache | CloseSession | Stop | RunJob | CloseGroup
 
 # An idle engine still wakes this often (prompt-cache upkeep).
 IDLE_WAKE_S = 1.0

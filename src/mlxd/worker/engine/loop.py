@@ -43,7 +43,7 @@ from mlxd.worker.engine.kvbudget import KvBudget
 from mlxd.worker.engine.memplan import MemoryPlan
 from mlxd.worker.engine.planner import PlanConfig
 from mlxd.worker.engine.recovery import is_out_of_memory, rebuild
-from mlxd.worker.engine.rows import Event, Row, Submission
+from mlxd.worker.engine.rows import Event, FirstTokens, Row, Submission
 from mlxd.worker.engine.schedule import Scheduler
 from mlxd.worker.engine.stats import engine_stats
 from mlxd.worker.engine.trace import StepTrace
@@ -189,6 +189,23 @@ class Engine:
     def recoveries(self) -> int:
         """Failed steps after which the batch state was rebuilt."""
         return self._batch.recoveries
+
+    @property
+    def totals(self) -> BatchStats:
+        """Prompt and generation tokens and the seconds they took, since start."""
+        return self._totals
+
+    @property
+    def first_tokens(self) -> FirstTokens:
+        return self._batch.first_tokens
+
+    @property
+    def kv_budget(self) -> KvBudget | None:
+        return self._sched.budget
+
+    def kv_reserved(self) -> int:
+        """Bytes the KV budget counts for the rows in flight (any thread)."""
+        return self._sched.kv_reserved()
 
     def stats(self) -> dict:
         """What /stats reports of the engine (stats.py)."""

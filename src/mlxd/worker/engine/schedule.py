@@ -17,6 +17,7 @@ import logging
 from collections import deque
 from dataclasses import replace
 
+from mlxd.worker.engine import mlx_lm_seam as seam
 from mlxd.worker.engine.admission import admit
 from mlxd.worker.engine.batch import Batch
 from mlxd.worker.engine.kvbudget import KvBudget, row_tokens
@@ -131,9 +132,7 @@ class Scheduler:
         chunk = plan_chunk(decoding, pre, self.plan_cfg)
         if self.oom_divisor > 1:
             chunk = max(min(chunk, self.plan_cfg.min_chunk), chunk // self.oom_divisor)
-        gen = self.batch.gen
-        gen.prefill_step_size = chunk
-        gen._prompt_batch.prefill_step_size = chunk  # the forward size inside prompt()
+        seam.set_prefill_chunk(self.batch.gen, chunk)
         return chunk
 
     def shrink_prefill(self) -> bool:

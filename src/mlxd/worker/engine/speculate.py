@@ -70,7 +70,7 @@ class SpecState:
 def speculate(b: DecodeBatch, st: SpecState) -> list[Token] | None:
     """One speculative step of `b`'s lone row; None when there was nothing to draft (the
     caller then runs the plain step, with the pending token already evaluated)."""
-    fed, fed_lp = b._next, b._next_lp
+    fed, fed_lp = b.pending
     mx.eval(fed)
     y = int(fed.item())
     room = b.max_tokens[0] - b.num_tokens[0] - 1  # tokens the row may still emit after y
@@ -114,9 +114,8 @@ def speculate(b: DecodeBatch, st: SpecState) -> list[Token] | None:
     lps = None
     if row.logprobs:
         lps = mx.concatenate([fed_lp.astype(logprobs.dtype), logprobs[:a]])
-    b._next = z[a : a + 1]
-    b._next_lp = logprobs[a : a + 1] if row.logprobs else None
-    return b.emit_lone([y, *drafts[:a]], lps)
+    pending = z[a : a + 1], logprobs[a : a + 1] if row.logprobs else None
+    return b.emit_lone([y, *drafts[:a]], lps, pending)
 
 
 def _advance(key: mx.array, n: int) -> mx.array:

@@ -16,14 +16,14 @@ if TYPE_CHECKING:
 
 def engine_stats(engine: Engine) -> dict:
     """The engine's figures, plus the prompt cache's."""
-    t = engine._totals
+    t = engine.totals
     return {
         "rows_active": engine.active_rows,
         "rows_queued": engine.queued_rows,
         "batch_size": engine.batch_size,
         "prefill_step": engine.plan.idle_chunk,
         "prefill_budget": engine.plan.step_budget,
-        "kv_reserved_bytes": engine._sched.kv_reserved(),
+        "kv_reserved_bytes": engine.kv_reserved(),
         "kv_bits": engine.m.kv.bits,  # None: the model's float dtype
         "kv_group_size": engine.m.kv.group_size,
         "kv_bytes_per_token": engine.m.kv_bytes_per_token,
@@ -48,7 +48,7 @@ def engine_stats(engine: Engine) -> dict:
 def first_token_report(engine: Engine) -> dict:
     """Rows that got a first token, and the seconds they spent queued and then admitted
     before it (sums: a scrape's difference over its count gives the mean)."""
-    ft = engine._batch.first_tokens
+    ft = engine.first_tokens
     return {
         "first_tokens": ft.count,
         "queue_wait_s": round(ft.queue_s, 6),
@@ -60,10 +60,10 @@ def memory_report(engine: Engine) -> dict:
     """What the worker holds now, as the supervisor's budget counts it: the weights, the RAM
     prompt cache's bytes and the KV the rows in flight are counted at; and the plan's limit."""
     plan = engine.memory_plan
-    budget = engine._sched.budget
+    budget = engine.kv_budget
     weights = plan.weights_bytes if plan else engine.m.weights_bytes
     cache = engine.cache.ram.nbytes if engine.cache else 0
-    kv = engine._sched.kv_reserved()
+    kv = engine.kv_reserved()
     return {
         "weights_bytes": weights,
         "kv_budget_bytes": budget.budget_bytes if budget else None,

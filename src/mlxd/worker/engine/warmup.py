@@ -15,6 +15,7 @@ import time
 import mlx.core as mx
 
 from mlxd.shared.params import GenerationParams
+from mlxd.worker.engine import mlx_lm_seam as seam
 from mlxd.worker.engine.decode import SpecConfig
 from mlxd.worker.engine.generator import make_generator
 from mlxd.worker.engine.planner import PlanConfig, warmup_shapes
@@ -91,8 +92,7 @@ def _run(
     gen.insert(prompts, limits, samplers=samplers, logits_processors=processors)
     left, steps = len(prompts), 0
     while left and steps < MAX_STEPS:
-        gen.prefill_step_size = chunk
-        gen._prompt_batch.prefill_step_size = chunk
+        seam.set_prefill_chunk(gen, chunk)
         _, responses = gen.next()
         left -= sum(1 for r in responses if r.finish_reason is not None)
         steps += 1

@@ -29,7 +29,6 @@ import random
 import threading
 import time
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
 
 import mlx.core as mx
 
@@ -37,6 +36,7 @@ from mlxd.shared.errors import BadRequest, MlxdError, Unavailable
 from mlxd.worker.cache.format import check_layout
 from mlxd.worker.engine.inbox import (
     Cancel,
+    CloseGroup,
     CloseSession,
     Command,
     PersistCache,
@@ -78,11 +78,6 @@ class Lockstep:
         if self._batch.gen is not None:  # a rebuild after a failed step
             raise GroupDiverged("a step failed on this rank; the worker group must restart")
         return super()._new_generator()
-
-
-@dataclass(frozen=True)
-class CloseGroup:
-    """Rank 0's drain passed its deadline: every rank admits nothing more from here on."""
 
 
 class LeadEngine(Lockstep, Engine):
@@ -128,7 +123,7 @@ class LeadEngine(Lockstep, Engine):
         self._inbox.put(Cancel(sub))
 
     def cancel_all(self) -> int:
-        self._inbox.put(CloseGroup())  # type: ignore[arg-type]
+        self._inbox.put(CloseGroup())
         subs = [row.sub for row in list(self._batch.rows.values())] + list(self._sched.waiting)
         for sub in subs:
             self.cancel(sub, Unavailable("The model is being unloaded; this request was cancelled"))

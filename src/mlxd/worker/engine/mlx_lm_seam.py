@@ -1,0 +1,152 @@
+"""The one module that names mlx-lm's private attributes or patches it (mlx-lm 0.32).
+
+mlx-lm's BatchGenerator prefills; its decode half is ours (decode.py), put in its place here.
+Every private name we read or write is listed in SEAM, and tests/integration/test_mlx_lm_seam.py
+checks each on the pinned mlx-lm: an upgrade that renames one fails that test, and at run time
+`_require` raises instead of an assignment silently making a new attribute (mlx-lm's own path
+would then run instead of ours, and nothing would say so).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import mlx.core as mx
+from mlx_lm.generate import BatchGenerator, GenerationBatch, PromptProcessingBatch
+from mlx_lm.models.cache import BatchKVCache
+from mlx_lm.tokenizer_utils import TokenizerWrapper
+
+# (class, private attribute) pairs this module reads or writes; the seam test pins each.
+SEAM: tuple[tuple[type, str], ...] = (
+    (BatchGenerator, "_generation_batch"),
+    (BatchGenerator, "_prompt_batch"),
+    (PromptProcessingBatch, "prefill_step_size"),
+    (GenerationBatch, "_token_context"),
+    (GenerationBatch, "_num_tokens"),
+    (GenerationBatch, "_matchers"),
+    (GenerationBatch, "_next_tokens"),
+    (GenerationBatch, "_next_logprobs"),
+    (BatchKVCache, "_idx"),
+    (TokenizerWrapper, "_tokenizer"),
+    (TokenizerWrapper, "_chat_template"),
+)
+
+
+class SeamError(RuntimeError):
+    """mlx-lm no longer has an attribute mlxd relies on: the seam needs updating."""
+
+
+def _require(obj: Any, name: str) -> None:
+    if not hasattr(obj, name):
+        raise SeamError(
+            f"mlx-lm's {type(obj).__name__} has no {name!r}: mlxd's engine/mlx_lm_seam.py "
+            "needs updating for this mlx-lm version"
+        )
+
+
+# -- the generator: mlx-lm prefills, we decode ---------------------------------------------
+def new_generator(model, *, batch: int, chunk: int, stream, decode_batch) -> BatchGenerator:
+    """mlx-lm's BatchGenerator of `batch` rows prefilling in `chunk`s, decoding through
+    `decode_batch` (which offers the interface BatchGenerator calls on its generation batch)."""
+    gen = BatchGenerator(
+        model,
+        completion_batch_size=batch,
+        prefill_batch_size=batch,
+        prefill_step_size=chunk,
+        stream=stream,
+    )
+    _require(gen, "_generation_batch")
+    gen._generation_batch = decode_batch
+    return gen
+
+
+def decode_batch_of(gen: BatchGenerator):
+    """The decode batch `new_generator` installed."""
+    return gen._generation_batch
+
+
+def set_prefill_chunk(gen: BatchGenerator, chunk: int) -> None:
+    """The prompt tokens each prefilling row gets per step, and the forward size inside
+    mlx-lm's prompt batch (which copies the generator's value only when it is made)."""
+    gen.prefill_step_size = chunk
+    _require(gen, "_prompt_batch")
+    prompt_batch = gen._prompt_batch
+    _require(prompt_batch, "prefill_step_size")
+    prompt_batch.prefill_step_size = chunk
+
+
+@dataclass
+class HandedRows:
+    """What mlx-lm's GenerationBatch hands our decode batch: rows whose first token is
+    sampled (`next_tokens`, `next_logprobs`) with their stop and processor state."""
+
+    token_context: list
+    num_tokens: list[int]
+    matchers: list
+    next_tokens: mx.array
+    next_logprobs: list
+
+
+def handed_rows(batch) -> HandedRows:
+    """The private half of a GenerationBatch mlx-lm hands over (its public half, uids,
+    tokens, samplers, ..., is read directly)."""
+    for name in ("_token_context", "_num_tokens", "_matchers", "_next_tokens", "_next_logprobs"):
+        _require(batch, name)
+    return HandedRows(
+        batch._token_context,
+        batch._num_tokens,
+        batch._matchers,
+        batch._next_tokens,
+        batch._next_logprobs,
+    )
+
+
+# -- mlx-lm's batch KV cache -----------------------------------------------------------------
+def write_index(cache: BatchKVCache) -> int:
+    """Where a BatchKVCache writes its next position (every row: left-padded)."""
+    return cache._idx
+
+
+def advance_write_index(cache: BatchKVCache, n: int = 1) -> None:
+    """Move a BatchKVCache's write position after writing `n` positions in place."""
+    _require(cache, "_idx")
+    cache._idx += n
+
+
+ORIGINAL_MAKE_MASK = BatchKVCache.make_mask
+
+
+def patch_make_mask(fn) -> None:
+    """BatchKVCache.make_mask, for the whole process (attention.causal_when_unpadded)."""
+    BatchKVCache.make_mask = fn  # type: ignore[method-assign]
+
+
+def restore_make_mask() -> None:
+    """mlx-lm's own make_mask again (tests, benchmarks)."""
+    BatchKVCache.make_mask = ORIGINAL_MAKE_MASK  # type: ignore[method-assign]
+
+
+# -- MLX's attention kernel, for the whole process -------------------------------------------
+ORIGINAL_SDPA = mx.fast.scaled_dot_product_attention
+
+
+def sdpa():
+    """The attention every mlx-lm model calls now."""
+    return mx.fast.scaled_dot_product_attention
+
+
+def patch_sdpa(fn) -> None:
+    """Route every model's attention call through `fn` (mlx-lm looks the kernel up per call)."""
+    mx.fast.scaled_dot_product_attention = fn
+
+
+# -- the tokenizer's chat template -------------------------------------------------------------
+def set_chat_template(tokenizer: TokenizerWrapper, text: str) -> None:
+    """Render with `text` (Jinja) instead of the folder's template: on the wrapped
+    tokenizer, and with mlx-lm's own renderer (which some models have, and would win) off."""
+    for name in ("_tokenizer", "_chat_template"):
+        _require(tokenizer, name)
+    tokenizer._tokenizer.chat_template = text
+    tokenizer._chat_template = None
+    tokenizer.has_chat_template = True

@@ -1,0 +1,126 @@
+"""The mlx-lm seam pinned on the installed mlx-lm: every private attribute mlxd names exists
+with the type it expects, our decode batch really is the one mlx-lm decodes through, the
+prefill chunk we plan is the one mlx-lm prefills, and a renamed attribute fails loudly."""
+
+from __future__ import annotations
+
+import mlx.core as mx
+import pytest
+from mlx_lm.generate import GenerationBatch, PromptProcessingBatch
+from mlx_lm.models.cache import BatchKVCache
+from mlx_lm.tokenizer_utils import TokenizerWrapper
+
+from mlxd.worker.engine import mlx_lm_seam as seam
+from mlxd.worker.engine.decode import DecodeBatch
+from mlxd.worker.engine.generator import decode_batch, make_generator
+from mlxd.worker.model import load_model
+
+
+@pytest.fixture(scope="module")
+def loaded(tiny_model_dir):
+    return load_model(tiny_model_dir, "tiny")
+
+
+def _gen(loaded, chunk: int = 32):
+    stream = mx.default_stream(mx.default_device())
+    return make_generator(loaded.model, batch=4, chunk=chunk, stream=stream)
+
+
+def _instances(loaded) -> dict[type, object]:
+    """A live instance of each class the seam names, made as mlx-lm makes them."""
+    plain = seam.BatchGenerator(loaded.model, stream=mx.default_stream(mx.default_device()))
+    return {
+        seam.BatchGenerator: plain,
+        PromptProcessingBatch: plain._prompt_batch,
+        GenerationBatch: plain._generation_batch,
+        BatchKVCache: BatchKVCache([0, 2]),
+        TokenizerWrapper: loaded.tokenizer,
+    }
+
+
+EXPECTED_TYPES = {
+    "_generation_batch": GenerationBatch,
+    "_prompt_batch": PromptProcessingBatch,
+    "prefill_step_size": int,
+    "_token_context": list,
+    "_num_tokens": list,
+    "_matchers": list,
+    "_next_logprobs": list,
+    "_idx": int,
+}
+
+
+def test_every_private_name_the_seam_uses_exists_with_its_type(loaded):
+    made = _instances(loaded)
+    for cls, name in seam.SEAM:
+        obj = made[cls]
+        assert isinstance(obj, cls)
+        assert hasattr(obj, name), f"mlx-lm's {cls.__name__} lost {name!r}"
+        if name in EXPECTED_TYPES:
+            assert isinstance(getattr(obj, name), EXPECTED_TYPES[name]), (cls, name)
+    assert isinstance(made[GenerationBatch]._next_tokens, mx.array)  # empty: nothing sampled yet
+    assert hasattr(made[TokenizerWrapper]._tokenizer, "chat_template")
+
+
+class CountingModel:
+    """The model, recording the length of each forward call."""
+
+    def __init__(self, model):
+        self.model, self.calls = model, []
+
+    def __call__(self, tokens, cache=None):
+        self.calls.append(tokens.shape[1])
+        return self.model(tokens, cache=cache)
+
+    def __getattr__(self, name):
+        return getattr(self.model, name)
+
+
+def test_mlx_lm_decodes_through_our_batch_and_prefills_in_our_chunks(loaded):
+    model = CountingModel(loaded.model)
+    stream = mx.default_stream(mx.default_device())
+    gen = make_generator(model, batch=4, chunk=4, stream=stream)
+    ours = decode_batch(gen)
+    assert isinstance(ours, DecodeBatch)
+    (uid,) = gen.insert([list(range(5, 30))], max_tokens=[3])
+    tokens = []
+    for step in range(20):
+        if step == 1:  # the plan changes while the row is in mlx-lm's prompt batch
+            seam.set_prefill_chunk(gen, 8)
+        tokens += [r.token for r in gen.next()[1] if r.uid == uid]
+        if len(tokens) == 3:
+            break
+    # 4 prompt tokens in the first step, then 8 a step in one forward each, as re-planned
+    # (mlx-lm keeps its own copy of the forward size in the prompt batch: setting only the
+    # generator's would run each 8-token chunk as two forwards of 4)
+    assert [n for n in model.calls if n > 1][:3] == [4, 8, 8]
+    assert len(tokens) == 3
+    assert ours.uids == [] and ours.num_tokens == []  # the row decoded in ours, and left it
+
+
+def test_the_handed_over_rows_carry_their_first_token(loaded):
+    gen = _gen(loaded)
+    gen.insert([list(range(5, 12))], max_tokens=[4])
+    while not len(decode_batch(gen)):
+        gen.next()
+    batch = decode_batch(gen)
+    assert batch.num_tokens == [0] and batch.pending[0] is not None
+    assert batch.pending[0].shape == (1,)
+
+
+def test_a_renamed_attribute_fails_loudly_instead_of_being_created(loaded):
+    gen = _gen(loaded)
+    del gen._prompt_batch  # what an mlx-lm that renamed it would look like to us
+    with pytest.raises(seam.SeamError, match="_prompt_batch"):
+        seam.set_prefill_chunk(gen, 8)
+    assert not hasattr(gen, "_prompt_batch")
+
+    class Renamed:  # a GenerationBatch whose private names moved
+        _token_context: list = []
+
+    with pytest.raises(seam.SeamError, match="_num_tokens"):
+        seam.handed_rows(Renamed())
+    cache = BatchKVCache([0])
+    del cache._idx
+    with pytest.raises(seam.SeamError, match="_idx"):
+        seam.advance_write_index(cache)
