@@ -14,6 +14,7 @@ from aiohttp import web
 from mlxd.shared.exit_codes import EXIT_MODEL_LOAD_ERROR, EXIT_OK, EXIT_PARENT_GONE
 from mlxd.shared.middleware import error_middleware, request_id_middleware
 from mlxd.shared.model_facts import read_model_facts
+from mlxd.shared.routes import WORKER_PATHS
 from mlxd.shared.worker_spec import WorkerSpec
 from mlxd.worker.api import anthropic as anthropic_routes
 from mlxd.worker.api import completions as completions_routes
@@ -73,6 +74,21 @@ async def access_log(request: web.Request, handler):
     return resp
 
 
+# The writer of each worker path in the shared route table (shared/routes.py); a path the
+# table adds without a writer here fails at import, not at the first request.
+GENERATION_HANDLERS = {
+    "/v1/chat/completions": openai_routes.chat_completions,
+    "/v1/completions": completions_routes.completions,
+    "/v1/responses": responses_routes.responses,
+    "/v1/messages": anthropic_routes.messages,
+    "/v1/messages/count_tokens": anthropic_routes.count_tokens,
+    "/v1/embeddings": embeddings_routes.embeddings,
+    "/api/chat": ollama_routes.chat,
+    "/api/generate": ollama_routes.generate,
+}
+assert set(GENERATION_HANDLERS) == WORKER_PATHS, set(GENERATION_HANDLERS) ^ WORKER_PATHS
+
+
 def build_app(state: WorkerState) -> web.Application:
     app = web.Application(
         middlewares=[
@@ -90,14 +106,8 @@ def build_app(state: WorkerState) -> web.Application:
     app.router.add_post("/admin/drain", control.drain)
     app.router.add_post("/admin/cache/flush", control.cache_flush)
     app.router.add_post("/admin/cache/session/close", control.cache_session_close)
-    app.router.add_post("/v1/chat/completions", openai_routes.chat_completions)
-    app.router.add_post("/v1/completions", completions_routes.completions)
-    app.router.add_post("/v1/responses", responses_routes.responses)
-    app.router.add_post("/v1/messages", anthropic_routes.messages)
-    app.router.add_post("/v1/messages/count_tokens", anthropic_routes.count_tokens)
-    app.router.add_post("/v1/embeddings", embeddings_routes.embeddings)
-    app.router.add_post("/api/chat", ollama_routes.chat)
-    app.router.add_post("/api/generate", ollama_routes.generate)
+    for path in sorted(WORKER_PATHS):  # the shared route table: one writer per surface
+        app.router.add_post(path, GENERATION_HANDLERS[path])
     return app
 
 

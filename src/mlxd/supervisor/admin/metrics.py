@@ -22,6 +22,7 @@ from prometheus_client import (
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, SummaryMetricFamily
 
 from mlxd.shared.logs import bind_log_context, reset_log_context
+from mlxd.shared.routes import PUBLIC_PATHS
 from mlxd.supervisor.admin.views import fan_out, worker_rss_bytes
 from mlxd.supervisor.http.proxy import ON_FIRST_TOKEN
 from mlxd.supervisor.lifecycle.registry import Registry
@@ -29,21 +30,6 @@ from mlxd.supervisor.lifecycle.states import State
 
 METRICS = "metrics"
 STATS_TIMEOUT_S = 2.0
-# API paths reported as themselves; any other route by its template (bounded label values).
-API_PATHS = frozenset(
-    {
-        "/v1/chat/completions",
-        "/v1/completions",
-        "/v1/messages",
-        "/v1/messages/count_tokens",
-        "/v1/responses",
-        "/v1/embeddings",
-        "/api/chat",
-        "/api/generate",
-        "/api/embed",
-        "/api/embeddings",
-    }
-)
 LATENCY_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
 TTFT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 CACHE_TIERS = ("ram", "ssd")
@@ -242,7 +228,7 @@ def _num(stats: dict, key: str) -> float:
 
 
 def route_label(request: web.Request) -> str:
-    if request.path in API_PATHS:
+    if request.path in PUBLIC_PATHS:  # as themselves; others by template (bounded labels)
         return request.path
     route = request.match_info.route if request.match_info is not None else None
     resource = route.resource if route is not None else None

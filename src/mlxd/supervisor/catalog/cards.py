@@ -15,10 +15,8 @@ from typing import Any
 from mlxd.shared.config import Settings
 from mlxd.shared.errors import BadRequest
 from mlxd.shared.model_facts import ModelFacts, ModelType, kind_refusal, read_model_facts
+from mlxd.shared.routes import kind_of
 from mlxd.supervisor.catalog.discovery import ModelEntry
-
-# Which kind of model each proxied route needs.
-EMBEDDING_PATHS = frozenset({"/v1/embeddings"})
 
 
 def _config_stamp(path: Path) -> int:
@@ -69,7 +67,7 @@ def card_fields(entry: ModelEntry, settings: Settings) -> dict[str, Any]:
 
 def check_route(entry: ModelEntry, settings: Settings, path: str) -> None:
     """A 400 before any lease or load when `entry`'s kind does not serve `path`."""
-    wants: ModelType = "embedding" if path in EMBEDDING_PATHS else "chat"
+    wants: ModelType = kind_of(path)
     why = kind_refusal(facts_of(entry, settings), entry.id, wants)
     if why is not None:
         raise BadRequest(why, param="model", code="model_type_mismatch")

@@ -19,6 +19,7 @@ from pydantic import SecretStr
 
 from mlxd.shared.config import Settings
 from mlxd.shared.errors import MlxdError, Unauthorized
+from mlxd.shared.routes import ADMIN_AREAS, API_AREAS, in_area
 
 
 class Forbidden(MlxdError):
@@ -107,9 +108,9 @@ def request_areas(request: web.Request) -> set[str]:
     resource = route.resource if route is not None else None
     areas = set()
     for path in (request.path, resource.canonical if resource is not None else ""):
-        if path in ("/v1", "/api") or path.startswith(("/v1/", "/api/")):
+        if in_area(path, API_AREAS):
             areas.add("api")
-        if path in ("/admin", "/metrics") or path.startswith(("/admin/", "/metrics/")):
+        if in_area(path, ADMIN_AREAS):
             areas.add("admin")
     return areas
 

@@ -18,6 +18,7 @@ from pydantic import BaseModel, ValidationError
 
 from mlxd.shared.errors import BadGateway, BadRequest, MlxdError, ModelNotFound, NotFound
 from mlxd.shared.logs import bind_log_context
+from mlxd.shared.routes import BY_PATH
 from mlxd.shared.wire.bodies import load_json, parse_model
 from mlxd.shared.wire.ollama import (
     ChatRequest,
@@ -180,7 +181,7 @@ async def _generating(request: web.Request, cls: type[ChatRequest] | type[Genera
     entry = await _entry(reg, req.model)
     request["model"] = entry.id  # the metrics label, also when the lease fails
     bind_log_context(model=entry.id)
-    check_route(entry, reg.settings, "/v1/chat/completions")  # an embedder loads nothing here
+    check_route(entry, reg.settings, request.path)  # an embedder loads nothing here
     if req.empty:  # Ollama's load / unload request
         reason = "load"
         if req.keep_alive_s == 0:
@@ -212,7 +213,7 @@ async def _embed(request: web.Request) -> tuple[EmbedRequest, list[list[float]],
     entry = await _entry(reg, req.model)
     request["model"] = entry.id
     bind_log_context(model=entry.id)
-    check_route(entry, reg.settings, "/v1/embeddings")  # a chat model loads nothing here
+    check_route(entry, reg.settings, request.path)  # a chat model loads nothing here
     body: dict = {"model": entry.id, "input": req.texts(), "truncate": req.truncate}
     if req.dimensions is not None:
         body["dimensions"] = req.dimensions
@@ -221,7 +222,7 @@ async def _embed(request: web.Request) -> tuple[EmbedRequest, list[list[float]],
             return req, [], 0
         try:
             status, reply = await reg.upstream.post_json(
-                slot.socket, "/v1/embeddings", EMBED_TIMEOUT_S, body
+                slot.socket, BY_PATH[request.path].worker_path, EMBED_TIMEOUT_S, body
             )
         except UPSTREAM_ERRORS:
             raise BadGateway(f"The worker for '{entry.id}' stopped before it answered") from None

@@ -11,6 +11,7 @@ from aiohttp import web
 from mlxd import __version__
 from mlxd.shared.errors import BadRequest, ModelNotFound
 from mlxd.shared.logs import bind_log_context
+from mlxd.shared.routes import FORWARDED_PATHS
 from mlxd.shared.wire.bodies import load_json
 from mlxd.shared.wire.openai import ModelCard, ModelList
 from mlxd.supervisor.catalog.cards import card_fields, check_route
@@ -39,14 +40,6 @@ FAILURE = {
     State.FATAL: "The model failed to start repeatedly; an operator can see why in /admin "
     "and reload it",
 }
-# The POST routes a worker serves that the generic proxy forwards, each to its own path.
-PROXIED_POSTS = (
-    "/v1/chat/completions",
-    "/v1/completions",
-    "/v1/messages",
-    "/v1/messages/count_tokens",
-    "/v1/embeddings",
-)
 
 
 def _json(data, status: int = 200) -> web.Response:
@@ -86,7 +79,7 @@ async def get_model(request: web.Request) -> web.Response:
 
 
 async def proxy_v1(request: web.Request) -> web.StreamResponse:
-    """A known /v1 POST (PROXIED_POSTS) goes to the worker of the model its body names."""
+    """A known /v1 POST (FORWARDED_PATHS) goes to the worker of the model its body names."""
     reg: Registry = request.app["registry"]
     body = await request.read()
     data = load_json(body)
@@ -119,6 +112,6 @@ def add_routes(app: web.Application) -> None:
     app.router.add_get("/", root)  # and HEAD /, which aiohttp routes to the same handler
     app.router.add_get("/v1/models", list_models)
     app.router.add_get("/v1/models/{model_id:.+}", get_model)
-    for path in PROXIED_POSTS:  # by name: nothing else under /v1 reaches a worker
+    for path in FORWARDED_PATHS:  # by name: nothing else under /v1 reaches a worker
         app.router.add_post(path, proxy_v1)
     add_ollama_routes(app)

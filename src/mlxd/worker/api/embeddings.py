@@ -15,6 +15,7 @@ from aiohttp import web
 
 from mlxd.shared.errors import BadRequest
 from mlxd.shared.model_facts import kind_refusal
+from mlxd.shared.routes import WORKER_CHAT_PATHS
 from mlxd.shared.wire.bodies import load_json, parse_model
 from mlxd.shared.wire.embeddings import EmbeddingRequest, embedding_list_bytes
 from mlxd.worker.embed.forward import EmbedRun, EmbedStep
@@ -26,25 +27,13 @@ from mlxd.worker.state import WorkerState
 # Tokens one request may embed in all (OpenAI's own bound); each input is bounded by the
 # model's context limit, and each forward by the engine's prefill chunk and batch.
 MAX_REQUEST_TOKENS = 300_000
-# The routes of chat-shaped generation, which an embedding model does not serve.
-CHAT_PATHS = frozenset(
-    {
-        "/v1/chat/completions",
-        "/v1/completions",
-        "/api/chat",
-        "/api/generate",
-        "/v1/responses",
-        "/v1/messages",
-        "/v1/messages/count_tokens",
-    }
-)
 
 
 @web.middleware
 async def kind_guard(request: web.Request, handler):
     """A chat route on an embedding model's worker is a 400 naming the route to use."""
     state: WorkerState = request.app["state"]
-    if request.path in CHAT_PATHS and state.facts is not None:
+    if request.path in WORKER_CHAT_PATHS and state.facts is not None:
         why = kind_refusal(state.facts, state.config.model_id, "chat")
         if why is not None:
             raise BadRequest(why, param="model", code="model_type_mismatch")
