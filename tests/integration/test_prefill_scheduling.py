@@ -267,8 +267,8 @@ def test_the_step_log_stops_at_its_bound_and_says_so(tmp_path):
 
 
 def test_a_step_log_that_cannot_be_opened_is_skipped(tmp_path, monkeypatch):
-    monkeypatch.setenv(steplog.ENV, str(tmp_path / "missing" / "steps.jsonl"))
-    assert steplog.from_env() is None
-    monkeypatch.setenv(steplog.ENV, str(tmp_path / "steps.jsonl"))
-    assert isinstance(steplog.from_env("tiny"), StepLog)
-    assert steplog.from_env("tiny", follower=True) is None  # a group logs from rank 0 only
+    assert steplog.open_step_log(tmp_path / "missing" / "steps.jsonl") is None
+    assert steplog.open_step_log(None) is None
+    assert isinstance(steplog.open_step_log(tmp_path / "steps.jsonl", "tiny"), StepLog)
+    # a group logs from rank 0 only
+    assert steplog.open_step_log(tmp_path / "steps.jsonl", "tiny", follower=True) is None

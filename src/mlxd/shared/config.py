@@ -179,6 +179,8 @@ class Settings(BaseSettings):
     # Test-only (undocumented): hold each chat request's first token back this long, to
     # stand for a slow prefill in tests/e2e/test_coding_agents.py.
     debug_prefill_delay_s: float = Field(0.0, ge=0)
+    # Each worker appends one JSON line per engine step here (docs/operations.md; bench steps)
+    step_log: Path | None = None
 
     # Prompt cache (per worker)
     prompt_cache_bytes: int | None = Field(None, ge=0)  # RAM tier; None: sized from memory

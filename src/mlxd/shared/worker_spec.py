@@ -50,6 +50,7 @@ SAME_AS_SETTINGS = (
     "ssd_cache_bytes",
     "stream_heartbeat_s",
     "debug_prefill_delay_s",
+    "step_log",
     "log_level",
     *GRAMMAR_FIELDS,
 )
@@ -122,6 +123,7 @@ class WorkerSpec(BaseModel):
     generation: int = 0  # the supervisor's slot generation; /health reports it back
     stream_heartbeat_s: float = 10.0  # a quiet stream's protocol event interval (sse.Heartbeat)
     debug_prefill_delay_s: float = 0.0  # test-only: hold the first token back this long
+    step_log: Path | None = None  # one JSON line per engine step (worker/engine/steplog.py)
     log_level: str = "INFO"
     # The model's config defaults (None: the folder's generation_config.json, else built-in).
     temperature: float | None = None

@@ -80,7 +80,9 @@ def make_engine(
         warmup=cfg.warmup,
         memory_plan=mem,
         spec=spec_config(cfg.speculative, cfg.num_draft_tokens, draft),
-        trace=steplog.from_env(cfg.model_id, follower=cfg.group is not None and cfg.group.rank > 0),
+        trace=steplog.open_step_log(
+            cfg.step_log, cfg.model_id, follower=cfg.group is not None and cfg.group.rank > 0
+        ),
         compile_decode=(
             cfg.compile_decode if cfg.compile_decode is not None else mx.default_device() == mx.cpu
         ),

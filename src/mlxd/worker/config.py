@@ -194,6 +194,9 @@ def _flag_parser(log_level: str) -> argparse.ArgumentParser:
         help=argparse.SUPPRESS,
     )
     p.add_argument(
+        "--step-log", type=Path, help="append one JSON line per engine step to this file"
+    )
+    p.add_argument(
         "--log-level",
         default=log_level,
         help=f"DEBUG, INFO, WARNING or ERROR (default $MLXD_LOG_LEVEL, else INFO: {log_level})",

@@ -1,11 +1,13 @@
-"""The step log: one JSON line per engine step, for operators and bench (`MLXD_STEP_LOG`).
+"""The step log: one JSON line per engine step, for operators and bench (the `step_log`
+setting, `MLXD_STEP_LOG`).
 
 Where a request's first token went is a question of steps: how long each took, how many rows
-it prefilled and by how much, how many decoded, how many waited. `MLXD_STEP_LOG=/path` in a
-worker's environment appends one line per step there (bench/steps.py summarises it), each
-naming its model and process, so several workers can share the file (a worker group logs
-from rank 0 only). Each worker writes at most MAX_LINES, then stops with a last line saying
-so; a write that fails (disk full) stops it with one warning; unset costs nothing.
+it prefilled and by how much, how many decoded, how many waited. `MLXD_STEP_LOG=/path` for
+`mlxd start` (or a worker's `--step-log`) appends one line per step there (bench/steps.py
+summarises it), each naming its model and process, so several workers can share the file (a
+worker group logs from rank 0 only). Each worker writes at most MAX_LINES, then stops with a
+last line saying so; a write that fails (disk full) stops it with one warning; unset costs
+nothing.
 """
 
 from __future__ import annotations
@@ -21,7 +23,6 @@ from mlxd.worker.engine.trace import StepTrace
 
 log = logging.getLogger("mlxd.worker.engine")
 
-ENV = "MLXD_STEP_LOG"
 # Per worker process: ~100 MB, about 80 minutes of steps at 10 ms each.
 MAX_LINES = 500_000
 
@@ -70,14 +71,13 @@ class StepLog:
             log.warning("the step log stops: %s", exc.strerror or exc)
 
 
-def from_env(model: str = "", follower: bool = False) -> StepLog | None:
-    """The step log `MLXD_STEP_LOG` asks for, or None (unset, a worker group's follower, or
-    the path cannot be opened: logged once, the worker serves without it)."""
-    path = os.environ.get(ENV)
-    if not path or follower:
+def open_step_log(path: Path | None, model: str = "", follower: bool = False) -> StepLog | None:
+    """The step log at `path` (the `step_log` setting), or None (unset, a worker group's
+    follower, or the path cannot be opened: logged once, the worker serves without it)."""
+    if path is None or follower:
         return None
     try:
-        return StepLog(Path(path), model)
+        return StepLog(path, model)
     except OSError as exc:
-        log.warning("%s=%s cannot be opened (%s): no step log", ENV, path, exc.strerror)
+        log.warning("step_log %s cannot be opened (%s): no step log", path, exc.strerror)
         return None
