@@ -156,8 +156,19 @@ def apply_wired_limit(limit_bytes: int) -> None:
         log.debug("no wired limit on this MLX", exc_info=True)
 
 
-def _has_half_floats(model) -> bool:
-    return any(v.dtype in (mx.float16, mx.bfloat16) for _, v in tree_flatten(model.parameters()))
+def upcast_on_the_cpu(model) -> None:
+    """On MLX's CPU backend, compute in float32: it has no fast float16/bfloat16 kernels (a
+    4-bit matmul with float16 scales runs ~100x slower than with float32)."""
+    if mx.default_device() != mx.cpu:
+        return
+    if any(v.dtype in (mx.float16, mx.bfloat16) for _, v in tree_flatten(model.parameters())):
+        model.set_dtype(mx.float32)
+        mx.eval(model.parameters())  # here: lazy arrays belong to this thread's stream
+
+
+def context_of(native: int, context_limit: int | None) -> int:
+    """The context a worker serves: the model's own, or the configured limit below it."""
+    return min(context_limit, native) if context_limit else native
 
 
 def load_for_spec(spec: WorkerSpec, group: Any = None) -> LoadedModel:
@@ -198,14 +209,10 @@ def load_model(
     overrides = {k: v for k, v in (overrides or {}).items() if v is not None}
     if "chat_template" in overrides:
         _set_chat_template(tokenizer, overrides.pop("chat_template"))
-    if upcast_on_cpu and mx.default_device() == mx.cpu and _has_half_floats(model):
-        # MLX's CPU backend has no fast float16/bfloat16 kernels (a 4-bit matmul with float16
-        # scales runs ~100x slower than with float32): compute in float32 on the CPU.
-        model.set_dtype(mx.float32)
-        mx.eval(model.parameters())  # here: lazy arrays belong to this thread's stream
+    if upcast_on_cpu:
+        upcast_on_the_cpu(model)
     kv = apply_kv_scheme(model, kv_bits, kv_group_size)
-    native = int(config.get("max_position_embeddings") or 0) or 32768
-    limit = min(context_limit, native) if context_limit else native
+    limit = context_of(int(config.get("max_position_embeddings") or 0) or 32768, context_limit)
     loaded = LoadedModel(
         model=model,
         tokenizer=tokenizer,

@@ -13,12 +13,10 @@ import logging
 from pathlib import Path
 from typing import Any
 
-import mlx.core as mx
-from mlx.utils import tree_flatten
 from mlx_lm.utils import _get_classes, load_model, load_tokenizer
 
 from mlxd.shared.model_facts import ModelFacts
-from mlxd.worker.model import LoadedModel, SamplingDefaults
+from mlxd.worker.model import LoadedModel, SamplingDefaults, context_of, upcast_on_the_cpu
 
 log = logging.getLogger("mlxd.worker.embed")
 
@@ -75,14 +73,8 @@ def load_embedder(
     model, config = load_model(path, get_model_classes=headless_classes)
     backbone(model)  # fail at load, not at the first request
     tokenizer = load_tokenizer(path, eos_token_ids=config.get("eos_token_id"))
-    if mx.default_device() == mx.cpu and any(
-        v.dtype in (mx.float16, mx.bfloat16) for _, v in tree_flatten(model.parameters())
-    ):
-        # As for chat models (worker/model.py): MLX's CPU backend is slow at half floats.
-        model.set_dtype(mx.float32)
-        mx.eval(model.parameters())
-    native = facts.context_length or FALLBACK_CONTEXT
-    limit = min(context_limit, native) if context_limit else native
+    upcast_on_the_cpu(model)
+    limit = context_of(facts.context_length or FALLBACK_CONTEXT, context_limit)
     log.info("embedding model=%s pooling=%s width=%s", model_id, facts.pooling, facts.hidden_size)
     return LoadedModel(
         model=model,
