@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from mlxd.shared.sizes import format_size
+
 ERROR_WIDTH = 60
 
 
@@ -16,15 +18,7 @@ def table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
     return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in cells)
 
 
-def size(n: int | float | None) -> str | None:
-    if n is None:
-        return None
-    value = float(n)
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if value < 1024 or unit == "TiB":
-            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
-        value /= 1024
-    return None  # pragma: no cover
+size = format_size  # the one printer (shared/sizes.py)
 
 
 def duration(s: float | None) -> str | None:
