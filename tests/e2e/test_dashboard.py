@@ -185,6 +185,50 @@ def test_memory_cache_and_metrics_pages(tab, daemon):
     tab.shot("metrics")
 
 
+def test_every_view_shows_one_memory_figure(tab, daemon, capsys):
+    """mlxctl ps, show and fit, /admin/memory, Ollama's /api/ps and the dashboard's two tables
+    show a loaded model's memory as one figure: the worker's report, with units."""
+    from playwright.sync_api import expect
+
+    from mlxd.shared.sizes import format_size
+    from mlxd.supervisor.ctl.mlxctl import main as mlxctl
+
+    assert daemon.http.post("/admin/models/a/load").json()["model"]["state"] == "ready"
+    assert daemon.http.post("/v1/chat/completions", json=CHAT).status_code == 200  # a cache entry
+    daemon.wait_for(  # the watchdog's next /health probe brings the entry into the report
+        lambda: daemon.http.get("/admin/models/a").json()["memory"]["prompt_cache_bytes"] > 0,
+        what="a report with the prompt cache",
+    )
+    mem = daemon.http.get("/admin/models/a").json()["memory"]
+    assert mem["reported"] and mem["weights_bytes"] > 0
+    total = mem["weights_bytes"] + mem["prompt_cache_bytes"] + mem["kv_reserved_bytes"]
+    assert mem["total_bytes"] == total
+    text = format_size(total)
+
+    admin = daemon.http.get("/admin/memory").json()
+    assert next(m for m in admin["models"] if m["id"] == "a")["memory"] == mem
+    ollama = next(
+        m for m in daemon.http.get("/api/ps").json()["models"] if m["model"] in ("a", "a:latest")
+    )
+    assert ollama["size"] == ollama["size_vram"] == total
+    ctl = ["--url", daemon.url, "--home", str(daemon.home)]
+    capsys.readouterr()
+    assert mlxctl([*ctl, "ps"]) == 0
+    row = next(r for r in capsys.readouterr().out.splitlines() if r.startswith("a "))
+    assert row.split()[3:5] == text.split()  # the MEMORY column
+    assert mlxctl([*ctl, "fit", "a"]) == 0
+    assert f"holds {text}: weights {format_size(mem['weights_bytes'])}" in capsys.readouterr().out
+
+    tab.open("models")
+    expect(tab.page.locator('#models-table tr[data-model="a"] td').nth(3)).to_have_text(text)
+    tab.open("memory")
+    row_a = tab.page.locator('#memory-table tr[data-model="a"]')
+    expect(row_a.locator("td.mem-total")).to_have_text(text)
+    expect(row_a.locator("td").nth(3)).to_have_text(format_size(mem["weights_bytes"]))
+    expect(row_a.locator("td").nth(4)).to_have_text(format_size(mem["prompt_cache_bytes"]))
+    tab.shot("memory-agrees")
+
+
 def test_with_an_admin_token_the_page_asks_for_it(browser, make_module_daemon, tiny_model_dir):
     from playwright.sync_api import expect
 

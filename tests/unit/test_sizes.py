@@ -45,6 +45,8 @@ def test_a_bad_size_says_how_to_write_one(bad):
         (1023, "1023 B"),
         (1024, "1 KiB"),
         (1536, "1.5 KiB"),
+        (1280, "1.3 KiB"),  # 1.25: ties round up, as the dashboard's toFixed does
+        (116 * MiB + MiB // 2, "117 MiB"),
         (606 * MiB + 12345, "606 MiB"),
         (GiB, "1 GiB"),
         (GiB - MiB // 3, "1 GiB"),  # 1023.7 MiB

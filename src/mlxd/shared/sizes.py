@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import re
+from decimal import ROUND_HALF_UP, Decimal
 from typing import Annotated
 
 from pydantic import BeforeValidator
@@ -84,7 +85,9 @@ def format_size(n: int | float | None) -> str | None:
         unit += 1
     if unit == 0:
         return f"{value:.0f} B"
-    text = f"{value:.1f}" if abs(value) < 10 else f"{value:.0f}"
+    # Ties round up (Decimal of a float is exact), as JavaScript's toFixed does in app.js.
+    step = Decimal("0.1") if abs(value) < 10 else Decimal(1)
+    text = str(Decimal(value).quantize(step, rounding=ROUND_HALF_UP))
     if text == "1024" and unit < len(PRINTED) - 1:  # 1023.6 MiB reads better as 1 GiB
         text, unit = "1", unit + 1
     return f"{text.removesuffix('.0')} {PRINTED[unit]}"

@@ -13,7 +13,7 @@ from mlxd.supervisor.catalog import folder
 from mlxd.supervisor.lifecycle.group import GroupProcess
 from mlxd.supervisor.lifecycle.registry import Registry
 from mlxd.supervisor.lifecycle.slot import ModelSlot
-from mlxd.supervisor.lifecycle.states import State
+from mlxd.supervisor.lifecycle.states import RUNNING, State
 
 STARTED = time.monotonic()
 
@@ -51,6 +51,7 @@ def model_status(reg: Registry, model_id: str, entries: dict | None = None) -> M
     keep_alive = row.keep_alive_s = slot.keep_alive_s  # a request may have set it
     row.state = slot.state.value
     row.footprint_bytes = slot.footprint_bytes
+    row.memory = slot.memory if slot.state in RUNNING else None
     row.pid = proc.pid if proc is not None and proc.returncode is None else None
     row.memory_bytes = worker_rss_bytes(slot)
     if isinstance(proc, GroupProcess) and row.pid is not None:

@@ -59,7 +59,7 @@ def ps_table(rows: list[dict]) -> str:
                 m["id"],
                 state,
                 m["pid"],
-                size(m["memory_bytes"]),
+                size((m.get("memory") or {}).get("total_bytes")),
                 m["leases"],
                 m["queued"],
                 duration(m["idle_s"]),
@@ -69,6 +69,18 @@ def ps_table(rows: list[dict]) -> str:
             )
         )
     return table(headers, out)
+
+
+def memory_text(mem: dict | None) -> str | None:
+    """A model's memory on one line: the total the budget counts, then its parts."""
+    if not mem:
+        return None
+    kv = f"KV {size(mem['kv_in_use_bytes'])} in use of {size(mem['kv_reserved_bytes'])} reserved"
+    return (
+        f"{size(mem['total_bytes'])}{'' if mem['reported'] else ' (estimate)'}:"
+        f" weights {size(mem['weights_bytes'])}, prompt cache {size(mem['prompt_cache_bytes'])},"
+        f" {kv}"
+    )
 
 
 def models_table(rows: list[dict]) -> str:
@@ -153,7 +165,7 @@ def show_text(body: dict) -> str:
     """`mlxctl show`: one `key  value` line each, then the settings and the folder's defaults."""
     state = body["state"] + (" (drained)" if body["drained"] else "")
     if body["pid"]:
-        state += f", pid {body['pid']}, {size(body['memory_bytes']) or '?'} resident"
+        state += f", pid {body['pid']}"
     arch = body.get("architecture") or {}
     head = [
         ("model", body["id"]),
@@ -161,6 +173,7 @@ def show_text(body: dict) -> str:
         ("source", body["source"]),
         ("path", body["path"]),
         ("size", size(body["weights_bytes"])),
+        ("memory", memory_text(body.get("memory"))),
         ("type", arch.get("model_type")),
         ("context", arch.get("context_length")),
         ("quantized", arch.get("quantization")),

@@ -21,13 +21,22 @@ function el(tag, attrs, ...kids) {
   return node;
 }
 
+// Sizes print as shared/sizes.py's format_size prints them (mlxctl, errors): binary units, at
+// most three significant figures, so the page and the terminal show the same text.
 function bytes(n) {
   if (n === null || n === undefined) return "–";
   const units = ["B", "KiB", "MiB", "GiB", "TiB"];
   let i = 0;
-  while (n >= 1024 && i < units.length - 1) { n /= 1024; i++; }
-  return `${n.toFixed(i ? 1 : 0)} ${units[i]}`;
+  while (Math.abs(n) >= 1024 && i < units.length - 1) { n /= 1024; i++; }
+  if (i === 0) return `${n.toFixed(0)} B`;
+  let text = n.toFixed(Math.abs(n) < 10 ? 1 : 0);
+  if (text === "1024" && i < units.length - 1) { text = "1"; i++; }
+  return `${text.replace(/\.0$/, "")} ${units[i]}`;
 }
+
+// A model's memory (shared/wire/memory.py): the total the budget counts; "est." before the
+// worker has reported.
+const held = (mem) => (mem ? bytes(mem.total_bytes) + (mem.reported ? "" : " (est.)") : "–");
 
 function seconds(s) {
   if (s === null || s === undefined) return "–";
@@ -153,7 +162,7 @@ function renderModels() {
         el("span", { class: `state state-${m.state}` }, busy ? `${busy}…` : m.state),
         m.drained ? el("span", { class: "muted" }, " (drained)") : null),
       el("td", { class: "num" }, m.pid === null ? "–" : String(m.pid)),
-      el("td", { class: "num" }, bytes(m.memory_bytes)),
+      el("td", { class: "num" }, held(m.memory)),
       el("td", { class: "num" }, String(m.leases)),
       el("td", { class: "num" }, String(m.queued)),
       el("td", { class: "keepalive" }, countdown(m)),
@@ -203,8 +212,11 @@ async function loadMemory() {
   $("memory-table").tBodies[0].replaceChildren(...m.models.map((r) => el("tr", { "data-model": r.id },
     el("td", {}, r.id),
     el("td", {}, el("span", { class: `state state-${r.state}` }, r.state)),
-    el("td", { class: "num" }, bytes(r.footprint_bytes)),
-    el("td", { class: "num" }, bytes(r.memory_bytes)),
+    el("td", { class: "num mem-total" }, held(r.memory)),
+    el("td", { class: "num" }, bytes(r.memory.weights_bytes)),
+    el("td", { class: "num" }, bytes(r.memory.prompt_cache_bytes)),
+    el("td", { class: "num" },
+      `${bytes(r.memory.kv_in_use_bytes)} of ${bytes(r.memory.kv_reserved_bytes)}`),
     el("td", { class: "num" }, String(r.leases)),
     el("td", {}, seconds(r.idle_s)),
     el("td", {}, r.pinned ? "yes" : ""),
