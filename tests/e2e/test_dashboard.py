@@ -16,6 +16,8 @@ import pytest
 ARTIFACTS = Path(__file__).resolve().parents[1] / "artifacts" / "dashboard"
 TOKEN = "dash-admin-token-7f3e"
 CHAT = {"model": "a", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 8}
+# b's request defaults (its config section): the playground must start from them.
+B_DEFAULTS = '[models.b]\ntemperature = 0\ntop_p = 0.9\nmax_tokens = 1\nsystem = "You are terse."\n'
 HTML = "text/html,application/xhtml+xml,application/xml;q=0.9,*/*;q=0.8"  # Chromium's Accept
 
 
@@ -25,7 +27,7 @@ def _chromium() -> str | None:
 
 @pytest.fixture(scope="module")
 def daemon(make_module_daemon):
-    return make_module_daemon(config="[models.a]\nkeep_alive_s = 600\n")
+    return make_module_daemon(config="[models.a]\nkeep_alive_s = 600\n" + B_DEFAULTS)
 
 
 @pytest.fixture(scope="module")
@@ -132,6 +134,7 @@ def test_playground_streams_a_reply(tab, daemon):
     tab.open("chat")
     expect(tab.page.locator('#chat-model option[value="a"]')).to_have_count(1)
     tab.page.select_option("#chat-model", "a")
+    expect(tab.page.locator("#chat-defaults")).to_contain_text("a's defaults")  # then edit them
     tab.page.fill("#chat-max", "8")
     tab.page.fill("#chat-temp", "0")
     tab.page.fill("#chat-input", "Say hello")
@@ -142,6 +145,54 @@ def test_playground_streams_a_reply(tab, daemon):
     expect(tab.page.locator(".msg.user")).to_contain_text("Say hello")
     assert daemon.http.get("/admin/models/a").json()["state"] == "ready"  # it loaded a
     tab.shot("playground")
+
+
+def _chat_request(page):
+    """Click Send; the JSON body the page posted to /v1/chat/completions."""
+    with page.expect_request(lambda r: r.url.endswith("/v1/chat/completions")) as req:
+        page.click("#chat-send")
+    return req.value.post_data_json
+
+
+def test_playground_starts_from_the_models_defaults_and_marks_a_cut_reply(tab, daemon):
+    from playwright.sync_api import expect
+
+    tab.open("chat")
+    expect(tab.page.locator('#chat-model option[value="b"]')).to_have_count(1)
+    tab.page.select_option("#chat-model", "b")
+    expect(tab.page.locator("#chat-defaults")).to_contain_text("b's defaults")
+    # b's own defaults are shown and editable, not the page's
+    expect(tab.page.locator("#chat-temp")).to_have_value("0")
+    expect(tab.page.locator("#chat-top-p")).to_have_value("0.9")
+    expect(tab.page.locator("#chat-top-k")).to_have_value("0")
+    expect(tab.page.locator("#chat-max")).to_have_value("1")
+    expect(tab.page.locator("#chat-system")).to_have_value("You are terse.")
+    tab.page.fill("#chat-input", "Say hello")
+    sent = _chat_request(tab.page)
+    # fields left at the defaults are not sent: the model's own apply
+    assert set(sent) == {"model", "messages", "stream", "stream_options"}, sent
+    assert sent["messages"] == [{"role": "user", "content": "Say hello"}]
+    api = daemon.http.post(
+        "/v1/chat/completions", json={"model": "b", "messages": sent["messages"]}
+    )
+    choice = api.json()["choices"][0]
+    assert choice["finish_reason"] == "length"  # max_tokens = 1
+    first = tab.page.locator(".msg.assistant").first
+    expect(first.locator(".finish")).to_have_attribute("data-finish", "length")
+    expect(first.locator(".finish")).to_contain_text("max_tokens")
+    assert first.locator(".text").text_content() == choice["message"]["content"]  # greedy
+    # an edited field is sent, the others still are not; a new system prompt goes first
+    tab.page.fill("#chat-temp", "0.5")
+    tab.page.fill("#chat-system", "Answer in French.")
+    tab.page.fill("#chat-input", "Again")
+    sent = _chat_request(tab.page)
+    assert sent["temperature"] == 0.5 and "top_p" not in sent and "max_tokens" not in sent
+    assert sent["messages"][0] == {"role": "system", "content": "Answer in French."}
+    expect(tab.page.locator(".msg.assistant .finish")).to_have_count(2)
+    tab.page.click("#chat-reset")
+    expect(tab.page.locator("#chat-temp")).to_have_value("0")
+    expect(tab.page.locator("#chat-system")).to_have_value("You are terse.")
+    tab.shot("playground-defaults")
 
 
 def test_logs_view_follows_a_worker_log(tab, daemon):
@@ -194,11 +245,13 @@ def test_every_view_shows_one_memory_figure(tab, daemon, capsys):
     from mlxd.supervisor.ctl.mlxctl import main as mlxctl
 
     assert daemon.http.post("/admin/models/a/load").json()["model"]["state"] == "ready"
-    assert daemon.http.post("/v1/chat/completions", json=CHAT).status_code == 200  # a cache entry
-    daemon.wait_for(  # the watchdog's next /health probe brings the entry into the report
-        lambda: daemon.http.get("/admin/models/a").json()["memory"]["prompt_cache_bytes"] > 0,
-        what="a report with the prompt cache",
-    )
+    cached = daemon.http.get("/admin/models/a").json()["memory"]["prompt_cache_bytes"]
+    ask = {**CHAT, "messages": [{"role": "user", "content": "a prompt new to the cache"}]}
+    assert daemon.http.post("/v1/chat/completions", json=ask).status_code == 200
+    daemon.wait_for(  # the watchdog's next /health probe brings the new entry into the report
+        lambda: daemon.http.get("/admin/models/a").json()["memory"]["prompt_cache_bytes"] > cached,
+        what="a report with the new cache entry",
+    )  # nothing else runs: from here the figures hold still
     mem = daemon.http.get("/admin/models/a").json()["memory"]
     assert mem["reported"] and mem["weights_bytes"] > 0
     total = mem["weights_bytes"] + mem["prompt_cache_bytes"] + mem["kv_reserved_bytes"]

@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import time
+from dataclasses import asdict
 from pathlib import Path
 
 import psutil
 
+from mlxd.shared.sampling_defaults import resolve_defaults
 from mlxd.shared.wire.admin import ModelDetail, ModelStatus, SupervisorStats, WorkerReply
+from mlxd.shared.worker_spec import MODEL_DEFAULT_FIELDS
 from mlxd.supervisor.catalog import folder
 from mlxd.supervisor.lifecycle.group import GroupProcess
 from mlxd.supervisor.lifecycle.registry import Registry
@@ -79,6 +82,9 @@ def model_detail(reg: Registry, model_id: str) -> ModelDetail:
         path = Path(row.path)
         detail.generation_config = folder.generation_config(path)
         detail.architecture = folder.architecture(path)
+        ms = reg.settings.for_model(model_id)
+        section = {name: getattr(ms, name) for name in MODEL_DEFAULT_FIELDS}
+        detail.sampling_defaults = asdict(resolve_defaults(path, section))
     return detail
 
 

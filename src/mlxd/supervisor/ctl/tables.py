@@ -183,6 +183,7 @@ def show_text(body: dict) -> str:
     for title, section in (
         ("settings", body.get("settings") or {}),
         ("generation_config.json", body.get("generation_config") or {}),
+        ("request defaults", body.get("sampling_defaults") or {}),
     ):
         if section:
             lines += ["", title] + [
