@@ -175,6 +175,7 @@ def test_playground_starts_from_the_models_defaults_and_marks_a_cut_reply(tab, d
     api = daemon.http.post(
         "/v1/chat/completions", json={"model": "b", "messages": sent["messages"]}
     )
+    assert api.status_code == 200, api.text + daemon.logs()[-3000:]
     choice = api.json()["choices"][0]
     assert choice["finish_reason"] == "length"  # max_tokens = 1
     first = tab.page.locator(".msg.assistant").first
