@@ -196,6 +196,24 @@ def test_playground_starts_from_the_models_defaults_and_marks_a_cut_reply(tab, d
     tab.shot("playground-defaults")
 
 
+def test_playground_marks_a_reply_the_user_stopped(tab, daemon):
+    from playwright.sync_api import expect
+
+    tab.open("chat")
+    expect(tab.page.locator('#chat-model option[value="a"]')).to_have_count(1)
+    tab.page.select_option("#chat-model", "a")
+    expect(tab.page.locator("#chat-defaults")).to_contain_text("a's defaults")
+    tab.page.fill("#chat-max", "3000")
+    tab.page.fill("#chat-temp", "0")
+    tab.page.fill("#chat-input", "Tell me a long story")
+    tab.page.click("#chat-send")
+    expect(tab.page.locator(".msg.assistant .text")).not_to_be_empty()  # it is streaming
+    tab.page.click("#chat-stop")
+    mark = tab.page.locator(".msg.assistant .finish")
+    expect(mark).to_have_attribute("data-finish", "stopped")
+    expect(mark).to_have_text("stopped")
+
+
 def test_logs_view_follows_a_worker_log(tab, daemon):
     from playwright.sync_api import expect
 
