@@ -16,6 +16,7 @@ from pathlib import Path
 
 from mlxd.shared.config_load import load_settings
 from mlxd.shared.wire.admin import WorkerHealth
+from mlxd.shared.wire.memory import ModelMemory
 from mlxd.shared.worker_spec import WorkerSpec
 from mlxd.supervisor.lifecycle.registry import Registry
 
@@ -58,6 +59,7 @@ class FakeWorker:
         self.silent = False  # True: /health times out (a hung worker)
         # What /health reports as memory_in_use_bytes once loaded (None: no report).
         self.memory_bytes: int | None = fleet.memory.get(model_id)
+        self.report: ModelMemory | None = fleet.reports.get(model_id)  # its parts, when set
         self._exited = asyncio.Event()
         self._loaded_at = 0.0
 
@@ -117,6 +119,7 @@ class Fleet:
         self.drained: list[FakeWorker] = []  # workers asked to drain, in order
         self.terminated: list[FakeWorker] = []  # workers sent SIGTERM, in order
         self.memory: dict[str, int] = {}  # model id -> what its new workers report holding
+        self.reports: dict[str, ModelMemory] = {}  # model id -> the same with its parts
 
     def spawner(self, model_id: str, argv: list[str], log_path: Path) -> FakeWorker:
         return FakeWorker(self, model_id, argv, log_path)
@@ -142,7 +145,9 @@ class Fleet:
             pid=w.pid,
             generation=w.generation,
             model=w.model_id,
-            memory_in_use_bytes=w.memory_bytes,
+            memory_in_use_bytes=w.report.total_bytes if w.report else w.memory_bytes,
+            memory=w.report
+            or (None if w.memory_bytes is None else ModelMemory(weights_bytes=w.memory_bytes)),
         )
 
     async def get_json(self, socket: Path, path: str, timeout_s: float) -> tuple[int, dict]:

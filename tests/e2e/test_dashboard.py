@@ -16,6 +16,8 @@ import pytest
 ARTIFACTS = Path(__file__).resolve().parents[1] / "artifacts" / "dashboard"
 TOKEN = "dash-admin-token-7f3e"
 CHAT = {"model": "a", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 8}
+# b's request defaults (its config section): the playground must start from them.
+B_DEFAULTS = '[models.b]\ntemperature = 0\ntop_p = 0.9\nmax_tokens = 1\nsystem = "You are terse."\n'
 HTML = "text/html,application/xhtml+xml,application/xml;q=0.9,*/*;q=0.8"  # Chromium's Accept
 
 
@@ -25,7 +27,7 @@ def _chromium() -> str | None:
 
 @pytest.fixture(scope="module")
 def daemon(make_module_daemon):
-    return make_module_daemon(config="[models.a]\nkeep_alive_s = 600\n")
+    return make_module_daemon(config="[models.a]\nkeep_alive_s = 600\n" + B_DEFAULTS)
 
 
 @pytest.fixture(scope="module")
@@ -132,6 +134,7 @@ def test_playground_streams_a_reply(tab, daemon):
     tab.open("chat")
     expect(tab.page.locator('#chat-model option[value="a"]')).to_have_count(1)
     tab.page.select_option("#chat-model", "a")
+    expect(tab.page.locator("#chat-defaults")).to_contain_text("a's defaults")  # then edit them
     tab.page.fill("#chat-max", "8")
     tab.page.fill("#chat-temp", "0")
     tab.page.fill("#chat-input", "Say hello")
@@ -142,6 +145,73 @@ def test_playground_streams_a_reply(tab, daemon):
     expect(tab.page.locator(".msg.user")).to_contain_text("Say hello")
     assert daemon.http.get("/admin/models/a").json()["state"] == "ready"  # it loaded a
     tab.shot("playground")
+
+
+def _chat_request(page):
+    """Click Send; the JSON body the page posted to /v1/chat/completions."""
+    with page.expect_request(lambda r: r.url.endswith("/v1/chat/completions")) as req:
+        page.click("#chat-send")
+    return req.value.post_data_json
+
+
+def test_playground_starts_from_the_models_defaults_and_marks_a_cut_reply(tab, daemon):
+    from playwright.sync_api import expect
+
+    tab.open("chat")
+    expect(tab.page.locator('#chat-model option[value="b"]')).to_have_count(1)
+    tab.page.select_option("#chat-model", "b")
+    expect(tab.page.locator("#chat-defaults")).to_contain_text("b's defaults")
+    # b's own defaults are shown and editable, not the page's
+    expect(tab.page.locator("#chat-temp")).to_have_value("0")
+    expect(tab.page.locator("#chat-top-p")).to_have_value("0.9")
+    expect(tab.page.locator("#chat-top-k")).to_have_value("0")
+    expect(tab.page.locator("#chat-max")).to_have_value("1")
+    expect(tab.page.locator("#chat-system")).to_have_value("You are terse.")
+    tab.page.fill("#chat-input", "Say hello")
+    sent = _chat_request(tab.page)
+    # fields left at the defaults are not sent: the model's own apply
+    assert set(sent) == {"model", "messages", "stream", "stream_options"}, sent
+    assert sent["messages"] == [{"role": "user", "content": "Say hello"}]
+    api = daemon.http.post(
+        "/v1/chat/completions", json={"model": "b", "messages": sent["messages"]}
+    )
+    assert api.status_code == 200, api.text + daemon.logs()[-3000:]
+    choice = api.json()["choices"][0]
+    assert choice["finish_reason"] == "length"  # max_tokens = 1
+    first = tab.page.locator(".msg.assistant").first
+    expect(first.locator(".finish")).to_have_attribute("data-finish", "length")
+    expect(first.locator(".finish")).to_contain_text("max_tokens")
+    assert first.locator(".text").text_content() == choice["message"]["content"]  # greedy
+    # an edited field is sent, the others still are not; a new system prompt goes first
+    tab.page.fill("#chat-temp", "0.5")
+    tab.page.fill("#chat-system", "Answer in French.")
+    tab.page.fill("#chat-input", "Again")
+    sent = _chat_request(tab.page)
+    assert sent["temperature"] == 0.5 and "top_p" not in sent and "max_tokens" not in sent
+    assert sent["messages"][0] == {"role": "system", "content": "Answer in French."}
+    expect(tab.page.locator(".msg.assistant .finish")).to_have_count(2)
+    tab.page.click("#chat-reset")
+    expect(tab.page.locator("#chat-temp")).to_have_value("0")
+    expect(tab.page.locator("#chat-system")).to_have_value("You are terse.")
+    tab.shot("playground-defaults")
+
+
+def test_playground_marks_a_reply_the_user_stopped(tab, daemon):
+    from playwright.sync_api import expect
+
+    tab.open("chat")
+    expect(tab.page.locator('#chat-model option[value="a"]')).to_have_count(1)
+    tab.page.select_option("#chat-model", "a")
+    expect(tab.page.locator("#chat-defaults")).to_contain_text("a's defaults")
+    tab.page.fill("#chat-max", "3000")
+    tab.page.fill("#chat-temp", "0")
+    tab.page.fill("#chat-input", "Tell me a long story")
+    tab.page.click("#chat-send")
+    expect(tab.page.locator(".msg.assistant .text")).not_to_be_empty()  # it is streaming
+    tab.page.click("#chat-stop")
+    mark = tab.page.locator(".msg.assistant .finish")
+    expect(mark).to_have_attribute("data-finish", "stopped")
+    expect(mark).to_have_text("stopped")
 
 
 def test_logs_view_follows_a_worker_log(tab, daemon):
@@ -183,6 +253,52 @@ def test_memory_cache_and_metrics_pages(tab, daemon):
     daemon.wait_for(lambda: min(_ys(line.get_attribute("points"))) < 57, what="a tokens/s rise")
     expect(tab.page.locator("#m-ttft")).not_to_have_text("–")
     tab.shot("metrics")
+
+
+def test_every_view_shows_one_memory_figure(tab, daemon, capsys):
+    """mlxctl ps, show and fit, /admin/memory, Ollama's /api/ps and the dashboard's two tables
+    show a loaded model's memory as one figure: the worker's report, with units."""
+    from playwright.sync_api import expect
+
+    from mlxd.shared.sizes import format_size
+    from mlxd.supervisor.ctl.mlxctl import main as mlxctl
+
+    assert daemon.http.post("/admin/models/a/load").json()["model"]["state"] == "ready"
+    cached = daemon.http.get("/admin/models/a").json()["memory"]["prompt_cache_bytes"]
+    ask = {**CHAT, "messages": [{"role": "user", "content": "a prompt new to the cache"}]}
+    assert daemon.http.post("/v1/chat/completions", json=ask).status_code == 200
+    daemon.wait_for(  # the watchdog's next /health probe brings the new entry into the report
+        lambda: daemon.http.get("/admin/models/a").json()["memory"]["prompt_cache_bytes"] > cached,
+        what="a report with the new cache entry",
+    )  # nothing else runs: from here the figures hold still
+    mem = daemon.http.get("/admin/models/a").json()["memory"]
+    assert mem["reported"] and mem["weights_bytes"] > 0
+    total = mem["weights_bytes"] + mem["prompt_cache_bytes"] + mem["kv_reserved_bytes"]
+    assert mem["total_bytes"] == total
+    text = format_size(total)
+
+    admin = daemon.http.get("/admin/memory").json()
+    assert next(m for m in admin["models"] if m["id"] == "a")["memory"] == mem
+    ollama = next(
+        m for m in daemon.http.get("/api/ps").json()["models"] if m["model"] in ("a", "a:latest")
+    )
+    assert ollama["size"] == ollama["size_vram"] == total
+    ctl = ["--url", daemon.url, "--home", str(daemon.home)]
+    capsys.readouterr()
+    assert mlxctl([*ctl, "ps"]) == 0
+    row = next(r for r in capsys.readouterr().out.splitlines() if r.startswith("a "))
+    assert row.split()[3:5] == text.split()  # the MEMORY column
+    assert mlxctl([*ctl, "fit", "a"]) == 0
+    assert f"holds {text}: weights {format_size(mem['weights_bytes'])}" in capsys.readouterr().out
+
+    tab.open("models")
+    expect(tab.page.locator('#models-table tr[data-model="a"] td').nth(3)).to_have_text(text)
+    tab.open("memory")
+    row_a = tab.page.locator('#memory-table tr[data-model="a"]')
+    expect(row_a.locator("td.mem-total")).to_have_text(text)
+    expect(row_a.locator("td").nth(3)).to_have_text(format_size(mem["weights_bytes"]))
+    expect(row_a.locator("td").nth(4)).to_have_text(format_size(mem["prompt_cache_bytes"]))
+    tab.shot("memory-agrees")
 
 
 def test_with_an_admin_token_the_page_asks_for_it(browser, make_module_daemon, tiny_model_dir):

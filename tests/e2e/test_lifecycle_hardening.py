@@ -93,9 +93,11 @@ def test_worker_health_carries_its_identity(make_daemon):
     with uds_client(d.home / "run" / "a.sock", 10) as c:
         health = c.get("/health").json()
     memory = {k: health.pop(k) for k in ("memory_in_use_bytes", "memory_limit_bytes")}
+    parts = health.pop("memory")  # the one definition of its memory (shared/wire/memory.py)
     assert health == {"status": "ok", "pid": d.worker_pids("a")[0], "generation": 0, "model": "a"}
     assert all(isinstance(v, int) and v > 0 for v in memory.values())  # the memory plan's report
     assert memory["memory_in_use_bytes"] < memory["memory_limit_bytes"]
+    assert parts["total_bytes"] == memory["memory_in_use_bytes"] >= parts["weights_bytes"] > 0
     assert d.http.post("/admin/models/a/reload").status_code == 200
     with uds_client(d.home / "run" / "a.g1.sock", 10) as c:
         health = c.get("/health").json()

@@ -149,7 +149,7 @@ def test_pull_through_main_with_the_hub_stubbed(tmp_path, monkeypatch, capsys):
 
 
 def test_tables_and_paths():
-    assert ctl_tables.size(512) == "512 B" and ctl_tables.size(3 << 20) == "3.0 MiB"
+    assert ctl_tables.size(512) == "512 B" and ctl_tables.size(3 << 20) == "3 MiB"
     assert ctl_tables.duration(5) == "5s" and ctl_tables.duration(125) == "2m05s"
     assert ctl_tables.duration(3700) == "1h01m"
     assert ctl_tables.table(["A", "LONG"], [["x", None], ["yyy", 2]]).splitlines() == [

@@ -95,7 +95,8 @@ def test_a_model_larger_than_the_budget_is_refused_with_the_numbers(tmp_path):
 
     async def go():
         reg = make_registry(tmp_path, fleet, "m", memory_budget_bytes=500)
-        with pytest.raises(Unavailable, match="does not fit in memory: needs 1000 bytes"):
+        want = "does not fit in memory: needs 1000 B, 500 B free of a 500 B budget"
+        with pytest.raises(Unavailable, match=want):
             await reg.leases.acquire(reg.catalog.resolve("m"))
         assert reg.lifecycle.counters.load_failures == 1 and fleet.spawned == []
         await reg.shutdown()

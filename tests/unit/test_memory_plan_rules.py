@@ -77,7 +77,7 @@ def test_a_plan_with_no_room_left_refuses_every_row_with_its_numbers():
     with pytest.raises(PayloadTooLarge) as exc:
         budget.check_alone(10, 5)
     msg = exc.value.message
-    assert "limit 16.00 GiB - weights 14.00 GiB - prompt cache 1.00 GiB" in msg
+    assert "limit 16 GiB - weights 14 GiB - prompt cache 1 GiB" in msg
     assert "10 prompt tokens + 5 reserved for output" in msg
 
 

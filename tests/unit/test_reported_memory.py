@@ -7,6 +7,7 @@ import asyncio
 
 from fake_workers import FakeClock, Fleet, make_models, make_registry
 
+from mlxd.shared.wire.memory import ModelMemory
 from mlxd.supervisor.lifecycle.states import State
 from mlxd.supervisor.lifecycle.watchdog import check_health
 from mlxd.supervisor.scheduling.admission import share_bytes
@@ -102,7 +103,9 @@ def test_the_share_is_never_below_the_models_estimate(tmp_path):
         a = await use(reg, clock, "a")
         b = reg.lifecycle.slot_for(reg.catalog.resolve("b"))
         assert share_bytes(reg.lifecycle, b) == 3500 - 600
-        a.reported_bytes = 3400  # a's rows grew: 100 bytes left, less than b's estimate
+        a.reported = ModelMemory(
+            weights_bytes=3000, kv_reserved_bytes=400
+        )  # a's rows grew: 100 bytes left, less than b's estimate
         assert share_bytes(reg.lifecycle, b) == b.estimate_bytes == 1000
         await reg.shutdown()
 

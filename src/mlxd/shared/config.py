@@ -17,6 +17,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from mlxd.shared.sizes import Bytes
 from mlxd.shared.worker_spec import speculation_conflict
 
 MiB = 1024 * 1024
@@ -49,7 +50,7 @@ class ModelSettings(BaseModel):
     keep_alive_s: float | None = None
     batch: int | None = Field(None, ge=1)
     context_limit: int | None = Field(None, ge=16)
-    kv_allowance_bytes: int | None = Field(None, ge=0)
+    kv_allowance_bytes: Bytes | None = Field(None, ge=0)
     kv_bits: Literal[4, 8] | None = None  # quantized KV cache (None: the model's float dtype)
     kv_group_size: Literal[32, 64, 128] = 64  # KV elements sharing one scale and bias
     enable_thinking: bool | None = None  # None: the chat template's default
@@ -142,9 +143,9 @@ class Settings(BaseSettings):
     # Lifecycle
     keep_alive_s: float = 300.0  # 0 unloads as soon as idle, -1 never
     max_loaded_models: int = Field(0, ge=0)  # 0: no limit but memory
-    memory_budget_bytes: int | None = Field(None, ge=0)  # default: memory_fraction of RAM
+    memory_budget_bytes: Bytes | None = Field(None, ge=0)  # default: memory_fraction of RAM
     memory_fraction: float = Field(0.75, gt=0, le=1)
-    kv_allowance_bytes: int = Field(512 * MiB, ge=0)
+    kv_allowance_bytes: Bytes = Field(512 * MiB, ge=0)
     max_concurrent_loads: int = Field(1, ge=1)
     load_timeout_s: float = Field(300.0, gt=0)
     queue_size: int = Field(64, ge=0)
@@ -168,7 +169,7 @@ class Settings(BaseSettings):
     # (None: 4096 on a GPU, 1024 on the CPU).
     prefill_step: int | None = Field(None, ge=16)
     prefill_budget: int | None = Field(None, ge=16)
-    kv_budget_bytes: int | None = Field(None, ge=0)  # None: from memory; 0: rows bound by batch
+    kv_budget_bytes: Bytes | None = Field(None, ge=0)  # None: from memory; 0: rows bound by batch
     # Compile the decode forward once per shape (engine/compiled.py). None: on the CPU only,
     # where it measured faster; on the H200 it won at batch 8 on a 0.6B model and lost on 8B.
     compile_decode: bool | None = None
@@ -183,27 +184,27 @@ class Settings(BaseSettings):
     step_log: Path | None = None
 
     # Prompt cache (per worker)
-    prompt_cache_bytes: int | None = Field(None, ge=0)  # RAM tier; None: sized from memory
+    prompt_cache_bytes: Bytes | None = Field(None, ge=0)  # RAM tier; None: sized from memory
     ssd_cache: bool = True  # SSD tier under $MLXD_HOME/cache
-    ssd_cache_bytes: int = Field(20 * 1024**3, ge=0)
+    ssd_cache_bytes: Bytes = Field(20 * 1024**3, ge=0)
 
     # Structured-output grammars (per worker; docs/security.md): static caps before a compile,
     # then each compile's bounds in its child process. Every WorkerSpec copies them.
     grammar_max_repeat: int = Field(1000, ge=1)  # {m,n}, minLength, maxItems, …
-    grammar_max_bytes: int = Field(64 * 1024, ge=1)  # regex, grammar or schema text
+    grammar_max_bytes: Bytes = Field(64 * 1024, ge=1)  # regex, grammar or schema text
     grammar_max_positions: int = Field(50_000, ge=1)  # regex size, repetitions counted out
     grammar_compile_timeout_s: float = Field(30.0, gt=0)
-    grammar_compile_memory_bytes: int = Field(2 * 1024**3, ge=16 * MiB)
+    grammar_compile_memory_bytes: Bytes = Field(2 * 1024**3, ge=16 * MiB)
     grammar_compile_concurrency: int = Field(2, ge=1)  # more wait, then 503
     grammar_queue_timeout_s: float = Field(10.0, ge=0)
-    grammar_cache_bytes: int = Field(256 * MiB, ge=0)  # compiled grammars, LRU
+    grammar_cache_bytes: Bytes = Field(256 * MiB, ge=0)  # compiled grammars, LRU
 
     # Responses API store under $MLXD_HOME/responses (TTL 0: kept until the byte cap)
     responses_ttl_s: float = Field(30 * 24 * 3600.0, ge=0)
-    responses_max_bytes: int = Field(256 * MiB, ge=0)
+    responses_max_bytes: Bytes = Field(256 * MiB, ge=0)
 
     # HTTP
-    max_body_bytes: int = Field(32 * MiB, ge=1024)
+    max_body_bytes: Bytes = Field(32 * MiB, ge=1024)
     cors_origins: list[str] = []  # browser origins allowed to call the API ("*" for any)
     # Host header names served besides loopback names, IP literals and the bind host ("*": any);
     # anything else is refused, so a DNS-rebinding page cannot pass for a local client.

@@ -15,6 +15,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from mlxd.shared.sizes import format_size
+
 # Of the limit, this fraction is left for activations, MLX's buffer cache (1/16 of the
 # device, model.py) and whatever else runs beside the worker.
 HEADROOM_FRACTION = 0.2
@@ -45,9 +47,9 @@ class MemoryPlan:
         if self.kv_source != "plan":
             return "set by kv_budget_bytes"
         return (
-            f"memory plan: limit {self.limit_bytes / GiB:.2f} GiB - weights "
-            f"{self.weights_bytes / GiB:.2f} GiB - prompt cache {self.prompt_cache_bytes / GiB:.2f}"
-            f" GiB - headroom {self.headroom_bytes / GiB:.2f} GiB"
+            f"memory plan: limit {format_size(self.limit_bytes)} - weights"
+            f" {format_size(self.weights_bytes)} - prompt cache"
+            f" {format_size(self.prompt_cache_bytes)} - headroom {format_size(self.headroom_bytes)}"
         )
 
     def report(self) -> dict:

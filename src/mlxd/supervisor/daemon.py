@@ -13,6 +13,7 @@ from aiohttp import web
 
 from mlxd.shared.config import Settings
 from mlxd.shared.middleware import error_middleware, request_id_middleware
+from mlxd.shared.sizes import format_size
 from mlxd.supervisor import urlfile
 from mlxd.supervisor.admin.fit import add_fit_route
 from mlxd.supervisor.admin.logstream import add_log_stream
@@ -138,11 +139,11 @@ async def serve(settings: Settings, lock: PidLock | None = None) -> int:
     urlfile.write(settings.run_dir, url)
     _log_start(settings, before, nofile, max_total)
     log.info(
-        "mlxd listening on http://%s:%d home=%s budget=%d bytes",
+        "mlxd listening on http://%s:%d home=%s budget=%s",
         settings.host,
         site.port,
         settings.home_dir,
-        registry.lifecycle.budget_bytes,
+        format_size(registry.lifecycle.budget_bytes),
     )
 
     stop = asyncio.Event()

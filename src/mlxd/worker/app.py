@@ -36,6 +36,7 @@ from mlxd.worker.model import (
 from mlxd.worker.state import WorkerState
 
 log = logging.getLogger("mlxd.worker")
+POLLED_PATHS = frozenset({"/health", "/stats"})
 
 
 @web.middleware
@@ -62,15 +63,17 @@ async def access_log(request: web.Request, handler):
             progress.completion_tokens if progress else 0,
         )
         raise
-    if request.path != "/health":
-        log.info(
-            "%s %s %d %.3fs request_id=%s",
-            request.method,
-            request.path,
-            resp.status,
-            time.monotonic() - t0,
-            request.get("request_id"),
-        )
+    # Polled routes (the watchdog's /health, /stats for the dashboard and /metrics every few
+    # seconds, a starting worker's /health much more often) would fill the log: debug only.
+    log.log(
+        logging.DEBUG if request.path in POLLED_PATHS else logging.INFO,
+        "%s %s %d %.3fs request_id=%s",
+        request.method,
+        request.path,
+        resp.status,
+        time.monotonic() - t0,
+        request.get("request_id"),
+    )
     return resp
 
 

@@ -11,6 +11,7 @@ import mlx.core as mx
 import psutil
 
 from mlxd.shared.memory_plan import plan_memory
+from mlxd.shared.sizes import format_size
 from mlxd.shared.worker_spec import WorkerSpec
 from mlxd.worker.cache.kv_arrays import kv_layout
 from mlxd.worker.cache.layout import fingerprint, ssd_folder
@@ -61,14 +62,14 @@ def make_engine(
     budget = None if mem.kv_source != "plan" and not mem.kv_budget_bytes else mem.kv_budget_bytes
     log.info(
         "batch=%d prefill_step=%d prefill_budget=%d kv_budget=%s (%s bytes per token; %s) "
-        "memory_limit=%.2f GiB warmup=%s",
+        "memory_limit=%s warmup=%s",
         cfg.batch,
         plan.idle_chunk,
         plan.step_budget,
-        "none" if budget is None else f"{budget / 1024**3:.2f} GiB",
+        "none" if budget is None else format_size(budget),
         bpt,
         mem.explain(),
-        mem.total_bytes / 1024**3,
+        format_size(mem.total_bytes),
         cfg.warmup,
     )
     return engine_cls(

@@ -8,11 +8,12 @@ from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from pydantic import ValidationError
 
+from mlxd.shared.sizes import size_arg
 from mlxd.shared.worker_spec import GRAMMAR_FIELDS, SPEC_FLAG, WorkerSpec
 
 PROG = "python -m mlxd.worker"
@@ -93,7 +94,7 @@ def _flag_parser(log_level: str) -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--kv-budget-bytes",
-        type=int,
+        type=size_arg,
         default=None,
         help="KV cache bytes the rows in flight may hold; more rows wait (default: from"
         " memory; 0: rows bounded by --batch only)",
@@ -114,7 +115,7 @@ def _flag_parser(log_level: str) -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--memory-limit-bytes",
-        type=int,
+        type=size_arg,
         default=None,
         help="memory this worker may use: its weights, prompt cache and KV are planned within"
         " it (default: the device's memory, or the RAM)",
@@ -125,7 +126,7 @@ def _flag_parser(log_level: str) -> argparse.ArgumentParser:
         default=_default("warmup"),
         help="run the prefill and decode shapes once before serving (default on)",
     )
-    p.add_argument("--max-body-bytes", type=int, default=_default("max_body_bytes"))
+    p.add_argument("--max-body-bytes", type=size_arg, default=_default("max_body_bytes"))
     _opt(p, "grace_s", float, "on SIGTERM, how long in-flight rows may run before cancel")
     p.add_argument(
         "--no-exit-with-parent",
@@ -134,7 +135,7 @@ def _flag_parser(log_level: str) -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--prompt-cache-bytes",
-        type=int,
+        type=size_arg,
         default=None,
         help="RAM prompt cache cap in bytes (default: 1/8 of RAM, at most 16 GiB;"
         " 0 disables the prompt cache)",
@@ -148,7 +149,7 @@ def _flag_parser(log_level: str) -> argparse.ArgumentParser:
     p.add_argument("--no-ssd-cache", action="store_true", help="RAM tier only")
     p.add_argument(
         "--ssd-cache-bytes",
-        type=int,
+        type=size_arg,
         default=_default("ssd_cache_bytes"),
         help="SSD tier cap in bytes (default 20 GiB)",
     )
@@ -212,11 +213,12 @@ def _flag_parser(log_level: str) -> argparse.ArgumentParser:
         "grammar_cache_bytes": "compiled-grammar cache cap in bytes (LRU)",
     }
     for name in GRAMMAR_FIELDS:
-        _opt(p, name, type(_default(name)), helps[name])
+        kind = size_arg if name.endswith("_bytes") else type(_default(name))
+        _opt(p, name, kind, helps[name])
     return p
 
 
-def _opt(p: argparse.ArgumentParser, name: str, kind: type, help_text: str) -> None:
+def _opt(p: argparse.ArgumentParser, name: str, kind: Callable, help_text: str) -> None:
     """`--name-with-dashes` with the spec's default, shown in its help."""
     default = _default(name)
     p.add_argument(

@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-import json
 import logging
 from collections import Counter
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
 from typing import Any
@@ -17,6 +16,7 @@ from mlx_lm import load
 
 from mlxd.shared.config import is_template_text
 from mlxd.shared.kv_math import kv_bytes_per_token
+from mlxd.shared.sampling_defaults import SamplingDefaults, resolve_defaults
 from mlxd.shared.worker_spec import MODEL_DEFAULT_FIELDS, WorkerSpec
 from mlxd.worker.attention import causal_when_unpadded, route_on_cuda
 from mlxd.worker.engine import mlx_lm_seam as seam
@@ -27,19 +27,6 @@ log = logging.getLogger("mlxd.worker.model")
 
 # Used when the vocabulary cannot be read: longer than any piece of the tokenizers we know.
 FALLBACK_TOKEN_BYTES = 1024
-
-
-@dataclass
-class SamplingDefaults:
-    """What a request that is silent gets: the model's config section (WorkerSpec), else its
-    generation_config.json, else these built-in values."""
-
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = 0
-    min_p: float = 0.0
-    max_tokens: int | None = None  # None: up to the context's end
-    system: str | None = None  # for a conversation without a system or developer message
 
 
 @dataclass
@@ -220,25 +207,11 @@ def load_model(
         model_id=model_id,
         path=path,
         context_limit=limit,
-        defaults=replace(_read_defaults(path), **overrides),
+        defaults=resolve_defaults(path, overrides),
         kv=kv,
     )
     _ = loaded.max_token_bytes  # read the vocabulary now, not on the first request
     return loaded
-
-
-def _read_defaults(path: Path) -> SamplingDefaults:
-    d = SamplingDefaults()
-    try:
-        gen = json.loads((path / "generation_config.json").read_text())
-    except (OSError, ValueError):
-        return d
-    if gen.get("do_sample") is False:
-        d.temperature = 0.0
-    for key, cast in (("temperature", float), ("top_p", float), ("top_k", int), ("min_p", float)):
-        if isinstance(gen.get(key), (int, float)):
-            setattr(d, key, cast(gen[key]))
-    return d
 
 
 def _set_chat_template(tokenizer, template: str) -> None:

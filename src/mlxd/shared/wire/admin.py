@@ -6,6 +6,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel
 
+from mlxd.shared.wire.memory import ModelMemory
+
 
 class ModelStatus(BaseModel):
     """One model as GET /admin/models shows it (running or only discovered)."""
@@ -16,8 +18,11 @@ class ModelStatus(BaseModel):
     path: str | None = None
     weights_bytes: int = 0
     footprint_bytes: int = 0  # what the budget counts: the worker's report, else the estimate
+    # What it holds while a worker runs (None: none runs): the figure every view shows.
+    memory: ModelMemory | None = None
     pid: int | None = None
-    memory_bytes: int | None = None  # resident set size of the worker process
+    memory_bytes: int | None = None  # the worker process's resident set size (RSS): MLX's
+    # buffers, the interpreter and libraries; a process figure, not what the budget counts
     leases: int = 0  # requests in flight
     queued: int = 0  # requests waiting for it to become ready
     idle_s: float | None = None  # seconds since the last request ended (None: never used)
@@ -39,6 +44,9 @@ class ModelDetail(ModelStatus):
     settings: dict[str, Any] = {}  # its config section, unset keys filled from daemon-wide ones
     generation_config: dict[str, Any] = {}  # the folder's generation_config.json sampling keys
     architecture: dict[str, Any] = {}  # from config.json: model_type, context, quantization
+    # What a request that leaves a field out gets (shared/sampling_defaults.py): temperature,
+    # top_p, top_k, min_p, max_tokens (None: to the context's end), system (None: none).
+    sampling_defaults: dict[str, Any] = {}
 
 
 class ModelStatusList(BaseModel):
@@ -123,8 +131,9 @@ class WorkerHealth(BaseModel):
     error: str | None = None  # why the engine stopped, when status is failed
     # What the worker holds now (weights, RAM prompt cache, KV of the rows in flight) and the
     # memory plan's limit: what the supervisor's budget can count in place of an estimate.
-    memory_in_use_bytes: int | None = None
+    memory_in_use_bytes: int | None = None  # memory.total_bytes
     memory_limit_bytes: int | None = None
+    memory: ModelMemory | None = None  # the parts (shared/wire/memory.py)
 
 
 class MemoryModel(BaseModel):
@@ -132,8 +141,9 @@ class MemoryModel(BaseModel):
 
     id: str
     state: str
-    footprint_bytes: int  # what the budget counts for it
-    memory_bytes: int | None = None  # its worker's resident set size
+    footprint_bytes: int  # what the budget counts for it: memory.total_bytes
+    memory: ModelMemory
+    memory_bytes: int | None = None  # its worker's resident set size (not what is counted)
     leases: int = 0
     pinned: bool = False
     idle_s: float | None = None
@@ -166,8 +176,9 @@ class FitLoaded(BaseModel):
     """The model's worker as it is now, in GET /admin/fit."""
 
     state: str
-    footprint_bytes: int  # what the budget counts: the worker's report, else the estimate
+    footprint_bytes: int  # what the budget counts: memory.total_bytes
     reported: bool  # footprint_bytes is the worker's own report
+    memory: ModelMemory
     memory_bytes: int | None = None  # the worker's resident set size
     memory_limit_bytes: int | None = None  # its memory plan's limit (worker /stats)
     kv_bits: int | None = None  # its KV scheme (16: float)

@@ -52,16 +52,18 @@ async def _worker_stats(reg: Registry, slot: ModelSlot) -> dict:
 
 def _loaded(slot: ModelSlot, stats: dict) -> FitLoaded:
     bits = stats.get("kv_bits", FLOAT_BITS) if stats else None
+    memory = slot.memory  # what every other view shows, not this moment's /stats
     return FitLoaded(
         state=slot.state.value,
-        footprint_bytes=slot.footprint_bytes,
-        reported=slot.reported_bytes is not None,
+        footprint_bytes=memory.total_bytes,
+        reported=memory.reported,
+        memory=memory,
         memory_bytes=worker_rss_bytes(slot),
         memory_limit_bytes=stats.get("memory_limit_bytes"),
         kv_bits=FLOAT_BITS if stats and bits is None else bits,
         kv_bytes_per_token=stats.get("kv_bytes_per_token"),
         kv_budget_bytes=stats.get("kv_budget_bytes"),
-        kv_reserved_bytes=stats.get("kv_reserved_bytes"),
+        kv_reserved_bytes=memory.kv_reserved_bytes,
         rows_active=stats.get("rows_active"),
     )
 

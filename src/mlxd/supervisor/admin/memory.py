@@ -25,6 +25,7 @@ def memory_report(reg: Registry) -> MemoryReport:
             id=s.id,
             state=s.state.value,
             footprint_bytes=s.footprint_bytes,
+            memory=s.memory,
             memory_bytes=worker_rss_bytes(s),
             leases=s.leases,
             pinned=s.settings.pinned,

@@ -4,16 +4,19 @@ from __future__ import annotations
 
 import asyncio
 import time
+from dataclasses import asdict
 from pathlib import Path
 
 import psutil
 
+from mlxd.shared.sampling_defaults import resolve_defaults
 from mlxd.shared.wire.admin import ModelDetail, ModelStatus, SupervisorStats, WorkerReply
+from mlxd.shared.worker_spec import MODEL_DEFAULT_FIELDS
 from mlxd.supervisor.catalog import folder
 from mlxd.supervisor.lifecycle.group import GroupProcess
 from mlxd.supervisor.lifecycle.registry import Registry
 from mlxd.supervisor.lifecycle.slot import ModelSlot
-from mlxd.supervisor.lifecycle.states import State
+from mlxd.supervisor.lifecycle.states import RUNNING, State
 
 STARTED = time.monotonic()
 
@@ -51,6 +54,7 @@ def model_status(reg: Registry, model_id: str, entries: dict | None = None) -> M
     keep_alive = row.keep_alive_s = slot.keep_alive_s  # a request may have set it
     row.state = slot.state.value
     row.footprint_bytes = slot.footprint_bytes
+    row.memory = slot.memory if slot.state in RUNNING else None
     row.pid = proc.pid if proc is not None and proc.returncode is None else None
     row.memory_bytes = worker_rss_bytes(slot)
     if isinstance(proc, GroupProcess) and row.pid is not None:
@@ -78,6 +82,9 @@ def model_detail(reg: Registry, model_id: str) -> ModelDetail:
         path = Path(row.path)
         detail.generation_config = folder.generation_config(path)
         detail.architecture = folder.architecture(path)
+        ms = reg.settings.for_model(model_id)
+        section = {name: getattr(ms, name) for name in MODEL_DEFAULT_FIELDS}
+        detail.sampling_defaults = asdict(resolve_defaults(path, section))
     return detail
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from mlxd.supervisor.ctl.tables import size, table
+from mlxd.supervisor.ctl.tables import memory_text, size, table
 
 
 def _bits(n: int | None) -> str:
@@ -39,10 +39,8 @@ def fit_text(body: dict) -> str:
     if loaded:
         lines += [
             "",
-            f"now: {loaded['state']}, holds {size(loaded['footprint_bytes'])}"
-            f" ({'reported' if loaded['reported'] else 'estimated'}), KV"
-            f" {_bits(loaded.get('kv_bits'))} reserved"
-            f" {size(loaded.get('kv_reserved_bytes')) or '-'} of"
+            f"now: {loaded['state']}, holds {memory_text(loaded['memory'])}",
+            f"KV {_bits(loaded.get('kv_bits'))}: budget"
             f" {size(loaded.get('kv_budget_bytes')) or '-'}; budget free for it"
             f" {size(b['free_bytes'])}",
         ]

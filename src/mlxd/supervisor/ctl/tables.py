@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from mlxd.shared.sizes import format_size
+
 ERROR_WIDTH = 60
 
 
@@ -16,15 +18,7 @@ def table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
     return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in cells)
 
 
-def size(n: int | float | None) -> str | None:
-    if n is None:
-        return None
-    value = float(n)
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if value < 1024 or unit == "TiB":
-            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
-        value /= 1024
-    return None  # pragma: no cover
+size = format_size  # the one printer (shared/sizes.py)
 
 
 def duration(s: float | None) -> str | None:
@@ -65,7 +59,7 @@ def ps_table(rows: list[dict]) -> str:
                 m["id"],
                 state,
                 m["pid"],
-                size(m["memory_bytes"]),
+                size((m.get("memory") or {}).get("total_bytes")),
                 m["leases"],
                 m["queued"],
                 duration(m["idle_s"]),
@@ -75,6 +69,18 @@ def ps_table(rows: list[dict]) -> str:
             )
         )
     return table(headers, out)
+
+
+def memory_text(mem: dict | None) -> str | None:
+    """A model's memory on one line: the total the budget counts, then its parts."""
+    if not mem:
+        return None
+    kv = f"KV {size(mem['kv_in_use_bytes'])} in use of {size(mem['kv_reserved_bytes'])} reserved"
+    return (
+        f"{size(mem['total_bytes'])}{'' if mem['reported'] else ' (estimate)'}:"
+        f" weights {size(mem['weights_bytes'])}, prompt cache {size(mem['prompt_cache_bytes'])},"
+        f" {kv}"
+    )
 
 
 def models_table(rows: list[dict]) -> str:
@@ -159,7 +165,7 @@ def show_text(body: dict) -> str:
     """`mlxctl show`: one `key  value` line each, then the settings and the folder's defaults."""
     state = body["state"] + (" (drained)" if body["drained"] else "")
     if body["pid"]:
-        state += f", pid {body['pid']}, {size(body['memory_bytes']) or '?'} resident"
+        state += f", pid {body['pid']}"
     arch = body.get("architecture") or {}
     head = [
         ("model", body["id"]),
@@ -167,6 +173,7 @@ def show_text(body: dict) -> str:
         ("source", body["source"]),
         ("path", body["path"]),
         ("size", size(body["weights_bytes"])),
+        ("memory", memory_text(body.get("memory"))),
         ("type", arch.get("model_type")),
         ("context", arch.get("context_length")),
         ("quantized", arch.get("quantization")),
@@ -176,6 +183,7 @@ def show_text(body: dict) -> str:
     for title, section in (
         ("settings", body.get("settings") or {}),
         ("generation_config.json", body.get("generation_config") or {}),
+        ("request defaults", body.get("sampling_defaults") or {}),
     ):
         if section:
             lines += ["", title] + [

@@ -127,12 +127,13 @@ async def ps(request: web.Request) -> web.Response:
         else:  # a busy model's keep-alive starts when its last request ends
             left = keep if slot.leases else keep - (now - slot.last_used)
         tag = _tag(slot.entry, info)
+        held = slot.memory.total_bytes  # the one figure mlxctl ps and /admin/memory show
         models.append(
             RunningModel(
                 **tag.model_dump(exclude={"size", "details"}),
                 details=tag.details,
-                size=slot.footprint_bytes,
-                size_vram=slot.footprint_bytes,  # unified memory: all of it is the GPU's
+                size=held,
+                size_vram=held,  # unified memory: all of it is the GPU's
                 expires_at=timestamp(wall + min(FOREVER_S, max(0.0, left))),
                 context_length=slot.settings.context_limit or info.context_length,
             )

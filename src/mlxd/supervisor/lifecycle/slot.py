@@ -11,6 +11,7 @@ from pathlib import Path
 
 from mlxd.shared.config import ResolvedModelSettings, Settings
 from mlxd.shared.wire.admin import WorkerHealth
+from mlxd.shared.wire.memory import ModelMemory
 from mlxd.supervisor.catalog.discovery import ModelEntry, draft_weights_bytes
 from mlxd.supervisor.lifecycle.launch import socket_path
 from mlxd.supervisor.lifecycle.process import WorkerProcess
@@ -57,7 +58,7 @@ class ModelSlot:
     requested_keep_alive_s: float | None = None
     # What the running worker's /health last said it holds (weights, prompt cache, KV in
     # flight); None until it is READY. Set at READY and by each watchdog probe.
-    reported_bytes: int | None = None
+    reported: ModelMemory | None = None
 
     @classmethod
     def create(
@@ -79,18 +80,23 @@ class ModelSlot:
         return self.entry.id
 
     @property
+    def memory(self) -> ModelMemory:
+        """This model's memory, the one figure every view shows: its worker's own report once
+        READY, the estimate before (and for a worker that never reported). A worker group's
+        rank 0 reports its own shard: each rank on this host holds about as much."""
+        if self.reported is None:
+            return ModelMemory.estimate(self.estimate_bytes, self.settings.kv_allowance_bytes)
+        return self.reported.times(self.settings.local_ranks)
+
+    @property
     def footprint_bytes(self) -> int:
-        """What the memory budget counts for this model: its worker's own report once READY,
-        the estimate before (and for a worker that never reported). A worker group's rank 0
-        reports its own shard: each rank on this host holds about as much."""
-        if self.reported_bytes is None:
-            return self.estimate_bytes
-        return self.reported_bytes * self.settings.local_ranks
+        """What the memory budget counts for this model: its memory's total."""
+        return self.memory.total_bytes
 
     def record_health(self, health: WorkerHealth) -> None:
         """Keep what a healthy worker of this slot reports of its memory."""
-        if health.memory_in_use_bytes is not None:
-            self.reported_bytes = health.memory_in_use_bytes
+        if health.memory is not None:
+            self.reported = health.memory
 
     @property
     def keep_alive_s(self) -> float:
@@ -119,7 +125,7 @@ class ModelSlot:
         )
         self.state = to
         if to in (State.STARTING, State.STOPPED, State.BACKOFF, State.FATAL):
-            self.reported_bytes = None  # no worker, or a new one: back to the estimate
+            self.reported = None  # no worker, or a new one: back to the estimate
         if to is State.STOPPED:  # a request's keep_alive lasts as long as the worker it kept
             self.requested_keep_alive_s = None
         self.changed.set()

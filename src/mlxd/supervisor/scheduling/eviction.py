@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from mlxd.shared.sizes import format_size
+
 
 @dataclass(frozen=True)
 class Resident:
@@ -31,9 +33,10 @@ def plan_eviction(
     """
     pinned = sum(r.footprint_bytes for r in residents if r.pinned)
     if need_bytes > budget_bytes - pinned:
+        held = f" ({format_size(pinned)} held by pinned models)" if pinned else ""
         raise DoesNotFit(
-            f"needs {need_bytes} bytes; the budget is {budget_bytes} bytes"
-            f" ({pinned} held by pinned models)"
+            f"needs {format_size(need_bytes)}, {format_size(max(0, budget_bytes - pinned))}"
+            f" free of a {format_size(budget_bytes)} budget{held}"
         )
     used = sum(r.footprint_bytes for r in residents)
     count = len(residents)

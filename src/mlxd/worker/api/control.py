@@ -18,7 +18,7 @@ from mlxd.shared.wire.bodies import load_json
 from mlxd.shared.wire.openai import ModelCard, ModelList
 from mlxd.shared.worker_spec import WorkerSpec
 from mlxd.worker.engine.loop import Engine
-from mlxd.worker.engine.stats import memory_report
+from mlxd.worker.engine.stats import model_memory
 from mlxd.worker.state import WorkerState
 
 log = logging.getLogger("mlxd.worker")
@@ -45,9 +45,10 @@ async def health(request: web.Request) -> web.Response:
         status=status, pid=os.getpid(), generation=cfg.generation, model=cfg.model_id, error=error
     )
     if state.started and state.engine is not None:
-        mem = memory_report(state.engine)
-        body.memory_in_use_bytes = mem["memory_in_use_bytes"]
-        body.memory_limit_bytes = mem["memory_limit_bytes"]
+        body.memory = model_memory(state.engine)
+        body.memory_in_use_bytes = body.memory.total_bytes
+        plan = state.engine.memory_plan
+        body.memory_limit_bytes = plan.total_bytes if plan else None
     return _json(body.model_dump(exclude_none=True), status=200 if status == "ok" else 503)
 
 

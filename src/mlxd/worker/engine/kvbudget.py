@@ -25,6 +25,7 @@ from mlxd.shared.kv_math import (
     padded,
     row_tokens,
 )
+from mlxd.shared.sizes import format_size
 
 MiB = 1024 * 1024
 
@@ -88,9 +89,9 @@ class KvBudget:
         if need <= self.budget_bytes:
             return
         raise PayloadTooLarge(
-            f"This request needs about {need / MiB:.1f} MiB of KV cache ({prompt_len} prompt "
+            f"This request needs about {format_size(need)} of KV cache ({prompt_len} prompt "
             f"tokens + {n - prompt_len} reserved for output, {self.bytes_per_token} bytes per "
-            f"token); this worker's KV budget is {self.budget_bytes / MiB:.1f} MiB "
+            f"token); this worker's KV budget is {format_size(self.budget_bytes)} "
             f"({self.why}). Send a shorter prompt or a smaller max_tokens",
             code="kv_budget_exceeded",
         )

@@ -203,6 +203,10 @@ class Engine:
     def kv_budget(self) -> KvBudget | None:
         return self._sched.budget
 
+    def rows_in_flight(self) -> list[Row]:
+        """The rows in the batch now (one C-level copy: safe beside the engine thread)."""
+        return list(self._batch.rows.values())
+
     def kv_reserved(self) -> int:
         """Bytes the KV budget counts for the rows in flight (any thread)."""
         return self._sched.kv_reserved()

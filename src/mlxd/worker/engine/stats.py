@@ -10,6 +10,9 @@ from typing import TYPE_CHECKING
 
 import mlx.core as mx
 
+from mlxd.shared.kv_math import footprint
+from mlxd.shared.wire.memory import ModelMemory
+
 if TYPE_CHECKING:
     from mlxd.worker.engine.loop import Engine
 
@@ -56,19 +59,33 @@ def first_token_report(engine: Engine) -> dict:
     }
 
 
+def model_memory(engine: Engine) -> ModelMemory:
+    """What the worker holds now, as the supervisor's budget counts it (the one definition,
+    shared/wire/memory.py): the weights, the RAM prompt cache's bytes, and the KV the rows in
+    flight are counted at and that their tokens so far fill."""
+    plan = engine.memory_plan
+    rows = engine.rows_in_flight()
+    filled = [r.pos + r.generated for r in rows]  # positions in the cache now
+    bpt = engine.m.kv_bytes_per_token or 0
+    return ModelMemory(
+        weights_bytes=plan.weights_bytes if plan else engine.m.weights_bytes,
+        prompt_cache_bytes=engine.cache.ram.nbytes if engine.cache else 0,
+        kv_reserved_bytes=engine.kv_reserved(),
+        kv_in_use_bytes=footprint(len(rows), max(filled, default=0), bpt),
+    )
+
+
 def memory_report(engine: Engine) -> dict:
-    """What the worker holds now, as the supervisor's budget counts it: the weights, the RAM
-    prompt cache's bytes and the KV the rows in flight are counted at; and the plan's limit."""
+    """The memory figures /stats carries: the model's memory, its parts, the plan's limit."""
     plan = engine.memory_plan
     budget = engine.kv_budget
-    weights = plan.weights_bytes if plan else engine.m.weights_bytes
-    cache = engine.cache.ram.nbytes if engine.cache else 0
-    kv = engine.kv_reserved()
+    mem = model_memory(engine)
     return {
-        "weights_bytes": weights,
+        "weights_bytes": mem.weights_bytes,
         "kv_budget_bytes": budget.budget_bytes if budget else None,
+        "kv_in_use_bytes": mem.kv_in_use_bytes,
         "memory_limit_bytes": plan.total_bytes if plan else None,
-        "memory_in_use_bytes": weights + cache + kv,
+        "memory_in_use_bytes": mem.total_bytes,
     }
 
 

@@ -25,6 +25,7 @@ import orjson
 import psutil
 
 from mlxd.shared.errors import BadRequest, Unavailable
+from mlxd.shared.sizes import format_size
 from mlxd.worker.grammar.cache import ByteLRU
 from mlxd.worker.grammar.limits import GrammarLimits, GrammarTooLarge, check_spec
 
@@ -137,11 +138,11 @@ class GrammarCompiler:
         index = await asyncio.to_thread(pickle.loads, blob)
         kept = self.cache.put(key, index, len(blob))
         log.info(
-            "grammar compiled: %s for %s in %.2fs, %d bytes%s",
+            "grammar compiled: %s for %s in %.2fs, %s%s",
             kind,
             param,
             time.monotonic() - started,
-            len(blob),
+            format_size(len(blob)),
             "" if kept else " (too large to cache)",
         )
         return index
@@ -283,7 +284,7 @@ def _memory_failure(param: str, limit_bytes: int) -> tuple[dict, None]:
     return {
         "ok": False,
         "reason": "memory",
-        "message": f"'{param}' needs more than {limit_bytes} bytes to compile "
+        "message": f"'{param}' needs more than {format_size(limit_bytes)} to compile "
         "(grammar_compile_memory_bytes); simplify the constraint",
     }, None
 

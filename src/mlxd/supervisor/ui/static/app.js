@@ -21,13 +21,22 @@ function el(tag, attrs, ...kids) {
   return node;
 }
 
+// Sizes print as shared/sizes.py's format_size prints them (mlxctl, errors): binary units, at
+// most three significant figures, so the page and the terminal show the same text.
 function bytes(n) {
   if (n === null || n === undefined) return "–";
   const units = ["B", "KiB", "MiB", "GiB", "TiB"];
   let i = 0;
-  while (n >= 1024 && i < units.length - 1) { n /= 1024; i++; }
-  return `${n.toFixed(i ? 1 : 0)} ${units[i]}`;
+  while (Math.abs(n) >= 1024 && i < units.length - 1) { n /= 1024; i++; }
+  if (i === 0) return `${n.toFixed(0)} B`;
+  let text = n.toFixed(Math.abs(n) < 10 ? 1 : 0);
+  if (text === "1024" && i < units.length - 1) { text = "1"; i++; }
+  return `${text.replace(/\.0$/, "")} ${units[i]}`;
 }
+
+// A model's memory (shared/wire/memory.py): the total the budget counts; "est." before the
+// worker has reported.
+const held = (mem) => (mem ? bytes(mem.total_bytes) + (mem.reported ? "" : " (est.)") : "–");
 
 function seconds(s) {
   if (s === null || s === undefined) return "–";
@@ -153,7 +162,7 @@ function renderModels() {
         el("span", { class: `state state-${m.state}` }, busy ? `${busy}…` : m.state),
         m.drained ? el("span", { class: "muted" }, " (drained)") : null),
       el("td", { class: "num" }, m.pid === null ? "–" : String(m.pid)),
-      el("td", { class: "num" }, bytes(m.memory_bytes)),
+      el("td", { class: "num" }, held(m.memory)),
       el("td", { class: "num" }, String(m.leases)),
       el("td", { class: "num" }, String(m.queued)),
       el("td", { class: "keepalive" }, countdown(m)),
@@ -203,8 +212,11 @@ async function loadMemory() {
   $("memory-table").tBodies[0].replaceChildren(...m.models.map((r) => el("tr", { "data-model": r.id },
     el("td", {}, r.id),
     el("td", {}, el("span", { class: `state state-${r.state}` }, r.state)),
-    el("td", { class: "num" }, bytes(r.footprint_bytes)),
-    el("td", { class: "num" }, bytes(r.memory_bytes)),
+    el("td", { class: "num mem-total" }, held(r.memory)),
+    el("td", { class: "num" }, bytes(r.memory.weights_bytes)),
+    el("td", { class: "num" }, bytes(r.memory.prompt_cache_bytes)),
+    el("td", { class: "num" },
+      `${bytes(r.memory.kv_in_use_bytes)} of ${bytes(r.memory.kv_reserved_bytes)}`),
     el("td", { class: "num" }, String(r.leases)),
     el("td", {}, seconds(r.idle_s)),
     el("td", {}, r.pinned ? "yes" : ""),
@@ -360,6 +372,65 @@ async function loadChatModels() {
   fillModelSelect($("chat-model"), data.data.filter((m) => m.type !== "embedding").map((m) => m.id));
 }
 
+// The playground starts from the model's own request defaults (its config section over its
+// generation_config.json, as its worker resolves them: /admin/models/{id}). A field left at
+// its default (or emptied) is not sent, so the model's default applies, whatever it is.
+const PARAMS = () => [...document.querySelectorAll("#chat-form input[data-param]")];
+let chatDefaults = {};
+
+async function loadChatDefaults() {
+  const id = $("chat-model").value;
+  if (!id) return;
+  const detail = await (await call(`/admin/models/${modelPath(id)}`)).json();
+  if ($("chat-model").value !== id) return; // another model was picked meanwhile
+  chatDefaults = detail.sampling_defaults || {};
+  resetChatParams();
+}
+
+function resetChatParams() {
+  for (const input of PARAMS()) {
+    const v = chatDefaults[input.dataset.param];
+    input.value = v === null || v === undefined ? "" : String(v);
+  }
+  $("chat-system").value = chatDefaults.system || "";
+  const max = chatDefaults.max_tokens;
+  $("chat-defaults").textContent = `${$("chat-model").value}'s defaults`
+    + (max === null || max === undefined ? "; max_tokens: up to the context's end" : "")
+    + ". Fields left at them are not sent.";
+}
+
+// What the request carries besides the messages: only what differs from the model's defaults.
+function chatParams() {
+  const out = {};
+  for (const input of PARAMS()) {
+    const name = input.dataset.param;
+    const d = chatDefaults[name];
+    if (input.value === "" || (d !== null && d !== undefined && Number(input.value) === d)) continue;
+    out[name] = Number(input.value);
+  }
+  return out;
+}
+
+function chatMessages() {
+  const system = $("chat-system").value.trim();
+  if (!system || system === (chatDefaults.system || "").trim()) return chat; // the model's own
+  return [{ role: "system", content: system }, ...chat];
+}
+
+// The end of a reply, in words: a length cut or a stop the user pressed is marked.
+const FINISH = {
+  stop: "end of reply",
+  length: "cut off: max_tokens reached",
+  tool_calls: "ended with a tool call",
+  stopped: "stopped",
+};
+
+function markFinish(node, reason) {
+  if (!reason) return;
+  node.append(el("div", { class: `finish finish-${reason}`, "data-finish": reason },
+    FINISH[reason] || `finished: ${reason}`));
+}
+
 function bubble(role, text) {
   const body = el("span", { class: "text" }, text || "");
   const node = el("div", { class: `msg ${role}` }, el("span", { class: "who" }, role), body);
@@ -385,19 +456,20 @@ async function send(ev) {
   let first = null;
   let usage = null;
   let pieces = 0;
+  let finish = null;
   try {
     const resp = await call("/v1/chat/completions", {
       method: "POST", signal: abort.signal,
-      json: { model: $("chat-model").value, messages: chat, stream: true,
-        stream_options: { include_usage: true },
-        temperature: Number($("chat-temp").value), top_p: Number($("chat-top-p").value),
-        max_tokens: Number($("chat-max").value) } });
+      json: { model: $("chat-model").value, messages: chatMessages(), stream: true,
+        stream_options: { include_usage: true }, ...chatParams() } });
     await readEvents(resp, (event, data) => {
       if (data === "[DONE]") return;
       const chunk = JSON.parse(data);
       if (chunk.error) throw new Error(chunk.error.message);
       if (chunk.usage) usage = chunk.usage;
-      const delta = (chunk.choices && chunk.choices[0] && chunk.choices[0].delta) || {};
+      const choice = (chunk.choices && chunk.choices[0]) || {};
+      if (choice.finish_reason) finish = choice.finish_reason;
+      const delta = choice.delta || {};
       if (delta.reasoning_content) {
         if (!reasoning) {
           reasoning = el("div", { class: "reasoning" });
@@ -414,8 +486,10 @@ async function send(ev) {
       }
     });
     chat.push({ role: "assistant", content: answer });
+    markFinish(reply.node, finish);
   } catch (e) {
-    if (!abort.signal.aborted) reply.node.append(el("div", { class: "msg error" }, e.message));
+    if (abort.signal.aborted) markFinish(reply.node, "stopped");
+    else reply.node.append(el("div", { class: "msg error" }, e.message));
     chat.pop();
   } finally {
     const end = performance.now();
@@ -435,6 +509,10 @@ function setupChat() {
   $("chat-form").addEventListener("submit", send);
   $("chat-stop").addEventListener("click", () => chatAbort && chatAbort.abort());
   $("chat-clear").addEventListener("click", () => { chat = []; $("chat-log").replaceChildren(); });
+  $("chat-reset").addEventListener("click", resetChatParams);
+  $("chat-model").addEventListener("change", () => {
+    loadChatDefaults().catch((e) => notice(`model defaults: ${e.message}`));
+  });
   $("chat-input").addEventListener("keydown", (ev) => {
     if (ev.key === "Enter" && !ev.shiftKey) send(ev);
   });
