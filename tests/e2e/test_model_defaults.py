@@ -105,3 +105,11 @@ def test_a_developer_message_renders_as_system_on_chat_and_ollama(daemon):
         for m in (as_system, as_developer)
     ]
     assert counts[0] == counts[1]
+
+
+def test_ollama_show_lists_the_defaults_a_silent_request_gets(daemon):
+    shown = ollama.Client(host=daemon.url).show("a")
+    params = dict(line.split(None, 1) for line in shown.parameters.splitlines())
+    assert float(params["temperature"]) == 0.0  # the config section's, not the folder's 1.0
+    assert float(params["top_p"]) == 1.0 and int(params["top_k"]) == 0  # built-ins
+    assert "PARAMETER temperature 0.0" in shown.modelfile

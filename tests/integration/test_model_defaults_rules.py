@@ -9,18 +9,20 @@ import pytest
 from mlxd.shared.config import ConfigError
 from mlxd.shared.config_load import load_settings
 from mlxd.shared.params import GenerationParams
+from mlxd.shared.sampling import SamplingDefaults, resolve
 from mlxd.shared.wire.ollama import ChatRequest
 from mlxd.shared.wire.openai import ChatCompletionRequest
 from mlxd.supervisor.catalog.catalog import Catalog
 from mlxd.supervisor.catalog.discovery import alias_problem
 from mlxd.worker.chat.prompts import prepare_messages, resolve_params
-from mlxd.worker.model import SamplingDefaults
 
 
 def _model(template: str = "{{ messages }}", **defaults):
     return SimpleNamespace(
         tokenizer=SimpleNamespace(chat_template=template),
-        defaults=SamplingDefaults(**defaults),
+        defaults=SamplingDefaults(
+            resolve(defaults), defaults.get("max_tokens"), defaults.get("system")
+        ),
         context_limit=100,
         vocab_size=50,
     )

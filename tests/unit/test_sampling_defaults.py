@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 
-from mlxd.shared.sampling_defaults import SamplingDefaults, read_defaults, resolve_defaults
+from mlxd.shared.sampling import SamplingDefaults, read_defaults, resolve_defaults
 from mlxd.supervisor.ctl.tables import show_text
 
 
@@ -15,9 +15,10 @@ def test_section_over_generation_config_over_built_ins(tmp_path):
         json.dumps({"do_sample": False, "top_p": 0.8, "top_k": 20, "min_p": True})
     )
     d = read_defaults(tmp_path)
-    assert (d.temperature, d.top_p, d.top_k, d.min_p) == (0.0, 0.8, 20, 0.0)  # greedy folder
+    assert d.sampling == {"temperature": 0.0, "top_p": 0.8, "top_k": 20, "min_p": 0.0}  # greedy
     r = resolve_defaults(tmp_path, {"top_p": 0.5, "system": "Be terse.", "max_tokens": None})
-    assert (r.temperature, r.top_p, r.top_k, r.system, r.max_tokens) == (
+    flat = r.flat()
+    assert (flat["temperature"], flat["top_p"], flat["top_k"], r.system, r.max_tokens) == (
         0.0,
         0.5,
         20,

@@ -14,9 +14,10 @@ import os
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
+from pydantic import ConfigDict, Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from mlxd.shared.sampling import SamplingFields
 from mlxd.shared.sizes import Bytes
 from mlxd.shared.worker_spec import speculation_conflict
 
@@ -37,9 +38,9 @@ def _hf_cache_default() -> Path:
     return Path(os.environ.get("HF_HOME") or "~/.cache/huggingface").expanduser() / "hub"
 
 
-class ModelSettings(BaseModel):
+class ModelSettings(SamplingFields):
     """One `[models."<id>"]` section. Unset fields fall back to the daemon-wide ones
-    (`Settings.for_model` fills them in)."""
+    (`Settings.for_model` fills them in); its SamplingFields are the model's request defaults."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -57,10 +58,6 @@ class ModelSettings(BaseModel):
     type: Literal["chat", "embedding"] | None = None  # None: detected (shared/model_facts.py)
     # Request defaults (docs/configuration.md): a request's own value wins; unset ones fall back
     # to the folder's generation_config.json, then to the built-in defaults.
-    temperature: float | None = Field(None, ge=0.0, le=2.0)
-    top_p: float | None = Field(None, gt=0.0, le=1.0)
-    top_k: int | None = Field(None, ge=0)
-    min_p: float | None = Field(None, ge=0.0, le=1.0)
     max_tokens: int | None = Field(None, ge=1)
     system: str | None = None  # used when a request has no system or developer message
     chat_template: str | None = None  # Jinja text, or a file (relative: to $MLXD_HOME)

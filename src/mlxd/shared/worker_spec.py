@@ -15,6 +15,9 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from mlxd.shared.sampling import NAMES as SAMPLING_NAMES
+from mlxd.shared.sampling import SamplingFields
+
 SPEC_FLAG = "--spec"
 
 # Structured-output grammar bounds (docs/security.md): static caps, then the compile's bounds.
@@ -30,10 +33,7 @@ GRAMMAR_FIELDS = (
 )
 # A model's request defaults from its config section (over its generation_config.json).
 MODEL_DEFAULT_FIELDS = (
-    "temperature",
-    "top_p",
-    "top_k",
-    "min_p",
+    *SAMPLING_NAMES,
     "max_tokens",
     "system",
     "chat_template",
@@ -89,8 +89,9 @@ class GroupSpec(BaseModel):
     device: int | None = Field(None, ge=0)
 
 
-class WorkerSpec(BaseModel):
-    """One worker's model, socket, limits, caches and log level (see docs/worker.md)."""
+class WorkerSpec(SamplingFields):
+    """One worker's model, socket, limits, caches and log level (see docs/worker.md); its
+    SamplingFields are the model's config defaults (None: the folder's, else built-in)."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
@@ -125,11 +126,6 @@ class WorkerSpec(BaseModel):
     debug_prefill_delay_s: float = 0.0  # test-only: hold the first token back this long
     step_log: Path | None = None  # one JSON line per engine step (worker/engine/steplog.py)
     log_level: str = "INFO"
-    # The model's config defaults (None: the folder's generation_config.json, else built-in).
-    temperature: float | None = None
-    top_p: float | None = None
-    top_k: int | None = None
-    min_p: float | None = None
     max_tokens: int | None = None  # None: up to the context's end
     system: str | None = None  # for requests without a system or developer message
     chat_template: str | None = None  # Jinja text or an absolute file path (the folder's: None)

@@ -16,7 +16,7 @@ from mlx_lm import load
 
 from mlxd.shared.config import is_template_text
 from mlxd.shared.kv_math import kv_bytes_per_token
-from mlxd.shared.sampling_defaults import SamplingDefaults, resolve_defaults
+from mlxd.shared.sampling import SamplingDefaults, resolve_defaults
 from mlxd.shared.worker_spec import MODEL_DEFAULT_FIELDS, WorkerSpec
 from mlxd.worker.attention import causal_when_unpadded, route_on_cuda
 from mlxd.worker.engine import mlx_lm_seam as seam

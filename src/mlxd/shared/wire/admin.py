@@ -44,7 +44,7 @@ class ModelDetail(ModelStatus):
     settings: dict[str, Any] = {}  # its config section, unset keys filled from daemon-wide ones
     generation_config: dict[str, Any] = {}  # the folder's generation_config.json sampling keys
     architecture: dict[str, Any] = {}  # from config.json: model_type, context, quantization
-    # What a request that leaves a field out gets (shared/sampling_defaults.py): temperature,
+    # What a request that leaves a field out gets (shared/sampling.py): temperature,
     # top_p, top_k, min_p, max_tokens (None: to the context's end), system (None: none).
     sampling_defaults: dict[str, Any] = {}
 

@@ -15,6 +15,7 @@ from mlxd.shared.params import (
     check_stop_strings,
     effort_of,
 )
+from mlxd.shared.sampling import SamplingFields, sampling_of
 from mlxd.shared.structured_output import GuidedFields, GuidedSpec
 from mlxd.shared.wire.bodies import Lenient
 
@@ -50,7 +51,7 @@ class MessageParam(Lenient):
     content: str | list[dict[str, Any]]
 
 
-class MessagesRequest(GuidedFields):
+class MessagesRequest(GuidedFields, SamplingFields):
     """POST /v1/messages (and, without max_tokens, /v1/messages/count_tokens).
 
     The vLLM-style `guided_*` fields are an mlxd extension (Anthropic has no equivalent).
@@ -62,9 +63,7 @@ class MessagesRequest(GuidedFields):
     system: str | list[dict[str, Any]] | None = None
     stop_sequences: list[str] | None = Field(None, max_length=MAX_STOP_SEQUENCES)
     stream: bool = False
-    temperature: float | None = Field(None, ge=0.0, le=1.0)
-    top_p: float | None = Field(None, gt=0.0, le=1.0)
-    top_k: int | None = Field(None, ge=0)
+    temperature: float | None = Field(None, ge=0.0, le=1.0)  # Anthropic's bound
     metadata: dict[str, Any] | None = None
     tools: list[AnthropicTool] | None = None
     tool_choice: ToolChoice | None = None
@@ -83,9 +82,7 @@ class MessagesRequest(GuidedFields):
     def to_generation_params(self) -> GenerationParams:
         return GenerationParams(
             max_tokens=self.max_tokens,
-            temperature=self.temperature,
-            top_p=self.top_p,
-            top_k=self.top_k,
+            **sampling_of(self),
             stop=tuple(self.stop_sequences or ()),
             reasoning_budget=self._thinking_budget(),
             reasoning_effort=effort_of(

@@ -15,19 +15,16 @@ from mlxd.shared.params import (
     GenerationParams,
     check_stop_strings,
 )
+from mlxd.shared.sampling import SamplingFields, sampling_of
 from mlxd.shared.wire.bodies import Lenient
 
 # Accepted only at these values: the sampler has no such stage.
 NEUTRAL = {"mirostat": 0, "tfs_z": 1.0, "typical_p": 1.0}
 
 
-class Options(Lenient):
+class Options(Lenient, SamplingFields):
     """`options`: the sampling options that map onto the engine, checked like OpenAI's."""
 
-    temperature: float | None = Field(None, ge=0.0, le=2.0)
-    top_p: float | None = Field(None, gt=0.0, le=1.0)
-    top_k: int | None = Field(None, ge=-1)
-    min_p: float | None = Field(None, ge=0.0, le=1.0)
     seed: int | None = Field(None, le=MAX_SEED)  # negative: a random seed, as in Ollama
     num_predict: int | None = Field(None, ge=-2)  # -1 and -2: up to the context's end
     stop: list[str] | None = Field(None, max_length=MAX_STOP_SEQUENCES)
@@ -74,10 +71,7 @@ class Options(Lenient):
         n = self.num_predict
         return GenerationParams(
             max_tokens=n if n is not None and n > 0 else None,
-            temperature=self.temperature,
-            top_p=self.top_p,
-            top_k=self.top_k,
-            min_p=self.min_p,
+            **sampling_of(self),
             seed=self.seed if self.seed is not None and self.seed >= 0 else None,
             repetition_penalty=self.repeat_penalty,
             # -1 is "the whole context" in Ollama: here the longest window there is.

@@ -30,6 +30,7 @@ from mlxd.shared.params import (
     GenerationParams,
     check_stop_strings,
 )
+from mlxd.shared.sampling import SamplingFields, sampling_of
 from mlxd.shared.structured_output import GuidedFields
 from mlxd.shared.wire.bodies import Lenient
 from mlxd.shared.wire.tools import CUSTOM_INPUT, chat_tool_set
@@ -71,17 +72,13 @@ class ChatMessage(Lenient):
         return out
 
 
-class SamplingRequest(Lenient):
+class SamplingRequest(Lenient, SamplingFields):
     """Fields shared by chat and completions."""
 
     model: str | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
     max_tokens: int | None = Field(None, ge=1)
-    temperature: float | None = Field(None, ge=0.0, le=2.0)
-    top_p: float | None = Field(None, gt=0.0, le=1.0)
-    top_k: int | None = Field(None, ge=-1)
-    min_p: float | None = Field(None, ge=0.0, le=1.0)
     seed: int | None = Field(None, ge=MIN_SEED, le=MAX_SEED)
     repetition_penalty: float | None = Field(None, gt=0.0, le=10.0)
     presence_penalty: float | None = Field(None, ge=-2.0, le=2.0)
@@ -124,10 +121,7 @@ class SamplingRequest(Lenient):
         stop = (self.stop,) if isinstance(self.stop, str) else tuple(self.stop or ())
         return GenerationParams(
             max_tokens=self._limit(),
-            temperature=self.temperature,
-            top_p=self.top_p,
-            top_k=self.top_k,
-            min_p=self.min_p,
+            **sampling_of(self),
             seed=self.seed,
             repetition_penalty=self.repetition_penalty,
             presence_penalty=self.presence_penalty or 0.0,

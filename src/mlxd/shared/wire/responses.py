@@ -21,6 +21,7 @@ from mlxd.shared.chat_job import (
 )
 from mlxd.shared.errors import BadRequest
 from mlxd.shared.params import Effort, GenerationParams, effort_of
+from mlxd.shared.sampling import SamplingFields, sampling_of
 from mlxd.shared.structured_output import GuidedFields, GuidedSpec, JsonSchemaFormat
 from mlxd.shared.wire.tools import CUSTOM_INPUT, ToolSet, qualified_name, responses_tool_set
 
@@ -37,7 +38,7 @@ class TextConfig(_Lenient):
     format: TextFormat | None = None
 
 
-class ResponsesRequest(GuidedFields):
+class ResponsesRequest(GuidedFields, SamplingFields):
     """POST /v1/responses (`guided_*` as in chat completions are an mlxd extension)."""
 
     model: str | None = None
@@ -47,8 +48,6 @@ class ResponsesRequest(GuidedFields):
     tool_choice: str | dict[str, Any] | None = None
     parallel_tool_calls: bool | None = None
     max_output_tokens: int | None = Field(None, ge=1)
-    temperature: float | None = Field(None, ge=0.0, le=2.0)
-    top_p: float | None = Field(None, gt=0.0, le=1.0)
     stream: bool = False
     store: bool = True
     previous_response_id: str | None = None
@@ -73,8 +72,7 @@ class ResponsesRequest(GuidedFields):
         # (EFFORT_BUDGETS), the rest is the answer's.
         return GenerationParams(
             max_tokens=self.max_output_tokens,
-            temperature=self.temperature,
-            top_p=self.top_p,
+            **sampling_of(self),
             reasoning_effort=self._effort(),
         )
 

@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import time
-from dataclasses import asdict
 from pathlib import Path
 
 import psutil
 
-from mlxd.shared.sampling_defaults import resolve_defaults
+from mlxd.shared.sampling import resolve_defaults
 from mlxd.shared.wire.admin import ModelDetail, ModelStatus, SupervisorStats, WorkerReply
 from mlxd.shared.worker_spec import MODEL_DEFAULT_FIELDS
 from mlxd.supervisor.catalog import folder
@@ -84,7 +83,7 @@ def model_detail(reg: Registry, model_id: str) -> ModelDetail:
         detail.architecture = folder.architecture(path)
         ms = reg.settings.for_model(model_id)
         section = {name: getattr(ms, name) for name in MODEL_DEFAULT_FIELDS}
-        detail.sampling_defaults = asdict(resolve_defaults(path, section))
+        detail.sampling_defaults = resolve_defaults(path, section).flat()
     return detail
 
 

@@ -16,9 +16,12 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
+from mlxd.shared.sampling import NAMES as SAMPLING_NAMES
+
 MAX_JSON_BYTES = 8 << 20  # a config or tokenizer config larger than this is not read
 MAX_HEADER_BYTES = 64 << 20  # nor a safetensors header
-SAMPLING_DEFAULTS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")
+# what /api/show lists of generation_config.json: the sampling fields, and the penalty
+SAMPLING_DEFAULTS = (*SAMPLING_NAMES, "repetition_penalty")
 DTYPE_LEVELS = {"bfloat16": "BF16", "float16": "F16", "float32": "F32"}
 
 

@@ -19,6 +19,7 @@ from pydantic import BaseModel, ValidationError
 from mlxd.shared.errors import BadGateway, BadRequest, MlxdError, ModelNotFound, NotFound
 from mlxd.shared.logs import bind_log_context
 from mlxd.shared.routes import BY_PATH
+from mlxd.shared.sampling import resolve_defaults
 from mlxd.shared.wire.bodies import load_json, parse_model
 from mlxd.shared.wire.ollama import (
     ChatRequest,
@@ -42,6 +43,7 @@ from mlxd.shared.wire.ollama_answers import (
     ollama_name,
     timestamp,
 )
+from mlxd.shared.worker_spec import MODEL_DEFAULT_FIELDS
 from mlxd.supervisor.catalog.cards import check_route
 from mlxd.supervisor.catalog.discovery import ModelEntry
 from mlxd.supervisor.catalog.folder_info import FolderInfo, folder_info
@@ -148,7 +150,10 @@ async def show(request: web.Request) -> web.Response:
     info = folder_info(entry.path)
     ms = reg.settings.for_model(entry.id)
     context = ms.context_limit or info.context_length
-    params = "\n".join(f"{k:<30} {v}" for k, v in info.defaults.items())
+    # What a silent request gets (shared/sampling.py), as the worker resolves it
+    section = {name: getattr(ms, name) for name in MODEL_DEFAULT_FIELDS}
+    shown = {**info.defaults, **resolve_defaults(entry.path, section).sampling}
+    params = "\n".join(f"{k:<30} {v}" for k, v in shown.items())
     fam, cfg = info.family or "model", info.config
     model_info = {
         "general.architecture": info.family,
@@ -163,7 +168,7 @@ async def show(request: web.Request) -> web.Response:
     }
     answer = ShowAnswer(
         modelfile=f"# mlxd model '{entry.id}' ({entry.source})\nFROM {entry.id}\n"
-        + "".join(f"PARAMETER {k} {v}\n" for k, v in info.defaults.items()),
+        + "".join(f"PARAMETER {k} {v}\n" for k, v in shown.items()),
         parameters=params,
         template=info.template,
         details=_details(info),

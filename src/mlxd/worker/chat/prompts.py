@@ -10,6 +10,7 @@ from typing import Any
 from mlxd.shared.chat_job import DEVELOPER_MARK
 from mlxd.shared.errors import BadRequest
 from mlxd.shared.params import MAX_SEED, MIN_SEED, GenerationParams
+from mlxd.shared.sampling import resolve, sampling_of
 from mlxd.worker.chat.tool_prompt import WARNING as TOOLS_AS_TEXT
 from mlxd.worker.chat.tool_prompt import template_renders_tools, with_tools_as_text
 from mlxd.worker.model import LoadedModel
@@ -216,14 +217,7 @@ def resolve_params(
     d = m.defaults
     requested = d.max_tokens if p.max_tokens is None else p.max_tokens
     max_tokens = fit_max_tokens(limit, prompt_len, requested, surface)
-    # A generation_config top_k outside the vocabulary would fail every unset request: off.
-    default_top_k = d.top_k if 0 < d.top_k < m.vocab_size else 0
-    return replace(
-        p,
-        max_tokens=max_tokens,
-        max_tokens_open=requested is None,
-        temperature=d.temperature if p.temperature is None else p.temperature,
-        top_p=d.top_p if p.top_p is None else p.top_p,
-        top_k=default_top_k if p.top_k is None or p.top_k < 0 else p.top_k,
-        min_p=d.min_p if p.min_p is None else p.min_p,
-    )
+    sampling = resolve(sampling_of(p), d.sampling)
+    if (p.top_k is None or p.top_k < 0) and not 0 <= sampling["top_k"] < m.vocab_size:
+        sampling["top_k"] = 0  # a default outside the vocabulary would fail every unset request
+    return replace(p, max_tokens=max_tokens, max_tokens_open=requested is None, **sampling)

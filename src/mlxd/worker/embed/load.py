@@ -83,5 +83,5 @@ def load_embedder(
         model_id=model_id,
         path=path,
         context_limit=limit,
-        defaults=SamplingDefaults(),
+        defaults=SamplingDefaults(),  # an embedder samples nothing
     )
