@@ -297,3 +297,23 @@ def test_origin_of_the_requests_own_host_is_same_origin():
     assert origin_allowed("http://localhost:9000", {"admin"}, s, PORT, host="localhost:9000")
     assert origin_allowed("https://mlxd.lan", {"api"}, s, PORT, host="mlxd.lan")
     assert not origin_allowed("http://evil.example:9000", {"api"}, s, PORT, host="localhost:9000")
+
+
+def test_br_and_zstd_bodies_decode_and_a_bad_body_names_every_accepted_encoding():
+    import brotli
+    from backports import zstd
+
+    br_ok, zstd_ok, bad_br, bad_zstd = _serve(
+        [
+            ("POST", "/v1/chat/completions", {"Content-Encoding": "br"}, brotli.compress(b"{}")),
+            ("POST", "/v1/chat/completions", {"Content-Encoding": "zstd"}, zstd.compress(b"{}")),
+            ("POST", "/v1/chat/completions", {"Content-Encoding": "br"}, b"not br"),
+            ("POST", "/v1/chat/completions", {"Content-Encoding": "zstd"}, b"not zstd"),
+        ]
+    )
+    assert br_ok[0] == 200 and br_ok[2] == {"got": 2}
+    assert zstd_ok[0] == 200 and zstd_ok[2] == {"got": 2}
+    for bad in (bad_br, bad_zstd):
+        message = bad[2]["error"]["message"]
+        assert bad[0] == 400
+        assert all(enc in message for enc in ("gzip", "deflate", "br", "zstd")), message
