@@ -203,3 +203,17 @@ def _health_ok(d) -> bool:
         return d.http.get("/health").status_code == 200
     except httpx.HTTPError:
         return False
+
+
+def test_a_header_line_too_long_is_400_and_one_log_line_without_a_traceback(make_daemon):
+    d = make_daemon()
+    for _ in range(3):
+        s = raw_conn(
+            d, b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Big: " + b"a" * 8300 + b"\r\n\r\n"
+        )
+        assert read_all(s, 10).split(b" ", 2)[1] == b"400"  # aiohttp refuses the header
+        s.close()
+    assert d.http.get("/health").status_code == 200
+    log = (d.home / "logs" / "mlxd.log").read_text(errors="replace")
+    assert "Traceback" not in log and "LineTooLong" not in log
+    assert log.count("bad request 400 from 127.0.0.1") == 3

@@ -33,6 +33,7 @@ from mlxd.supervisor.http.limits import (
     raise_nofile_limit,
 )
 from mlxd.supervisor.http.responses import add_response_routes
+from mlxd.supervisor.http.serverlog import SERVER_LOG
 from mlxd.supervisor.http.upstream import UpstreamPool
 from mlxd.supervisor.lifecycle.registry import Registry
 from mlxd.supervisor.lifecycle.watchdog import run_watchdog
@@ -113,6 +114,7 @@ async def serve(settings: Settings, lock: PidLock | None = None) -> int:
         app,
         handler_cancellation=True,
         access_log=None,
+        logger=SERVER_LOG,  # a request aiohttp cannot parse: one line, not a traceback
         shutdown_timeout=settings.shutdown_grace_s,
         keepalive_timeout=settings.header_timeout_s,
         # A request refused before its body was read closes its connection
