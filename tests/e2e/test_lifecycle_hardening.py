@@ -210,3 +210,15 @@ def test_a_request_right_after_a_busy_workers_crash_waits_for_the_restart(make_d
     assert d.worker_pids("a") and d.worker_pids("a")[0] != old
     assert '"error"' in out["lines"][-1]  # the stream on the dead worker ended with its error
     assert "worker died before the request reached it; waiting for its restart" in d.logs()
+    # As users meet it: kill -9 mid-stream, a request 50 ms later.
+    started.clear()
+    t = threading.Thread(target=long_stream)
+    t.start()
+    assert started.wait(60)
+    busy = d.worker_pids("a")[0]
+    os.kill(busy, signal.SIGKILL)
+    time.sleep(0.05)
+    r = ask(d, "a")
+    t.join(60)
+    assert r.status_code == 200, r.text
+    assert d.worker_pids("a")[0] != busy and '"error"' in out["lines"][-1]
