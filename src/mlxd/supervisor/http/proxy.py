@@ -131,7 +131,8 @@ class _Receipt:
 
 
 class WorkerUnreachable(BadGateway):
-    """The worker's socket refused the request before it was sent: safe to send again."""
+    """The worker never had the request (its socket refused it, or it never answered the
+    request's `Expect: 100-continue`): safe to send again."""
 
 
 # After a refused connection: how long to wait for the reaper to act on a worker that
@@ -149,9 +150,9 @@ async def forward_leased(
     """Lease `model_id` and forward `request` to its worker; `keep_alive_s` is how long the
     model stays loaded after it (None: the model's configured keep_alive_s).
 
-    A worker that died a moment ago still looks READY until its reaper runs; a request that
-    finds its socket refusing waits for that, then leases again (which waits for the restart)
-    and is sent once more. A request the worker took and ended on is never sent again: the
+    A worker that died a moment ago (or is still dying) still looks READY until its reaper
+    runs; a request it never had waits for that, then leases again (which waits for the
+    restart) and is sent once more. A request the worker took and ended on is never sent again: the
     worker may have died of it. A worker that refuses while alive is a 502."""
     for attempt in (1, 2):
         async with reg.leases.lease(model_id, keep_alive_s) as slot:
