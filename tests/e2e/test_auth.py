@@ -5,8 +5,10 @@ from __future__ import annotations
 import socket
 import subprocess
 import sys
+from datetime import datetime, timedelta, timezone
 
 import httpx
+import ollama
 import pytest
 
 from procs import free_port
@@ -174,3 +176,43 @@ def test_no_cors_headers_by_default(make_daemon):
         headers={"Origin": "http://app.example", "Access-Control-Request-Method": "POST"},
     )
     assert "access-control-allow-origin" not in r.headers
+
+
+def test_an_api_key_cannot_unload_a_model_through_ollama_keep_alive(make_daemon):
+    # An admin token is set: /admin/models/a/unload with the API key is 401, and so is the
+    # same effect through Ollama's keep_alive; the chat itself is still served.
+    d = make_daemon(env={"MLXD_API_KEY": KEY, "MLXD_ADMIN_TOKEN": TOKEN})
+    user = ollama.Client(host=d.url, headers=bearer(KEY))
+    admin = ollama.Client(host=d.url, headers={"x-api-key": KEY, **bearer(TOKEN)})
+
+    def expires_in() -> timedelta | None:
+        loaded = {m.model: m for m in user.ps().models}.get("a:latest")
+        return None if loaded is None else loaded.expires_at - datetime.now(timezone.utc)
+
+    hi = [{"role": "user", "content": "hello"}]
+    assert user.chat(model="a", messages=hi, options={"num_predict": 2}).done
+    pid = d.worker_pids("a")[0]
+    for keep_alive in (0, "-0s", "1s"):  # at once, or sooner than keep_alive_s (300 s)
+        r = user.chat(model="a", messages=hi, keep_alive=keep_alive, options={"num_predict": 2})
+        assert r.done and r.message.content is not None
+        left = expires_in()
+        assert left is not None and left > timedelta(minutes=4), (keep_alive, left)
+    with pytest.raises(ollama.ResponseError) as e:
+        user.generate(model="a", keep_alive=0)  # Ollama's "unload" request
+    assert e.value.status_code == 403 and "admin token" in e.value.error
+    assert expires_in() is not None and d.worker_pids("a") == [pid]  # never unloaded
+    # A longer stay is anyone's; the admin token may unload.
+    user.chat(model="a", messages=hi, keep_alive="1h", options={"num_predict": 2})
+    assert expires_in() > timedelta(minutes=55)
+    assert admin.generate(model="a", keep_alive=0).done_reason == "unload"
+    assert expires_in() is None
+
+
+def test_api_keep_alive_unloads_lets_any_key_unload(make_daemon):
+    d = make_daemon(
+        env={"MLXD_API_KEY": KEY, "MLXD_ADMIN_TOKEN": TOKEN, "MLXD_API_KEEP_ALIVE_UNLOADS": "1"}
+    )
+    user = ollama.Client(host=d.url, headers=bearer(KEY))
+    assert user.generate(model="a").done_reason == "load"
+    assert user.generate(model="a", keep_alive=0).done_reason == "unload"
+    assert "a:latest" not in {m.model for m in user.ps().models}

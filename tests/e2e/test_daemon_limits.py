@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import http.client
 import os
+import select
 import socket
 import stat
 import subprocess
@@ -203,3 +205,72 @@ def _health_ok(d) -> bool:
         return d.http.get("/health").status_code == 200
     except httpx.HTTPError:
         return False
+
+
+def test_a_header_line_too_long_is_400_and_one_log_line_without_a_traceback(make_daemon):
+    d = make_daemon()
+    for _ in range(3):
+        s = raw_conn(
+            d, b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Big: " + b"a" * 8300 + b"\r\n\r\n"
+        )
+        assert read_all(s, 10).split(b" ", 2)[1] == b"400"  # aiohttp refuses the header
+        s.close()
+    assert d.http.get("/health").status_code == 200
+    log = (d.home / "logs" / "mlxd.log").read_text(errors="replace")
+    assert "Traceback" not in log and "LineTooLong" not in log
+    assert log.count("bad request 400 from 127.0.0.1") == 3
+
+
+def _slow_body(d) -> socket.socket:
+    """A connection whose request head is complete and whose body trickles in."""
+    head = (
+        f"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1:{d.port}\r\n"
+        "Content-Type: application/json\r\nContent-Length: 1000\r\n\r\n"
+    ).encode()
+    return raw_conn(d, head + b'{"model": "a", ')
+
+
+def test_over_the_connection_cap_a_client_reads_a_429_not_a_reset(make_daemon):
+    d = make_daemon(env={"MLXD_MAX_CONNECTIONS_PER_CLIENT": "4"})
+    fresh_http(d)
+    held = [_slow_body(d) for _ in range(4)]
+    time.sleep(0.3)  # let the daemon accept them all
+    try:
+        for size in (10, 200_000, 4_000_000):
+            # http.client (urllib's, requests') sends the whole request before it reads: a
+            # refusal that closed at once reset it mid-body ("broken pipe"), never read.
+            body = orjson.dumps({"model": "a", "messages": MSG, "pad": "x" * size})
+            c = http.client.HTTPConnection("127.0.0.1", d.port, timeout=30)
+            c.request("POST", "/v1/chat/completions", body, {"Content-Type": "application/json"})
+            r = c.getresponse()
+            assert r.status == 429, size
+            assert int(r.getheader("Retry-After")) >= 1
+            assert orjson.loads(r.read())["error"]["code"] == "too_many_connections"
+            c.close()
+    finally:
+        for s in held:
+            s.close()
+
+
+def test_slow_bodies_holding_the_cap_are_cut_at_the_header_timeout(make_daemon):
+    # Crowded (a client holds 3/4 of its cap), a body gets the header timeout (2 s here), not
+    # the body timeout (60 s): a program trickling bodies cannot keep other local clients out.
+    d = make_daemon(env={"MLXD_MAX_CONNECTIONS_PER_CLIENT": "4", "MLXD_HEADER_TIMEOUT_S": "2"})
+    fresh_http(d)
+    held = [_slow_body(d) for _ in range(4)]
+    try:
+        answered, _, _ = select.select(held, [], [], 30)  # the first cut, long before 60 s
+        assert answered
+        for s in answered:
+            reply = read_all(s, 10)
+            assert reply.startswith(b"HTTP/1.1 408"), reply[:200]
+            message = orjson.loads(reply.split(b"\r\n\r\n", 1)[1])["error"]["message"]
+            assert "within 2 s (the server is near its connection limit)" in message
+        assert ask(d).status_code == 200  # another client gets a place
+    finally:
+        for s in held:
+            s.close()
+    # Uncrowded, a slow body still gets the whole body timeout: one slow body is not cut at 2 s.
+    one = _slow_body(d)
+    assert not closed_within(one, 4)
+    one.close()

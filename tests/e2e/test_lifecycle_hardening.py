@@ -173,3 +173,54 @@ def test_a_request_right_after_a_crash_waits_for_the_restart(make_daemon):
     assert d.worker_pids("a") and d.worker_pids("a")[0] != old
     assert "waiting for its restart" in d.logs() or "worker died" in d.logs()
     assert "/run/" not in r.text
+
+
+def test_a_request_right_after_a_busy_workers_crash_waits_for_the_restart(make_daemon):
+    # A busy worker killed with -9 can take a while to die (a large process tears down its
+    # memory), and meanwhile its socket still takes connections: a request sent then reaches
+    # a process that will never read it. Stopped (SIGSTOP), the worker is held in exactly that
+    # state. That request must wait for the restart instead of getting a 502; the stream the
+    # worker was serving still ends with its error event.
+    d = make_daemon()
+    assert ask(d, "a").status_code == 200
+    old = d.worker_pids("a")[0]
+    started, out = threading.Event(), {}
+
+    def long_stream():
+        body = {"model": "a", "messages": MSG, "max_tokens": 4000, "temperature": 0, "stream": True}
+        lines = []
+        with httpx.stream("POST", d.url + "/v1/chat/completions", json=body, timeout=120) as r:
+            for line in r.iter_lines():
+                if line.startswith("data: "):
+                    lines.append(line[6:])
+                    if len(lines) == 3:
+                        started.set()
+        out["lines"] = lines
+
+    t = threading.Thread(target=long_stream)
+    t.start()
+    assert started.wait(60)
+    os.kill(old, signal.SIGSTOP)
+    sent = threading.Thread(target=lambda: out.setdefault("r", ask(d, "a")))
+    sent.start()
+    time.sleep(0.5)  # the request reaches the stopped worker's socket
+    os.kill(old, signal.SIGKILL)
+    sent.join(120)
+    t.join(60)
+    r = out["r"]
+    assert r.status_code == 200, r.text
+    assert d.worker_pids("a") and d.worker_pids("a")[0] != old
+    assert '"error"' in out["lines"][-1]  # the stream on the dead worker ended with its error
+    assert "worker died before the request reached it; waiting for its restart" in d.logs()
+    # As users meet it: kill -9 mid-stream, a request 50 ms later.
+    started.clear()
+    t = threading.Thread(target=long_stream)
+    t.start()
+    assert started.wait(60)
+    busy = d.worker_pids("a")[0]
+    os.kill(busy, signal.SIGKILL)
+    time.sleep(0.05)
+    r = ask(d, "a")
+    t.join(60)
+    assert r.status_code == 200, r.text
+    assert d.worker_pids("a")[0] != busy and '"error"' in out["lines"][-1]

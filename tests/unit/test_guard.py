@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import gzip
+import logging
 
 import orjson
 import pytest
@@ -297,3 +298,51 @@ def test_origin_of_the_requests_own_host_is_same_origin():
     assert origin_allowed("http://localhost:9000", {"admin"}, s, PORT, host="localhost:9000")
     assert origin_allowed("https://mlxd.lan", {"api"}, s, PORT, host="mlxd.lan")
     assert not origin_allowed("http://evil.example:9000", {"api"}, s, PORT, host="localhost:9000")
+
+
+def test_br_and_zstd_bodies_decode_and_a_bad_body_names_every_accepted_encoding():
+    import brotli
+    from backports import zstd
+
+    br_ok, zstd_ok, bad_br, bad_zstd = _serve(
+        [
+            ("POST", "/v1/chat/completions", {"Content-Encoding": "br"}, brotli.compress(b"{}")),
+            ("POST", "/v1/chat/completions", {"Content-Encoding": "zstd"}, zstd.compress(b"{}")),
+            ("POST", "/v1/chat/completions", {"Content-Encoding": "br"}, b"not br"),
+            ("POST", "/v1/chat/completions", {"Content-Encoding": "zstd"}, b"not zstd"),
+        ]
+    )
+    assert br_ok[0] == 200 and br_ok[2] == {"got": 2}
+    assert zstd_ok[0] == 200 and zstd_ok[2] == {"got": 2}
+    for bad in (bad_br, bad_zstd):
+        message = bad[2]["error"]["message"]
+        assert bad[0] == 400
+        assert all(enc in message for enc in ("gzip", "deflate", "br", "zstd")), message
+
+
+def test_a_header_line_aiohttp_cannot_parse_is_one_log_line_not_a_traceback(caplog):
+    from mlxd.supervisor.http.serverlog import SERVER_LOG
+
+    caplog.set_level(logging.DEBUG)
+
+    async def run():
+        server = TestServer(_app(), host="127.0.0.1")
+        await server.start_server(logger=SERVER_LOG, access_log=None)  # as the daemon has them
+        try:
+            replies = []
+            for _ in range(2):
+                reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
+                writer.write(_request("GET", "/health", {"X-Big": "a" * 9000}, b""))
+                replies.append(await reader.read())
+                writer.close()
+            return replies
+        finally:
+            await server.close()
+
+    replies = asyncio.run(run())
+    assert [reply.split(b" ")[1] for reply in replies] == [b"400", b"400"]
+    said = [r for r in caplog.records if r.name.startswith(("aiohttp", "mlxd"))]
+    assert len(said) == 2, [r.getMessage() for r in said]  # one line per bad request
+    for r in said:
+        assert r.exc_info is None and "Traceback" not in caplog.text
+        assert r.getMessage().startswith("bad request 400 from 127.0.0.1: Got more than")

@@ -148,3 +148,19 @@ def test_the_keep_alive_loop_unloads_on_its_own(tmp_path):
         await reg.shutdown()
 
     asyncio.run(go())
+
+
+def test_a_keep_alive_that_unloads_sooner_needs_the_right_to_shorten():
+    grant = keepalive.granted_keep_alive
+    # Not an admin caller: what would unload sooner than the configured 300 s is ignored.
+    assert [grant(ask, 300.0, False) for ask in (0.0, -0.0, 1.0, 299.0)] == [None] * 4
+    assert [grant(ask, 300.0, False) for ask in (None, 300.0, 3600.0, -1.0)] == [
+        None,
+        300.0,
+        3600.0,
+        -1.0,
+    ]
+    assert grant(3600.0, -1.0, False) is None  # configured "never": any timer is sooner
+    assert grant(0.0, 0.0, False) == 0.0  # it unloads at once anyway
+    # An admin caller (or api_keep_alive_unloads) gets what it asked for.
+    assert [grant(ask, 300.0, True) for ask in (0.0, 1.0, None, -1.0)] == [0.0, 1.0, None, -1.0]

@@ -60,3 +60,27 @@ def test_nofile_limit_is_raised_toward_the_target_and_never_lowered():
         assert raise_nofile_limit(target=16) == (after, after)  # a lower target changes nothing
     finally:
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
+def test_a_client_holding_most_of_its_cap_is_crowded_and_its_bodies_get_less_time():
+    from mlxd.supervisor.http.body_deadline import body_deadline_s
+
+    lim = ConnectionLimiter(max_total=100, max_per_client=4)
+    for _ in range(2):
+        assert lim.admit("127.0.0.1") is None
+    assert not lim.crowded("127.0.0.1")
+    assert body_deadline_s(lim, "127.0.0.1", 60.0, 15.0) == 60.0
+    assert lim.admit("127.0.0.1") is None  # 3 of 4
+    assert lim.crowded("127.0.0.1") and not lim.crowded("10.0.0.2")
+    assert body_deadline_s(lim, "127.0.0.1", 60.0, 15.0) == 15.0
+    assert body_deadline_s(lim, "127.0.0.1", 5.0, 15.0) == 5.0  # never longer than the setting
+    lim.release("127.0.0.1")
+    assert body_deadline_s(lim, "127.0.0.1", 60.0, 15.0) == 60.0  # places freed: full time
+    assert body_deadline_s(None, "127.0.0.1", 60.0, 15.0) == 60.0
+
+
+def test_a_server_holding_most_of_its_total_cap_is_crowded_for_everyone():
+    lim = ConnectionLimiter(max_total=4, max_per_client=4)
+    for client in ("a", "b", "c"):
+        assert lim.admit(client) is None
+    assert lim.crowded("d")

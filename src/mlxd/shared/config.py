@@ -217,6 +217,9 @@ class Settings(BaseSettings):
     api_key: SecretStr | None = None  # required on every /v1 route when set
     admin_token: SecretStr | None = None  # required on /admin and /metrics when set
     insecure: bool = False
+    # Ollama's keep_alive unloads a model (0) or shortens its stay: true lets any API caller do
+    # it, as Ollama does; false (default) only callers the admin API accepts (docs/security.md).
+    api_keep_alive_unloads: bool = False
 
     @field_validator("log_level")
     @classmethod

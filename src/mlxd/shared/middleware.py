@@ -7,6 +7,7 @@ import math
 import uuid
 
 from aiohttp import web
+from aiohttp.compression_utils import HAS_BROTLI, HAS_ZSTD
 
 from mlxd.shared.errors import (
     BadRequest,
@@ -20,6 +21,15 @@ from mlxd.shared.errors import (
 log = logging.getLogger("mlxd.http")
 
 REQUEST_ID = "x-request-id"
+
+# The request body encodings aiohttp decodes here: br and zstd only with their packages
+# installed (pyproject requires both), so the 400 names what this install really accepts.
+BODY_ENCODINGS = (
+    "gzip",
+    "deflate",
+    *(("br",) if HAS_BROTLI else ()),
+    *(("zstd",) if HAS_ZSTD else ()),
+)
 
 
 @web.middleware
@@ -39,7 +49,7 @@ def _from_http(exc: web.HTTPException | web.RequestPayloadError) -> MlxdError:
         # encoding, a short body. aiohttp's text may name library internals: say it plainly.
         return BadRequest(
             "The request body could not be read: check its Content-Encoding "
-            "(gzip and deflate are accepted) and its length"
+            f"({', '.join(BODY_ENCODINGS)} are accepted) and its length"
         )
     if isinstance(exc, web.HTTPRequestEntityTooLarge):
         return PayloadTooLarge("Request body is too large")

@@ -24,16 +24,17 @@ from mlxd.supervisor.catalog.builtin import setup_builtin
 from mlxd.supervisor.homedir import make_private_dir, prepare_home_dirs, set_private_umask
 from mlxd.supervisor.http import routes
 from mlxd.supervisor.http.auth import auth_middleware, insecure_warning
+from mlxd.supervisor.http.body_deadline import add_body_timeout
 from mlxd.supervisor.http.cors import add_cors, cors_middleware
 from mlxd.supervisor.http.guard import guard_middleware
 from mlxd.supervisor.http.limits import (
     ConnectionLimiter,
     GuardedTCPSite,
-    add_body_timeout,
     connection_cap,
     raise_nofile_limit,
 )
 from mlxd.supervisor.http.responses import add_response_routes
+from mlxd.supervisor.http.serverlog import SERVER_LOG
 from mlxd.supervisor.http.upstream import UpstreamPool
 from mlxd.supervisor.lifecycle.registry import Registry
 from mlxd.supervisor.lifecycle.watchdog import run_watchdog
@@ -107,13 +108,15 @@ async def serve(settings: Settings, lock: PidLock | None = None) -> int:
         settings, UpstreamPool(), total_memory_bytes=psutil.virtual_memory().total
     )
     app = build_app(settings, registry)
-    add_body_timeout(app, settings.body_timeout_s)
+    limiter = ConnectionLimiter(max_total, settings.max_connections_per_client)
+    add_body_timeout(app, settings.body_timeout_s, limiter, settings.header_timeout_s)
     # aiohttp's keep-alive timer starts when a connection opens and again after each response,
     # and closes the connection if no complete request head arrived by then: the header timeout.
     runner = web.AppRunner(
         app,
         handler_cancellation=True,
         access_log=None,
+        logger=SERVER_LOG,  # a request aiohttp cannot parse: one line, not a traceback
         shutdown_timeout=settings.shutdown_grace_s,
         keepalive_timeout=settings.header_timeout_s,
         # A request refused before its body was read closes its connection
@@ -122,7 +125,6 @@ async def serve(settings: Settings, lock: PidLock | None = None) -> int:
         lingering_time=0,
     )
     await runner.setup()
-    limiter = ConnectionLimiter(max_total, settings.max_connections_per_client)
     site = GuardedTCPSite(runner, settings.host, settings.port, limiter)
     try:
         await site.start()

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hmac
 import ipaddress
+import logging
 
 from aiohttp import web
 from pydantic import SecretStr
@@ -20,6 +21,9 @@ from pydantic import SecretStr
 from mlxd.shared.config import Settings
 from mlxd.shared.errors import MlxdError, Unauthorized
 from mlxd.shared.routes import ADMIN_AREAS, API_AREAS, in_area
+from mlxd.supervisor.scheduling.keepalive import granted_keep_alive
+
+log = logging.getLogger("mlxd.auth")
 
 
 class Forbidden(MlxdError):
@@ -100,6 +104,34 @@ def check_admin(request: web.Request, settings: Settings) -> None:
         raise Forbidden(
             "The admin API answers loopback clients only; set MLXD_ADMIN_TOKEN to allow others"
         )
+
+
+def is_admin(request: web.Request, settings: Settings) -> bool:
+    """Whether the admin API would accept this request (the admin token, or loopback when
+    none is set)."""
+    try:
+        check_admin(request, settings)
+    except MlxdError:
+        return False
+    return True
+
+
+def keep_alive_for(
+    request: web.Request, settings: Settings, model_id: str, requested_s: float | None
+) -> float | None:
+    """An Ollama request's keep_alive as granted (scheduling/keepalive.py): a non-admin
+    caller's that would unload the model sooner is ignored, and the request served as usual
+    (Open WebUI and others send keep_alive with every chat)."""
+    may_shorten = settings.api_keep_alive_unloads or is_admin(request, settings)
+    configured_s = settings.for_model(model_id).keep_alive_s
+    granted = granted_keep_alive(requested_s, configured_s, may_shorten)
+    if granted != requested_s:
+        log.info(
+            "model=%s keep_alive %gs ignored: shorter than keep_alive_s, and not an admin caller",
+            model_id,
+            requested_s,
+        )
+    return granted
 
 
 def request_areas(request: web.Request) -> set[str]:

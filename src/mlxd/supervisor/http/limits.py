@@ -4,10 +4,12 @@ Without them a few hundred slow or idle sockets exhaust the descriptor limit (25
 macOS) and lock every other client out. Four bounds apply:
 - the soft RLIMIT_NOFILE is raised at start, and the total cap kept below it;
 - a connection over `max_connections_per_client` (per peer address) or `max_connections` is
-  answered 429 / 503 and closed before any request is read;
+  answered 429 / 503 before any request is read, then closed once the client has sent what it
+  was sending (a close with its request unread would reset the connection: no answer at all);
 - request headers must be complete within `header_timeout_s` of the connection opening or of the
   previous response ending (this is also how long an idle keep-alive connection is kept);
-- a request body must arrive within `body_timeout_s`, else 408.
+- a request body must arrive within `body_timeout_s`, else 408, and within `header_timeout_s`
+  while its client (or the server) is crowded (body_deadline.py).
 Responses are never timed out here: a stream may run for minutes.
 """
 
@@ -17,13 +19,12 @@ import asyncio
 import logging
 import resource
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 
 import orjson
 from aiohttp import web
 
-from mlxd.shared.errors import MlxdError, RequestTimeout, TooManyRequests, Unavailable, openai_body
-from mlxd.shared.middleware import error_response
+from mlxd.shared.errors import MlxdError, TooManyRequests, Unavailable, openai_body
 
 log = logging.getLogger("mlxd.limits")
 
@@ -34,6 +35,12 @@ NOFILE_FALLBACK = 10240
 # responses database, the SSD tier's files opened by this process.
 RESERVED_FDS = 128
 REFUSAL_LOG_EVERY_S = 10.0
+# A refused connection is read (and what arrives dropped) until its client closes it, for at
+# most LINGER_S; past MAX_LINGERING such connections at once, further ones are closed at once.
+LINGER_S = 5.0
+MAX_LINGERING = 64
+# A client holding this share of its cap, or the server this share of its own: crowded.
+CROWDED_SHARE = 0.75
 
 
 def raise_nofile_limit(target: int = NOFILE_TARGET) -> tuple[int, int]:
@@ -68,6 +75,7 @@ class ConnectionLimiter:
         self.total = 0
         self.per_client: dict[str, int] = {}
         self.refused = 0
+        self.lingering = 0  # refused connections still being read until their client closes
         self._refused_logged = 0
         self._last_log = float("-inf")
 
@@ -93,6 +101,15 @@ class ConnectionLimiter:
         self.per_client[client] = held + 1
         self.total += 1
         return None
+
+    def crowded(self, client: str) -> bool:
+        """Whether `client`, or the server as a whole, holds most of its connections: a slow
+        body then gets less time (body_deadline.py), so no one can hold the cap for long."""
+        held = self.per_client.get(client, 0)
+        return (
+            held >= CROWDED_SHARE * self.max_per_client
+            or self.total >= CROWDED_SHARE * self.max_total
+        )
 
     def release(self, client: str) -> None:
         """Forget one connection from `client`."""
@@ -138,25 +155,38 @@ class _GateProtocol(asyncio.Protocol):
         self._make_handler = make_handler
         self._inner: asyncio.Protocol | None = None
         self._client = ""
+        self._linger: asyncio.TimerHandle | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         peer = transport.get_extra_info("peername")
         client = str(peer[0]) if isinstance(peer, tuple | list) and peer else "?"
         refusal = self._limiter.admit(client)
         if refusal is not None:
-            transport.write(refusal_bytes(refusal))  # type: ignore[attr-defined]
-            transport.close()
+            self._refuse(transport, refusal)  # type: ignore[arg-type]
             return
         self._client = client
         self._inner = self._make_handler()
         self._inner.connection_made(transport)
 
+    def _refuse(self, transport: asyncio.WriteTransport, refusal: MlxdError) -> None:
+        """Answer, then close once the client has sent its request: closing with it unread
+        resets the connection, and a client still sending its body never reads the answer."""
+        transport.write(refusal_bytes(refusal))
+        if self._limiter.lingering >= MAX_LINGERING or not transport.can_write_eof():
+            transport.close()
+            return
+        transport.write_eof()
+        self._limiter.lingering += 1
+        self._linger = asyncio.get_running_loop().call_later(LINGER_S, transport.close)
+
     def data_received(self, data: bytes) -> None:
         if self._inner is not None:
             self._inner.data_received(data)
+        # Refused: what the client sends is dropped.
 
     def eof_received(self) -> bool | None:
-        return self._inner.eof_received() if self._inner is not None else None
+        # Refused: the client has sent everything; returning False closes the connection.
+        return self._inner.eof_received() if self._inner is not None else False
 
     def pause_writing(self) -> None:
         if self._inner is not None:
@@ -167,6 +197,10 @@ class _GateProtocol(asyncio.Protocol):
             self._inner.resume_writing()
 
     def connection_lost(self, exc: Exception | None) -> None:
+        if self._linger is not None:
+            self._linger.cancel()
+            self._linger = None
+            self._limiter.lingering -= 1
         if self._inner is None:
             return
         inner, self._inner = self._inner, None
@@ -217,49 +251,3 @@ class GuardedTCPSite(web.BaseSite):
         )
         if self._server.sockets:
             self._bound_port = self._server.sockets[0].getsockname()[1]
-
-
-Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
-
-
-def body_timeout_middleware(timeout_s: float) -> Callable:
-    """A middleware that reads the whole request body within `timeout_s`, else answers 408
-    in the route's error envelope and closes the connection.
-
-    Handlers read the body with `request.read()`, which returns the copy read here.
-    """
-
-    @web.middleware
-    async def read_body_in_time(request: web.Request, handler: Handler) -> web.StreamResponse:
-        if request.can_read_body:
-            try:
-                await asyncio.wait_for(request.read(), timeout_s)  # not asyncio.timeout: 3.10
-            except asyncio.TimeoutError:
-                return await _answer_and_close(
-                    request,
-                    RequestTimeout(f"The request body did not arrive within {timeout_s:g} s"),
-                )
-        return await handler(request)
-
-    return read_body_in_time
-
-
-async def _answer_and_close(request: web.Request, err: MlxdError) -> web.StreamResponse:
-    log.info(
-        "request failed: %s %s -> %d %s", request.method, request.path, err.status, err.message
-    )
-    resp = error_response(err, request)
-    resp.force_close()
-    await resp.prepare(request)
-    await resp.write_eof()
-    # The rest of the body is not coming: without this aiohttp would linger on the connection
-    # for up to 10 s reading it. The answer is already written; close() flushes it first.
-    request.protocol.force_close()
-    return resp
-
-
-def add_body_timeout(app: web.Application, timeout_s: float) -> None:
-    """Add the body-timeout middleware innermost: the body is then read only for requests that
-    passed the guard and auth (no stranger makes us buffer it), at the point where handlers
-    would read it anyway, and its 408 goes through the error middleware's envelope."""
-    app.middlewares.append(body_timeout_middleware(timeout_s))

@@ -47,6 +47,7 @@ from mlxd.shared.worker_spec import MODEL_DEFAULT_FIELDS
 from mlxd.supervisor.catalog.cards import check_route
 from mlxd.supervisor.catalog.discovery import ModelEntry
 from mlxd.supervisor.catalog.folder_info import FolderInfo, folder_info
+from mlxd.supervisor.http.auth import Forbidden, keep_alive_for
 from mlxd.supervisor.http.proxy import UPSTREAM_ERRORS, forward_leased
 from mlxd.supervisor.lifecycle.registry import Registry
 from mlxd.supervisor.lifecycle.states import State
@@ -188,20 +189,26 @@ async def _generating(request: web.Request, cls: type[ChatRequest] | type[Genera
     request["model"] = entry.id  # the metrics label, also when the lease fails
     bind_log_context(model=entry.id)
     check_route(entry, reg.settings, request.path)  # an embedder loads nothing here
+    keep_alive_s = keep_alive_for(request, reg.settings, entry.id, req.keep_alive_s)
     if req.empty:  # Ollama's load / unload request
         reason = "load"
         if req.keep_alive_s == 0:
+            if keep_alive_s != 0:  # an explicit unload is refused, not ignored: say so
+                raise Forbidden(
+                    "Unloading a model with keep_alive 0 needs the admin token (or loopback "
+                    "when none is set); api_keep_alive_unloads = true lets any API key do it"
+                )
             reason = "unload"
             slot = reg.lifecycle.slots.get(entry.id)
             if slot is not None:
                 await unload_when_idle(reg.lifecycle, slot)
         else:
-            async with reg.leases.lease(entry.id, req.keep_alive_s):
+            async with reg.leases.lease(entry.id, keep_alive_s):
                 pass
         answer = ChatAnswer if cls is ChatRequest else GenerateAnswer
         return _json(answer(model=req.model, done=True, done_reason=reason))
     log.info("proxy model=%s path=%s request_id=%s", entry.id, request.path, request["request_id"])
-    return await forward_leased(request, reg, entry.id, body, req.keep_alive_s)
+    return await forward_leased(request, reg, entry.id, body, keep_alive_s)
 
 
 async def chat(request: web.Request) -> web.StreamResponse:
@@ -223,7 +230,9 @@ async def _embed(request: web.Request) -> tuple[EmbedRequest, list[list[float]],
     body: dict = {"model": entry.id, "input": req.texts(), "truncate": req.truncate}
     if req.dimensions is not None:
         body["dimensions"] = req.dimensions
-    async with reg.leases.lease(entry.id, req.keep_alive_s) as slot:
+    async with reg.leases.lease(
+        entry.id, keep_alive_for(request, reg.settings, entry.id, req.keep_alive_s)
+    ) as slot:
         if not body["input"]:  # Ollama's way to load an embedding model
             return req, [], 0
         try:

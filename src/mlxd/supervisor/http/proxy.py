@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING
 
 import aiohttp
@@ -114,8 +115,24 @@ def worker_url(request: web.Request) -> URL:
     )
 
 
+class _Receipt:
+    """A request body sent only once the worker asked for it (HTTP's `Expect: 100-continue`):
+    its `taken` tells a worker that had the request (and may have died of it) from one that
+    never read it (killed and still dying while its socket took the connection)."""
+
+    def __init__(self, body: bytes):
+        self.body = body
+        self.taken = False
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        self.taken = True  # aiohttp asks for the body after the worker's "100 Continue"
+        if self.body:
+            yield self.body
+
+
 class WorkerUnreachable(BadGateway):
-    """The worker's socket refused the request before it was sent: safe to send again."""
+    """The worker never had the request (its socket refused it, or it never answered the
+    request's `Expect: 100-continue`): safe to send again."""
 
 
 # After a refused connection: how long to wait for the reaper to act on a worker that
@@ -133,9 +150,9 @@ async def forward_leased(
     """Lease `model_id` and forward `request` to its worker; `keep_alive_s` is how long the
     model stays loaded after it (None: the model's configured keep_alive_s).
 
-    A worker that died a moment ago still looks READY until its reaper runs; a request that
-    finds its socket refusing waits for that, then leases again (which waits for the restart)
-    and is sent once more. A request the worker took and ended on is never sent again: the
+    A worker that died a moment ago (or is still dying) still looks READY until its reaper
+    runs; a request it never had waits for that, then leases again (which waits for the
+    restart) and is sent once more. A request the worker took and ended on is never sent again: the
     worker may have died of it. A worker that refuses while alive is a 502."""
     for attempt in (1, 2):
         async with reg.leases.lease(model_id, keep_alive_s) as slot:
@@ -175,18 +192,23 @@ async def forward(
     headers = _forward_headers(request.headers)
     headers[REQUEST_ID] = request["request_id"]
     headers["Content-Type"] = "application/json"
+    headers["Content-Length"] = str(len(body))
     session = upstream.session(slot.socket)
     if slot.process is None or slot.process.exited():
         # Killed a moment ago and not yet reaped: a pooled connection to it would take the
         # request and then break, which reads as "died of this request". It never got it.
         raise WorkerUnreachable(f"The worker for '{slot.id}' is unreachable")
+    receipt = _Receipt(body)
     try:
-        up = await session.request(request.method, worker_url(request), data=body, headers=headers)
+        up = await session.request(
+            request.method, worker_url(request), data=receipt, headers=headers, expect100=True
+        )
     except UPSTREAM_ERRORS as exc:  # the detail (a socket path) goes to the log only
         log.warning(
             "model=%s worker unreachable request_id=%s: %s", slot.id, request["request_id"], exc
         )
-        if isinstance(exc, aiohttp.ClientConnectorError):  # refused: it never got the request
+        if isinstance(exc, aiohttp.ClientConnectorError) or not receipt.taken:
+            # Refused, or a dying worker's socket took it and nobody read it: never got it.
             raise WorkerUnreachable(f"The worker for '{slot.id}' is unreachable") from None
         # It may have died of this very request: never send it again.
         raise BadGateway(f"The worker for '{slot.id}' stopped before it answered") from None

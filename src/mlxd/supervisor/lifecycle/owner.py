@@ -179,13 +179,18 @@ class Lifecycle:
             slot.process = None
             self.signal_room()
             return
+        cause, slot.exit_cause = slot.exit_cause, None
         slot.last_error = proc.describe_exit()
         slot.public_error = proc.exit_summary()
         now = self.clock()
         slot.crashes.append(now)
         self.counters.crashes += 1
         verdict = judge_crash(slot.crashes, now, code, self.settings)
-        log.error("model=%s worker died: %s", slot.id, slot.last_error)
+        if cause is None:
+            log.error("model=%s worker died: %s", slot.id, slot.last_error)
+        else:  # ended by the watchdog: this is the one line that says so
+            log.error("watchdog: model=%s %s; restarting it (%s)", slot.id, cause, slot.last_error)
+            slot.last_error = f"watchdog: {cause}; {slot.last_error}"
         slot.process = None
         if verdict.fatal:
             slot.transition(ALIVE, State.FATAL, f"{verdict.recent} crashes; {slot.last_error}")
@@ -236,12 +241,9 @@ class Lifecycle:
         READY -> DRAINING first, so new requests wait for the restart instead of reaching a
         worker that refuses them; the exit then counts as a crash (backoff, then FATAL if it
         keeps happening)."""
-        if slot.process is not proc or not slot.transition(
-            State.READY, State.DRAINING, f"watchdog: {why}"
-        ):
+        if slot.process is not proc or not slot.transition(State.READY, State.DRAINING, "watchdog"):
             return
-        log.error("watchdog: model=%s pid=%s %s; restarting it", slot.id, proc.pid, why)
-        slot.last_error = why
+        slot.exit_cause = why  # logged once, with the exit, by the reaper
         if kill:
             proc.kill()
         else:

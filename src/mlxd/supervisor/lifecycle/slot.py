@@ -40,6 +40,9 @@ class ModelSlot:
     backoff_until: float = 0.0
     last_error: str | None = None  # the whole story, log lines included: /admin only
     public_error: str | None = None  # the same failure in a sentence a /v1 client may see
+    # Why the supervisor itself ended the running worker (the watchdog's verdict): its reaper
+    # says it in the exit's one log line instead of a second line at the kill.
+    exit_cause: str | None = None
     last_health_ok: float = 0.0
     changed: asyncio.Event = field(default_factory=asyncio.Event)
     started_at: float = 0.0

@@ -10,7 +10,6 @@ report becomes the slot's footprint: what the budget, admission and eviction cou
 from __future__ import annotations
 
 import asyncio
-import logging
 
 from mlxd.supervisor.lifecycle.health import probe
 from mlxd.supervisor.lifecycle.owner import Lifecycle
@@ -20,8 +19,6 @@ from mlxd.supervisor.lifecycle.states import State
 # What a worker's /health says when it cannot serve though the supervisor routes to it.
 UNSERVING = frozenset({"draining", "failed"})
 TICK_S = 0.5  # how often the loop looks whether a round of probes is due
-
-log = logging.getLogger("mlxd.monitor")
 
 
 def probe_all(lc: Lifecycle) -> None:
@@ -58,10 +55,7 @@ async def check_health(lc: Lifecycle, slot: ModelSlot) -> None:
             return
     silent_s = lc.clock() - slot.last_health_ok
     if silent_s >= lc.settings.watchdog_timeout_s:
-        log.error(
-            "watchdog: model=%s silent for %.0fs, killing pid=%s", slot.id, silent_s, proc.pid
-        )
-        proc.kill()
+        await lc.restart(slot, proc, f"silent for {silent_s:.0f}s", kill=True)
 
 
 async def run_watchdog(lc: Lifecycle, tick_s: float = TICK_S) -> None:

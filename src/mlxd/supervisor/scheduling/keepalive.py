@@ -28,6 +28,22 @@ async def unload_when_idle(lc: Lifecycle, slot: ModelSlot) -> None:
         await lc.unload_slot(slot, "keep_alive 0", only_if_idle=True)
 
 
+def granted_keep_alive(
+    requested_s: float | None, configured_s: float, may_shorten: bool
+) -> float | None:
+    """The keep-alive a request's own keep_alive gets (None: the model's configured one).
+
+    One that would unload the model sooner than `configured_s` (0 included) needs
+    `may_shorten` (an admin caller, or api_keep_alive_unloads): otherwise any API key holder
+    could force reloads on everyone. A longer one (-1: for good) is anyone's: eviction still
+    frees memory when it is needed."""
+    if requested_s is None or may_shorten or requested_s < 0:
+        return requested_s
+    if configured_s < 0 or requested_s < configured_s:
+        return None
+    return requested_s
+
+
 def expired(lc: Lifecycle, now: float) -> list[ModelSlot]:
     """READY models idle (no lease) for at least their keep-alive at `now`."""
     return [
