@@ -28,9 +28,12 @@ def wants_builtin(catalog: Catalog) -> str | None:
     must be imported first, "missing" when it would be but its package is not installed,
     None when the user's own configuration decides."""
     s = catalog.settings
+    entries = catalog.entries()
+    if s.default_model == BUILTIN_MODEL_ID and BUILTIN_MODEL_ID not in entries:
+        # Named by the user on a fresh home: imported as if it were the default by choice.
+        return "import" if find_builtin_gguf() is not None else "missing"
     if s.default_model or any(ms.default for ms in s.models.values()):
         return None
-    entries = catalog.entries()
     if BUILTIN_MODEL_ID in entries:
         return "use"
     if entries:
