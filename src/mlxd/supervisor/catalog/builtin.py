@@ -10,6 +10,7 @@ for the model wait for the import.
 from __future__ import annotations
 
 import asyncio
+import collections
 import importlib.util
 import logging
 import sys
@@ -58,8 +59,10 @@ def missing_hint() -> str:
 
 
 async def import_builtin(settings: Settings) -> None:
+    """Import the built-in GGUF in a child process, logging its progress as it goes (a tenth
+    of the tensors at a time): the first start's longest wait is never a silence."""
     gguf = find_builtin_gguf()
-    log.info("importing the built-in model %s from %s", BUILTIN_MODEL_ID, gguf)
+    log.info("importing the built-in model %s from %s (first start only)", BUILTIN_MODEL_ID, gguf)
     proc = await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",
@@ -70,13 +73,19 @@ async def import_builtin(settings: Settings) -> None:
         "--id",
         BUILTIN_MODEL_ID,
         "--progress",
-        "none",  # its output is only read on failure
+        "lines",
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.STDOUT,
     )
-    out, _ = await proc.communicate()
+    assert proc.stdout is not None
+    tail: collections.deque[str] = collections.deque(maxlen=3)  # said again on failure
+    async for raw in proc.stdout:
+        line = raw.decode(errors="replace").strip()
+        if line:
+            tail.append(line)
+            log.info("import %s: %s", BUILTIN_MODEL_ID, line)
+    await proc.wait()
     if proc.returncode != 0:
-        tail = out.decode(errors="replace").strip().splitlines()[-3:]
         log.error(
             "import of the built-in model failed (exit %d): %s", proc.returncode, " | ".join(tail)
         )
