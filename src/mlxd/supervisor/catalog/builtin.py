@@ -79,18 +79,20 @@ async def import_builtin(settings: Settings) -> None:
     )
     assert proc.stdout is not None
     tail: collections.deque[str] = collections.deque(maxlen=3)  # said again on failure
+    folder = str(settings.models_dir / BUILTIN_MODEL_ID)
     async for raw in proc.stdout:
         line = raw.decode(errors="replace").strip()
         if line:
             tail.append(line)
-            log.info("import %s: %s", BUILTIN_MODEL_ID, line)
+            if line != folder:  # its last line, the folder, is said once below
+                log.info("import %s: %s", BUILTIN_MODEL_ID, line)
     await proc.wait()
     if proc.returncode != 0:
         log.error(
             "import of the built-in model failed (exit %d): %s", proc.returncode, " | ".join(tail)
         )
         return
-    log.info("built-in model ready at %s", settings.models_dir / BUILTIN_MODEL_ID)
+    log.info("built-in model ready at %s", folder)
 
 
 def setup_builtin(catalog: Catalog, tasks: Background) -> None:
