@@ -16,9 +16,9 @@ $(STAMP): pyproject.toml
 
 install: $(STAMP)
 
+# mlxd start prints its own banner (address, dashboard, a request to try) from its settings,
+# so MLXD_PORT=P make run shows P.
 run: $(STAMP)
-	@echo "mlxd: serving the built-in model on http://127.0.0.1:8080 (Ctrl-C stops). Try:"
-	@echo "  curl http://127.0.0.1:8080/v1/chat/completions -H 'content-type: application/json' -d '{\"messages\": [{\"role\": \"user\", \"content\": \"What is the capital of France?\"}]}'"
 	$(BIN)/mlxd start
 
 lint: $(STAMP)

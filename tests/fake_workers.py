@@ -62,6 +62,11 @@ class FakeWorker:
         self.report: ModelMemory | None = fleet.reports.get(model_id)  # its parts, when set
         self._exited = asyncio.Event()
         self._loaded_at = 0.0
+        self.phase: str | None = None  # what /health says it is doing while loading
+
+    def finish_loading(self) -> None:
+        """Be loaded from now on, whatever `load_s` said."""
+        self._loaded_at = 0.0
 
     async def spawn(self) -> None:
         self.pid = next(_pids)
@@ -138,7 +143,11 @@ class Fleet:
             raise asyncio.TimeoutError()
         if not w.loaded():
             return 503, WorkerHealth(
-                status="loading", pid=w.pid, generation=w.generation, model=w.model_id
+                status="loading",
+                pid=w.pid,
+                generation=w.generation,
+                model=w.model_id,
+                phase=w.phase,
             )
         return (200 if w.status == "ok" else 503), WorkerHealth(
             status=w.status,

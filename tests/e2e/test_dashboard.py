@@ -6,6 +6,7 @@ tests skip without them. Screenshots of each page go to tests/artifacts/dashboar
 
 from __future__ import annotations
 
+import re
 import shutil
 import threading
 from pathlib import Path
@@ -126,6 +127,20 @@ def test_unload_button_stops_the_model(tab, daemon):
     expect(tab.page.locator("#notice")).to_contain_text("a: unloaded")
     assert daemon.http.get("/admin/models/a").json()["state"] == "stopped"
     assert daemon.worker_pids("a") == []
+
+
+def test_load_button_shows_the_phase_and_seconds_while_it_waits(tab, daemon):
+    from playwright.sync_api import expect
+
+    daemon.http.post("/admin/models/a/unload")
+    tab.open("models")
+    expect(state_of(tab.page, "a")).to_have_text("stopped")
+    tab.page.locator('#models-table tr[data-model="a"] button[data-action="load"]').click()
+    # The worker's start (interpreter, MLX import, weights, warm-up) takes seconds: the row
+    # says which part, and for how long, before the answer comes.
+    expect(state_of(tab.page, "a")).to_have_text(re.compile(r"^starting, [a-z ]+ \(\d+ s\)$"))
+    expect(tab.page.locator("#notice")).to_contain_text("a: loaded")
+    expect(state_of(tab.page, "a")).to_have_text("ready")
 
 
 def test_playground_streams_a_reply(tab, daemon):

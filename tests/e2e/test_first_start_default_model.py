@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from mlxd.shared.builtin_model import BUILTIN_MODEL_ID, find_builtin_gguf
@@ -38,6 +40,14 @@ def test_fresh_home_imports_and_serves_the_builtin_model(make_daemon):
     assert "Paris" in body["choices"][0]["message"]["content"]
     assert (d.home / "models" / BUILTIN_MODEL_ID / "config.json").is_file()
     assert d.status(BUILTIN_MODEL_ID)["status"] == "loaded"
+    # The terminal said what the first request waited for: the import, tenth by tenth, then
+    # the worker's start phase by phase.
+    out = d.logs()
+    assert f"  default model: {BUILTIN_MODEL_ID} (importing it now, once" in out
+    assert f"  dashboard: {d.url}/ui\n" in out
+    tenths = re.findall(rf"import {BUILTIN_MODEL_ID}:\s+\d+/\d+ tensors \((\d+)%\)", out)
+    assert len(tenths) >= 5 and tenths[-1] == "100", tenths
+    assert out.index("(100%)") < out.index(f"model={BUILTIN_MODEL_ID} loading: warming up")
     d.stop()
     # A later start reuses the imported folder.
     d2 = make_daemon(home=d.home)

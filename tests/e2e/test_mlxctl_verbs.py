@@ -19,17 +19,15 @@ from mlxd.supervisor.ctl.mlxctl import main as mlxctl
 from procs import free_port
 
 DISCOVERY_ENV = ("MLXD_URL", "MLXD_HOST", "MLXD_PORT", "MLXD_HOME")
-# Each chat's first token is held back this long, so Ctrl-C reliably lands during a reply.
-HOLD_S = 1.5
+CONFIG = "[models.a]\nbatch = 4\nkeep_alive_s = 120\n"
+# A daemon whose replies never come by themselves (the first token is held back for longer
+# than any test runs): only the client's Ctrl-C ends one, however slow the machine.
+HELD = {"MLXD_DEBUG_PREFILL_DELAY_S": "3600"}
 
 
 @pytest.fixture(scope="module")
 def daemon(make_module_daemon, tiny_model_dir):
-    return make_module_daemon(
-        models={"a": tiny_model_dir},
-        config="[models.a]\nbatch = 4\nkeep_alive_s = 120\n",
-        env={"MLXD_DEBUG_PREFILL_DELAY_S": str(HOLD_S)},
-    )
+    return make_module_daemon(models={"a": tiny_model_dir}, config=CONFIG)
 
 
 @pytest.fixture
@@ -191,6 +189,18 @@ class Terminal:
         before, self.seen = self.out[self.seen : at], at + len(text)
         return before
 
+    def wait_reading(self, timeout_s: float = 60.0) -> None:
+        """Wait until mlxctl sleeps in select() on the terminal, so a key sent next reaches
+        readline: a SIGINT or an EOF that lands between the prompt's output and that select()
+        is held until the next line (a readline race, not mlxctl's), and the test would hang.
+        Linux shows it in /proc; elsewhere this returns at once."""
+        wchan = Path(f"/proc/{self.pid}/wchan")
+        deadline = time.monotonic() + timeout_s
+        while wchan.exists() and not any(w in wchan.read_text() for w in ("select", "poll")):
+            if time.monotonic() > deadline:
+                raise AssertionError(f"mlxctl is not reading the terminal: {wchan.read_text()}")
+            time.sleep(0.01)
+
     def wait(self, timeout_s: float = 30.0) -> int:
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
@@ -221,7 +231,9 @@ def _prompt_tokens(term: Terminal) -> int:
     return int(line)
 
 
-def test_interactive_run_keeps_history_and_ctrl_c_stops_a_reply(daemon):
+def test_interactive_run_keeps_history_and_ctrl_c_stops_a_reply(
+    daemon, make_daemon, tiny_model_dir
+):
     argv = _mlxctl_argv(daemon, "run", "a", "--max-tokens", "3", "--verbose")
     term = Terminal(argv)
     try:
@@ -230,29 +242,32 @@ def test_interactive_run_keeps_history_and_ctrl_c_stops_a_reply(daemon):
         first = _prompt_tokens(term)
         term.send(b"hello\r")  # the same words: only the history makes this prompt longer
         assert _prompt_tokens(term) > first + 3
-
-        log = daemon.home / "logs" / "a.log"
-        cancelled = log.read_text().count(" 499 ")
-        term.send(b"tell me more\r")
-        term.expect(b"tell me more")
-        # Once the request is in (a lease is held) its first token is held back: Ctrl-C then.
-        daemon.wait_for(lambda: _leases(daemon) == 1, 20, "the request")
-        term.send(b"\x03")
-        assert term.expect(b"(stopped)").replace(b"\x1b[2m", b"").strip() == b"^C"
-        term.expect(b">>> ")
-        # The stream was closed, so the worker gave up the request (and logged it so).
-        daemon.wait_for(lambda: log.read_text().count(" 499 ") > cancelled, 20, "the cancel")
-        term.send(b"\x03")  # at the prompt Ctrl-C does not leave either
+        term.wait_reading()
+        term.send(b"\x03")  # at the prompt Ctrl-C does not leave
         term.expect(b"(Ctrl-D or /bye leaves)")
-        term.send(b"/bye\r")
+        term.expect(b">>> ")
+        term.wait_reading()
+        term.send(b"\x04")  # Ctrl-D does
         assert term.wait() == 0
     finally:
         term.close()
 
-    term = Terminal(_mlxctl_argv(daemon, "run", "a", "--max-tokens", "2"))
+    held = make_daemon(models={"a": tiny_model_dir}, config=CONFIG, env=HELD)
+    term = Terminal(_mlxctl_argv(held, "run", "a", "--max-tokens", "3"))
     try:
         term.expect(b">>> ")
-        term.send(b"\x04")  # Ctrl-D leaves
+        term.send(b"tell me more\r")
+        term.expect(b"tell me more")
+        # The request is in (a lease is held) and its reply cannot end before Ctrl-C does.
+        held.wait_for(lambda: _leases(held) == 1, 120, "the request")
+        term.send(b"\x03")
+        assert term.expect(b"(stopped)").replace(b"\x1b[2m", b"").strip() == b"^C"
+        term.expect(b">>> ")
+        # The stream was closed, so the worker gave up the request (and logged it so).
+        log = held.home / "logs" / "a.log"
+        held.wait_for(lambda: " 499 " in log.read_text(), 60, "the cancel")
+        held.wait_for(lambda: _leases(held) == 0, 60, "the lease's release")
+        term.send(b"/bye\r")
         assert term.wait() == 0
     finally:
         term.close()

@@ -100,6 +100,12 @@ CASES = {
         {},
         ["'-oProxyCommand=x' is not an IP address"],
     ),
+    "default_model that names no model": (
+        'default_model = "smollm2"\n',
+        [],
+        {},
+        ["default_model: no model is named 'smollm2'", "models found: none"],
+    ),
     "bad flag": ("", ["--port", "eighty"], {}, ["argument --port: invalid int value: 'eighty'"]),
     "port in use": ("", [], {}, ["cannot listen on 127.0.0.1:{port}: Address already in use"]),
 }

@@ -6,7 +6,6 @@ settings are is shared/config.py.
 
 from __future__ import annotations
 
-import difflib
 import os
 import re
 from pathlib import Path
@@ -17,6 +16,7 @@ from pydantic import ValidationError
 from pydantic_settings import PydanticBaseSettingsSource, SettingsError, TomlConfigSettingsSource
 
 from mlxd.shared.config import ConfigError, ModelSettings, Settings, is_template_text
+from mlxd.shared.errors import did_you_mean
 
 
 def _check_model_sections(settings: Settings) -> None:
@@ -101,12 +101,7 @@ def _read_toml(path: Path) -> dict[str, Any]:
 
 def _unknown(keys: Any, valid: set[str]) -> list[str]:
     """'key' (did you mean 'closest'?) for each key not in `valid`."""
-    out = []
-    for key in keys:
-        if key not in valid:
-            close = difflib.get_close_matches(key, valid, n=1)
-            out.append(f"'{key}'" + (f" (did you mean '{close[0]}'?)" if close else ""))
-    return out
+    return [f"'{key}'{did_you_mean(key, valid)}" for key in keys if key not in valid]
 
 
 def check_config_keys(data: dict[str, Any], path: Path) -> None:

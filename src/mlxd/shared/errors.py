@@ -6,9 +6,34 @@ see a traceback.
 
 from __future__ import annotations
 
+import difflib
+from collections.abc import Iterable
 from typing import Any
 
 import orjson
+
+
+def closest(word: str, choices: Iterable[str]) -> str | None:
+    """The choice `word` most likely meant: the same but for case, else the nearest spelling,
+    else the shortest choice that contains it ("smollm2" → "smollm2-135m-instruct")."""
+    by_lower = {c.lower(): c for c in choices}
+    w = word.lower()
+    if w in by_lower:
+        return by_lower[w]
+    near = difflib.get_close_matches(w, by_lower, n=1)
+    if near:
+        return by_lower[near[0]]
+    if len(w) >= 3:  # shorter words are contained in too much to mean anything
+        holders = sorted((c for lower, c in by_lower.items() if w in lower), key=len)
+        if holders:
+            return holders[0]
+    return None
+
+
+def did_you_mean(word: str, choices: Iterable[str]) -> str:
+    """The closest choice as " (did you mean 'x'?)", or "" when none is close."""
+    near = closest(word, choices)
+    return f" (did you mean '{near}'?)" if near is not None else ""
 
 
 class MlxdError(Exception):
@@ -53,9 +78,13 @@ class NotFound(MlxdError):
 
 
 class ModelNotFound(NotFound):
-    def __init__(self, model: str):
+    """An id no model has; `known` are the ids (and aliases) the closest is suggested from."""
+
+    def __init__(self, model: str, known: Iterable[str] = ()):
         super().__init__(
-            f"The model '{model}' does not exist", param="model", code="model_not_found"
+            f"The model '{model[:200]}' does not exist{did_you_mean(model, known)}",
+            param="model",
+            code="model_not_found",
         )
 
 

@@ -13,9 +13,10 @@ from typing import NoReturn
 from mlxd import __version__
 from mlxd.shared.config import ConfigError
 from mlxd.shared.config_load import load_settings
+from mlxd.shared.exit_codes import EXIT_USAGE
 from mlxd.shared.logs import setup_logging
 
-EXIT_STARTUP = 2  # every reason `mlxd start` refuses to start, said in one line on stderr
+EXIT_STARTUP = EXIT_USAGE  # every reason `mlxd start` refuses to start, one line on stderr
 
 
 def _refuse(reason: str) -> int:
@@ -42,10 +43,21 @@ def _start(args: argparse.Namespace) -> int:
         settings = load_settings(flags, args.config)
     except ConfigError as exc:  # a bad config file or environment value: say which, then stop
         return _refuse(str(exc))
-    from mlxd.supervisor.catalog.discovery import alias_problem, config_path_problem
+    from mlxd.shared.builtin_model import BUILTIN_MODEL_ID, find_builtin_gguf
+    from mlxd.supervisor.catalog.discovery import (
+        alias_problem,
+        config_path_problem,
+        default_model_problem,
+    )
     from mlxd.supervisor.http.auth import bind_refusal
 
-    refusal = bind_refusal(settings) or config_path_problem(settings) or alias_problem(settings)
+    builtin = (BUILTIN_MODEL_ID,) if find_builtin_gguf() is not None else ()
+    refusal = (
+        bind_refusal(settings)
+        or config_path_problem(settings)
+        or alias_problem(settings)
+        or default_model_problem(settings, importable=builtin)
+    )
     if refusal is not None:
         return _refuse(refusal)
     from mlxd.supervisor.daemon import StartupError, prepare_home, serve

@@ -11,6 +11,7 @@ import signal
 import psutil
 from aiohttp import web
 
+from mlxd import __version__
 from mlxd.shared.config import Settings
 from mlxd.shared.middleware import error_middleware, request_id_middleware
 from mlxd.shared.sizes import format_size
@@ -158,13 +159,13 @@ async def serve(settings: Settings, lock: PidLock | None = None) -> int:
     ]
     setup_builtin(registry.catalog, registry.tasks)
     preload(settings, registry)
-    if registry.catalog.default_model():
-        log.info(
-            "try: curl http://%s:%d/v1/chat/completions -H 'content-type: application/json'"
-            ' -d \'{"messages": [{"role": "user", "content": "Hello!"}]}\'',
-            settings.host,
-            site.port,
-        )
+    catalog = registry.catalog
+    default = catalog.default_model()
+    # Plain lines on stdout for whoever started it (make run, a terminal, a service log).
+    print(
+        banner(url, default, default in catalog.pending, settings.api_key is not None),
+        flush=True,
+    )
 
     await stop.wait()
     log.info("shutting down: stop accepting, finish in-flight requests, drain workers")
@@ -178,6 +179,26 @@ async def serve(settings: Settings, lock: PidLock | None = None) -> int:
     lock.release()
     log.info("stopped")
     return 0
+
+
+QUESTION = '{"messages": [{"role": "user", "content": "What is the capital of France?"}]}'
+
+
+def banner(url: str, default_model: str | None, importing: bool, needs_key: bool) -> str:
+    """What `mlxd start` prints once it listens: where it serves, the dashboard, the default
+    model, and a request to try (README.md's, at this daemon's real address)."""
+    lines = [f"mlxd {__version__}: serving on {url} (Ctrl-C stops)", f"  dashboard: {url}/ui"]
+    if default_model is None:
+        lines.append("  no default model: name one in each request (mlxctl models lists them)")
+        return "\n".join(lines)
+    note = " (importing it now, once: progress below; the first request waits)"
+    lines.append(f"  default model: {default_model}{note if importing else ''}")
+    key = ' -H "authorization: Bearer $MLXD_API_KEY"' if needs_key else ""
+    lines.append(
+        f"  try: curl {url}/v1/chat/completions{key} -H 'content-type: application/json'"
+        f" -d '{QUESTION}'"
+    )
+    return "\n".join(lines)
 
 
 def _log_start(settings: Settings, before: int, nofile: int, max_total: int) -> None:

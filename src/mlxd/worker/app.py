@@ -147,11 +147,13 @@ async def serve(cfg: WorkerSpec) -> int:
     channel = None  # a worker group's rank 0 (worker/group/)
     if cfg.group is not None:
         cfg = cfg.model_copy(update={"cache_idle_s": GROUP_IDLE_S, **GROUP_OFF})
+        _phase(state, "joining the worker group")
         channel, code = await asyncio.to_thread(join_as_lead, cfg, embedding)
         if channel is None:
             await runner.cleanup()
             _unlink(sock)
             return code
+    _phase(state, "loading weights")
     try:
         if embedding:
             state.loaded = await asyncio.to_thread(
@@ -161,6 +163,7 @@ async def serve(cfg: WorkerSpec) -> int:
             group = channel.group if channel else None
             state.loaded = await asyncio.to_thread(load_for_spec, cfg, group)
             if cfg.speculative == "draft" and cfg.draft_model is not None:
+                _phase(state, "loading the draft model")
                 state.draft = await asyncio.to_thread(load_draft, cfg.draft_model, state.loaded)
     except Exception as exc:
         log.error("cannot load model=%s path=%s: %s", cfg.model_id, cfg.model_path, exc)
@@ -169,6 +172,7 @@ async def serve(cfg: WorkerSpec) -> int:
         return EXIT_MODEL_LOAD_ERROR
     # The SSD scan can take a while on a big folder: off the loop, so /health answers
     # "loading" meanwhile, and READY (state.started) only once it and the engine are up.
+    _phase(state, "opening the prompt cache")
     state.prompt_cache = await asyncio.to_thread(make_prompt_cache, cfg, state.loaded)
     limit_buffer_cache()
     state.engine = make_engine(
@@ -179,6 +183,7 @@ async def serve(cfg: WorkerSpec) -> int:
     state.engine.start()
     # The warm-up runs on the engine thread; READY only after it, so no user pays for it
     # (the supervisor's load time includes it).
+    _phase(state, "warming up")
     await asyncio.to_thread(state.engine.warmed.wait)
     state.started = True
     log.info(
@@ -209,6 +214,12 @@ async def shutdown(state: WorkerState, runner: web.AppRunner, grace_s: float) ->
     # The engine thread must be gone before the interpreter exits (MLX aborts otherwise).
     await asyncio.to_thread(state.engine.join, 30.0)
     await runner.cleanup()
+
+
+def _phase(state: WorkerState, phase: str) -> None:
+    """Enter a start-up phase: /health reports it until READY."""
+    state.phase = phase
+    log.info("start-up phase: %s model=%s", phase, state.config.model_id)
 
 
 async def _set_when(trigger: asyncio.Event, target: asyncio.Event) -> None:

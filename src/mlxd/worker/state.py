@@ -22,6 +22,9 @@ class WorkerState:
     # Start-up finished: model loaded, prompt cache (SSD scan) ready, engine running. /health
     # says ok only after this, so a worker is never READY mid-scan.
     started: bool = False
+    # What the start-up is doing now, for /health while loading: the supervisor shows it
+    # (mlxctl load, the dashboard, its terminal) so a long load is never a silence.
+    phase: str = "starting"
     load_error: str | None = None
     prompt_cache: PromptCache | None = None
     cache_ns: str = ""

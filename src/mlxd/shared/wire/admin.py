@@ -36,6 +36,10 @@ class ModelStatus(BaseModel):
     # A worker group's ranks (docs/scale-out.md): their pids, rank 0's first (`pid`); remote
     # ranks by their ssh client. `memory_bytes` then sums the ranks on this host.
     ranks: list[int] | None = None
+    # While starting: what the worker is doing (its /health phase) and the seconds since the
+    # load began; mlxctl load and the dashboard show both.
+    phase: str | None = None
+    load_s: float | None = None
 
 
 class ModelDetail(ModelStatus):
@@ -129,6 +133,7 @@ class WorkerHealth(BaseModel):
     generation: int | None = None
     model: str | None = None
     error: str | None = None  # why the engine stopped, when status is failed
+    phase: str | None = None  # while loading: loading weights, warming up, ...
     # What the worker holds now (weights, RAM prompt cache, KV of the rows in flight) and the
     # memory plan's limit: what the supervisor's budget can count in place of an estimate.
     memory_in_use_bytes: int | None = None  # memory.total_bytes

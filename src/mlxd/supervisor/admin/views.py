@@ -67,6 +67,9 @@ def model_status(reg: Registry, model_id: str, entries: dict | None = None) -> M
     row.last_error = slot.last_error
     row.generation = slot.generation
     row.drained = slot.drained
+    if slot.state is State.STARTING:
+        row.phase = slot.phase
+        row.load_s = round(max(0.0, now - slot.started_at), 1)
     return row
 
 

@@ -10,6 +10,7 @@ for the model wait for the import.
 from __future__ import annotations
 
 import asyncio
+import collections
 import importlib.util
 import logging
 import sys
@@ -28,9 +29,12 @@ def wants_builtin(catalog: Catalog) -> str | None:
     must be imported first, "missing" when it would be but its package is not installed,
     None when the user's own configuration decides."""
     s = catalog.settings
+    entries = catalog.entries()
+    if s.default_model == BUILTIN_MODEL_ID and BUILTIN_MODEL_ID not in entries:
+        # Named by the user on a fresh home: imported as if it were the default by choice.
+        return "import" if find_builtin_gguf() is not None else "missing"
     if s.default_model or any(ms.default for ms in s.models.values()):
         return None
-    entries = catalog.entries()
     if BUILTIN_MODEL_ID in entries:
         return "use"
     if entries:
@@ -55,8 +59,10 @@ def missing_hint() -> str:
 
 
 async def import_builtin(settings: Settings) -> None:
+    """Import the built-in GGUF in a child process, logging its progress as it goes (a tenth
+    of the tensors at a time): the first start's longest wait is never a silence."""
     gguf = find_builtin_gguf()
-    log.info("importing the built-in model %s from %s", BUILTIN_MODEL_ID, gguf)
+    log.info("importing the built-in model %s from %s (first start only)", BUILTIN_MODEL_ID, gguf)
     proc = await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",
@@ -67,18 +73,26 @@ async def import_builtin(settings: Settings) -> None:
         "--id",
         BUILTIN_MODEL_ID,
         "--progress",
-        "none",  # its output is only read on failure
+        "lines",
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.STDOUT,
     )
-    out, _ = await proc.communicate()
+    assert proc.stdout is not None
+    tail: collections.deque[str] = collections.deque(maxlen=3)  # said again on failure
+    folder = str(settings.models_dir / BUILTIN_MODEL_ID)
+    async for raw in proc.stdout:
+        line = raw.decode(errors="replace").strip()
+        if line:
+            tail.append(line)
+            if line != folder:  # its last line, the folder, is said once below
+                log.info("import %s: %s", BUILTIN_MODEL_ID, line)
+    await proc.wait()
     if proc.returncode != 0:
-        tail = out.decode(errors="replace").strip().splitlines()[-3:]
         log.error(
             "import of the built-in model failed (exit %d): %s", proc.returncode, " | ".join(tail)
         )
         return
-    log.info("built-in model ready at %s", settings.models_dir / BUILTIN_MODEL_ID)
+    log.info("built-in model ready at %s", folder)
 
 
 def setup_builtin(catalog: Catalog, tasks: Background) -> None:

@@ -30,6 +30,10 @@ class Catalog:
         """Every servable model by id, as discovery finds it now."""
         return discover(self.settings)
 
+    def known_names(self) -> list[str]:
+        """Every id and alias a request may name: what a "did you mean" picks from."""
+        return [*self.entries(), *self.settings.alias_map()]
+
     def default_model(self) -> str | None:
         """The model a request without `model` gets (None: it must name one)."""
         if self.settings.default_model:
@@ -57,5 +61,5 @@ class Catalog:
             return entry
         entry = self.entries().get(model)
         if entry is None:
-            raise ModelNotFound(model)
+            raise ModelNotFound(model, self.known_names())
         return entry

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from mlxd.shared.config import ModelSettings, Settings
+from mlxd.shared.errors import did_you_mean
 
 
 @dataclass(frozen=True)
@@ -123,3 +124,23 @@ def alias_problem(settings: Settings) -> str | None:
         if alias in ids:
             return f"model '{model_id}': alias '{alias}' is already a model's id"
     return None
+
+
+def default_model_problem(settings: Settings, importable: tuple[str, ...] = ()) -> str | None:
+    """`default_model` (or a `[models."<id>"]` marked `default`) that names no model, in one
+    line (None: it names one, or none is set). `importable` ids pass too: the built-in model
+    is imported after the start that makes it the default."""
+    names = [*discover(settings), *settings.alias_map()]
+    if settings.default_model:
+        wanted, what = settings.default_model, "default_model"
+    else:
+        marked = [mid for mid, ms in settings.models.items() if ms.default]
+        if not marked:
+            return None
+        wanted, what = marked[0], f'[models."{marked[0]}"] default = true'
+    if wanted in names or wanted in importable:
+        return None
+    hint = did_you_mean(wanted, [*names, *importable])
+    shown = sorted(names)[:5]
+    known = ", ".join(shown) + (", …" if len(names) > len(shown) else "") if names else "none"
+    return f"{what}: no model is named '{wanted}'{hint}; models found: {known}"

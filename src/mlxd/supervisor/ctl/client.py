@@ -33,6 +33,12 @@ class AdminClient:
     def close(self) -> None:
         self.http.close()
 
+    def __enter__(self) -> AdminClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
     def get(self, path: str, **params: Any) -> dict:
         return self._call("GET", path, params={k: v for k, v in params.items() if v is not None})
 

@@ -22,6 +22,7 @@ from mlxd.supervisor.ctl import tables as ctl_tables
 from mlxd.supervisor.ctl import target
 from mlxd.supervisor.ctl.client import AdminClient, CtlError, model_path
 from mlxd.supervisor.ctl.fit_table import fit_text
+from mlxd.supervisor.ctl.progress import run_with_progress
 
 DEFAULT_URL = target.DEFAULT_URL
 FOLLOW_INTERVAL_S = 0.5
@@ -54,7 +55,14 @@ def cmd_models(args, client: AdminClient) -> int:
 def cmd_action(args, client: AdminClient) -> int:
     if args.action == "unload" and (args.all or args.model is None):
         return cmd_unload_all(args, client)
-    body = client.post(model_path(args.model, args.action))
+    path = model_path(args.model, args.action)
+    if args.action not in ("load", "reload"):
+        body = client.post(path)
+    else:  # a load takes seconds to minutes: show where it is meanwhile, on stderr
+        with AdminClient(client.url, args.token, args.timeout, source=client.source) as poller:
+            body = run_with_progress(
+                lambda: client.post(path), lambda: poller.get(model_path(args.model))
+            )
     _out(args, body, ctl_tables.action_text(body))
     return 0
 

@@ -16,7 +16,14 @@ import orjson
 from aiohttp import web
 from pydantic import BaseModel, ValidationError
 
-from mlxd.shared.errors import BadGateway, BadRequest, MlxdError, ModelNotFound, NotFound
+from mlxd.shared.errors import (
+    BadGateway,
+    BadRequest,
+    MlxdError,
+    ModelNotFound,
+    NotFound,
+    closest,
+)
 from mlxd.shared.logs import bind_log_context
 from mlxd.shared.routes import BY_PATH
 from mlxd.shared.sampling import resolve_defaults
@@ -80,7 +87,10 @@ async def _entry(reg: Registry, name: str) -> ModelEntry:
             return reg.catalog.resolve(candidate)
         except ModelNotFound:
             continue
-    raise NotFound(f"model '{name[:200]}' not found", param="model", code="model_not_found")
+    # Suggested as Ollama names ("x:latest"), matched on the id the name means.
+    near = closest(model_id_of(name), reg.catalog.known_names())
+    hint = f" (did you mean '{ollama_name(near)}'?)" if near is not None else ""
+    raise NotFound(f"model '{name[:200]}' not found{hint}", param="model", code="model_not_found")
 
 
 def _details(info: FolderInfo) -> ModelDetails:

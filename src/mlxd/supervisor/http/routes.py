@@ -74,7 +74,7 @@ async def get_model(request: web.Request) -> web.Response:
     model_id = request.match_info["model_id"]
     entries = reg.catalog.entries()
     if model_id not in reg.lifecycle.slots and model_id not in entries:
-        raise ModelNotFound(model_id)
+        raise ModelNotFound(model_id, reg.catalog.known_names())
     return _json(_card(reg, model_id, entries))
 
 

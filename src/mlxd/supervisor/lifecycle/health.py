@@ -40,6 +40,8 @@ async def until_healthy(
     """Poll until `proc` answers "ok" as `slot`'s own worker (True) or `deadline` passed
     (False). Raises Unavailable when the process exited (or the slot let go of it) first."""
     warned = False
+    if slot.phase is None:
+        slot.record_phase("starting the worker process", clock())
     while clock() < deadline:
         if proc.returncode is not None or slot.process is not proc:
             why = slot.public_error if slot.process is not proc else proc.exit_summary()
@@ -63,5 +65,7 @@ async def until_healthy(
             elif status == 200 and health is not None and health.status == "ok":
                 slot.record_health(health)  # the budget counts the worker's report from READY
                 return True
+            elif health is not None and health.status == "loading" and health.phase:
+                slot.record_phase(health.phase, clock())
         await asyncio.sleep(POLL_S)
     return False

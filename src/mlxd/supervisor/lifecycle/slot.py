@@ -62,6 +62,8 @@ class ModelSlot:
     # What the running worker's /health last said it holds (weights, prompt cache, KV in
     # flight); None until it is READY. Set at READY and by each watchdog probe.
     reported: ModelMemory | None = None
+    # While STARTING: what the worker says it is doing (its /health phase); None otherwise.
+    phase: str | None = None
 
     @classmethod
     def create(
@@ -101,6 +103,13 @@ class ModelSlot:
         if health.memory is not None:
             self.reported = health.memory
 
+    def record_phase(self, phase: str, now: float) -> None:
+        """A starting worker entered `phase`: logged once, on the terminal too, so a long
+        load shows where it is (mlxctl load and the dashboard read it from /admin/models)."""
+        if phase != self.phase:
+            self.phase = phase
+            log.info("model=%s loading: %s (%.1fs)", self.id, phase, now - self.started_at)
+
     @property
     def keep_alive_s(self) -> float:
         """How long the model stays loaded once idle (0: unload at once, -1: never)."""
@@ -129,6 +138,7 @@ class ModelSlot:
         self.state = to
         if to in (State.STARTING, State.STOPPED, State.BACKOFF, State.FATAL):
             self.reported = None  # no worker, or a new one: back to the estimate
+        self.phase = None  # a new state: no start-up phase until the worker reports one
         if to is State.STOPPED:  # a request's keep_alive lasts as long as the worker it kept
             self.requested_keep_alive_s = None
         self.changed.set()

@@ -44,6 +44,8 @@ async def health(request: web.Request) -> web.Response:
     body = WorkerHealth(
         status=status, pid=os.getpid(), generation=cfg.generation, model=cfg.model_id, error=error
     )
+    if status == "loading":
+        body.phase = state.phase
     if state.started and state.engine is not None:
         body.memory = model_memory(state.engine)
         body.memory_in_use_bytes = body.memory.total_bytes

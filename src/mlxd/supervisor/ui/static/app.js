@@ -130,6 +130,7 @@ function showTab() {
 let models = [];
 let modelsAt = 0;
 const pending = new Map(); // model id → the action under way
+const ACTION_POLL_MS = 500; // the rows are read this often while an action is under way
 
 async function loadModels() {
   const data = await (await call("/admin/models")).json();
@@ -146,6 +147,14 @@ function countdown(m) {
   return `unloads in ${seconds(Math.max(0, left))}`;
 }
 
+// A starting model says what its worker is doing and for how long (the row mlxctl load reads).
+function stateText(m, busy) {
+  if (m.state === "starting") {
+    return `starting, ${m.phase || "waiting for the worker"} (${Math.round(m.load_s || 0)} s)`;
+  }
+  return busy ? `${busy}…` : m.state;
+}
+
 function renderModels() {
   const body = $("models-table").tBodies[0];
   body.replaceChildren(...models.map((m) => {
@@ -159,7 +168,7 @@ function renderModels() {
     return el("tr", { "data-model": m.id },
       el("td", {}, m.id),
       el("td", { class: "state-cell" },
-        el("span", { class: `state state-${m.state}` }, busy ? `${busy}…` : m.state),
+        el("span", { class: `state state-${m.state}` }, stateText(m, busy)),
         m.drained ? el("span", { class: "muted" }, " (drained)") : null),
       el("td", { class: "num" }, m.pid === null ? "–" : String(m.pid)),
       el("td", { class: "num" }, held(m.memory)),
@@ -180,6 +189,9 @@ function tickCountdowns() {
 async function act(id, action) {
   pending.set(id, action);
   renderModels();
+  // The action answers when it is over: meanwhile the row is read often, so a load's
+  // phase and seconds move on the page.
+  const watch = setInterval(() => loadModels().catch(() => {}), ACTION_POLL_MS);
   try {
     const r = await (await call(`/admin/models/${modelPath(id)}/${action}`,
       { method: "POST", json: {} })).json();
@@ -187,6 +199,7 @@ async function act(id, action) {
   } catch (e) {
     notice(`${action} ${id}: ${e.message}`);
   } finally {
+    clearInterval(watch);
     pending.delete(id);
     await loadModels().catch(() => {});
   }
