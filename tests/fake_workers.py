@@ -18,7 +18,7 @@ from mlxd.shared.config_load import load_settings
 from mlxd.shared.wire.admin import WorkerHealth
 from mlxd.shared.wire.memory import ModelMemory
 from mlxd.shared.worker_spec import WorkerSpec
-from mlxd.supervisor.lifecycle.registry import Registry
+from mlxd.supervisor.registry.registry import Registry
 
 _pids = itertools.count(40_000)
 

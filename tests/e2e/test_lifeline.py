@@ -20,7 +20,7 @@ child.wait()
 """
 STUCK = """
 import time
-from mlxd.worker.lifeline import exit_when_orphaned
+from mlxd.shared.lifeline import exit_when_orphaned
 exit_when_orphaned(7, interval_s=0.05)
 print("armed", flush=True)
 time.sleep(600)

@@ -7,8 +7,8 @@ import mlx.core as mx
 import pytest
 from mlx_lm.models.cache import BatchKVCache
 
-from mlxd.worker import attention
-from mlxd.worker.model import load_model
+from mlxd.worker.model import attention
+from mlxd.worker.model.load import load_model
 
 FUSED = attention._fused
 
@@ -229,8 +229,8 @@ def test_the_engine_decodes_what_one_row_alone_would_whatever_path_its_prefill_t
 
     from mlxd.shared.params import GenerationParams
     from mlxd.worker.engine.loop import Engine
-    from mlxd.worker.engine.planner import PlanConfig
     from mlxd.worker.engine.rows import Submission
+    from mlxd.worker.engine.sched.planner import PlanConfig
 
     loaded = load_model(tiny_model_dir, "tiny")
     rng = random.Random(7)

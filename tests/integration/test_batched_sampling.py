@@ -10,7 +10,7 @@ import pytest
 from mlx_lm.sample_utils import make_logits_processors
 
 from mlxd.shared.params import GenerationParams
-from mlxd.worker.engine.sampling import PENALTY_WINDOW, RowSampling, Table, penalize, sample
+from mlxd.worker.engine.step.sampling import PENALTY_WINDOW, RowSampling, Table, penalize, sample
 
 V = 64
 

@@ -12,12 +12,12 @@ import pytest
 from mlx_lm.models.cache import ArraysCache, BatchKVCache, CacheList, KVCache, QuantizedKVCache
 
 from mlxd.shared.params import GenerationParams
-from mlxd.worker.engine import compiled
-from mlxd.worker.engine.compiled import CompiledStep, for_model
-from mlxd.worker.engine.generator import make_generator
 from mlxd.worker.engine.loop import Engine
-from mlxd.worker.engine.sampling import RowSampling
-from mlxd.worker.model import load_model
+from mlxd.worker.engine.step import compiled
+from mlxd.worker.engine.step.compiled import CompiledStep, for_model
+from mlxd.worker.engine.step.generator import make_generator
+from mlxd.worker.engine.step.sampling import RowSampling
+from mlxd.worker.model.load import load_model
 
 # (prompt length, tokens to generate, the step it joins at)
 ROWS = [(40, 300, 0), (300, 60, 0), (5, 260, 0), (120, 120, 30), (9, 40, 150), (500, 40, 160)]
@@ -143,7 +143,7 @@ def test_caches_it_cannot_compile_take_the_plain_forward(loaded):
 def test_the_warm_up_runs_a_row_leaving_while_others_decode(tiny_model_dir, monkeypatch):
     # A request ending beside others filters the batch's caches (a gather per layer): a path
     # the GPU compiles on first use, so the warm-up takes it before READY.
-    from mlxd.worker.engine.decode import DecodeBatch
+    from mlxd.worker.engine.step.decode import DecodeBatch
 
     partial = []
     real = DecodeBatch.filter

@@ -7,7 +7,7 @@ import threading
 from mlxd.shared.params import GenerationParams
 from mlxd.worker.engine.loop import Engine
 from mlxd.worker.engine.rows import Submission
-from mlxd.worker.model import load_model
+from mlxd.worker.model.load import load_model
 
 
 def _sub(rid: str, done: dict, processors=()):

@@ -8,9 +8,9 @@ import mlx.core as mx
 import pytest
 from mlx_lm.models.cache import QuantizedKVCache, make_prompt_cache
 
-from mlxd.worker.engine.generator import make_generator
-from mlxd.worker.engine.kvquant import BatchQuantizedKVCache, QuantizedRowCache, head
-from mlxd.worker.model import load_model
+from mlxd.worker.engine.step.generator import make_generator
+from mlxd.worker.kv.quant import BatchQuantizedKVCache, QuantizedRowCache, head
+from mlxd.worker.model.load import load_model
 
 PROMPTS = [list(range(5, 5 + n)) for n in (7, 40, 13, 90)]
 N = 12

@@ -6,10 +6,10 @@ from __future__ import annotations
 import pytest
 
 from mlxd.shared.params import GenerationParams
-from mlxd.worker.engine import schedule
 from mlxd.worker.engine.batch import Batch
-from mlxd.worker.engine.planner import PlanConfig
 from mlxd.worker.engine.rows import Submission
+from mlxd.worker.engine.sched import schedule
+from mlxd.worker.engine.sched.planner import PlanConfig
 
 
 def _scheduler(monkeypatch, lockstep: bool):

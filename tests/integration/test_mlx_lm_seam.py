@@ -10,10 +10,10 @@ from mlx_lm.generate import GenerationBatch, PromptProcessingBatch
 from mlx_lm.models.cache import BatchKVCache
 from mlx_lm.tokenizer_utils import TokenizerWrapper
 
-from mlxd.worker.engine import mlx_lm_seam as seam
-from mlxd.worker.engine.decode import DecodeBatch
-from mlxd.worker.engine.generator import decode_batch, make_generator
-from mlxd.worker.model import load_model
+from mlxd.worker.engine.step.decode import DecodeBatch
+from mlxd.worker.engine.step.generator import decode_batch, make_generator
+from mlxd.worker.model import mlx_lm_seam as seam
+from mlxd.worker.model.load import load_model
 
 
 @pytest.fixture(scope="module")

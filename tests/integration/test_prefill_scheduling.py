@@ -17,13 +17,13 @@ import pytest
 from mlxd.shared.errors import PayloadTooLarge
 from mlxd.shared.params import GenerationParams
 from mlxd.worker.engine import steplog
-from mlxd.worker.engine.kvbudget import padded, row_tokens
 from mlxd.worker.engine.loop import Engine
-from mlxd.worker.engine.planner import PlanConfig
 from mlxd.worker.engine.rows import Submission
+from mlxd.worker.engine.sched.planner import PlanConfig
 from mlxd.worker.engine.steplog import StepLog
 from mlxd.worker.engine.trace import StepTrace
-from mlxd.worker.model import load_model
+from mlxd.worker.kv.budget import padded, row_tokens
+from mlxd.worker.model.load import load_model
 
 from procs import start_worker, stop, uds_client
 

@@ -7,7 +7,7 @@ import itertools
 import mlx.core as mx
 from mlx_lm.models.cache import KVCache
 
-from mlxd.worker.engine.speculate import BucketView
+from mlxd.worker.engine.step.speculate import BucketView
 
 
 def _cache(buffer: int, offset: int) -> KVCache:

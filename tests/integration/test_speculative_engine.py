@@ -11,11 +11,11 @@ import threading
 import pytest
 
 from mlxd.shared.params import GenerationParams
-from mlxd.worker.draft_model import DraftMismatch, load_draft, spec_config
-from mlxd.worker.engine.draft import NgramDrafter
+from mlxd.worker.engine.draft_model import DraftMismatch, load_draft, spec_config
 from mlxd.worker.engine.loop import Engine
 from mlxd.worker.engine.rows import Submission
-from mlxd.worker.model import load_model
+from mlxd.worker.engine.step.draft import NgramDrafter
+from mlxd.worker.model.load import load_model
 
 PROMPTS = [
     "def area(w, h):\n    return w * h\n\ndef area(w, h):\n    return w * h\n",
@@ -78,7 +78,7 @@ def test_a_lone_row_gives_the_same_text_with_speculation(target, other, mode):
 
 def test_a_draft_that_catches_up_over_several_steps_gives_the_same_text(target, monkeypatch):
     # A chunk of 8 tokens: the draft reads the prompt over several steps, then drafts.
-    monkeypatch.setattr("mlxd.worker.engine.draft.CATCH_UP_CHUNK", 8)
+    monkeypatch.setattr("mlxd.worker.engine.step.draft.CATCH_UP_CHUNK", 8)
     long_prompt = [PROMPTS[0] * 3]
     plain, _ = _run(target, None, [GREEDY], long_prompt)
     fast, stats = _run(target, spec_config("draft", 4, target), [GREEDY], long_prompt)

@@ -15,10 +15,10 @@ import pytest
 
 from mlxd.shared.params import GenerationParams
 from mlxd.worker.engine.loop import Engine
-from mlxd.worker.engine.planner import PlanConfig
 from mlxd.worker.engine.rows import Submission
+from mlxd.worker.engine.sched.planner import PlanConfig
 from mlxd.worker.engine.steplog import StepLog
-from mlxd.worker.model import load_model
+from mlxd.worker.model.load import load_model
 
 from procs import CONTEXT_LIMIT, MAX_BODY_BYTES
 

@@ -10,7 +10,7 @@ from fake_workers import Fleet, make_registry
 
 from mlxd.supervisor.admin import logstream
 from mlxd.supervisor.daemon import build_app
-from mlxd.supervisor.scheduling.eviction import Resident, eviction_candidates
+from mlxd.supervisor.policy.eviction import Resident, eviction_candidates
 from mlxd.supervisor.ui.routes import page_response, wants_html
 
 CHROME = "text/html,application/xhtml+xml,application/xml;q=0.9,image/avif,*/*;q=0.8"

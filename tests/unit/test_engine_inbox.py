@@ -8,15 +8,8 @@ import threading
 import pytest
 
 from mlxd.shared.params import GenerationParams
-from mlxd.worker.engine.inbox import (
-    Cancel,
-    CloseSession,
-    Inbox,
-    PersistCache,
-    Stop,
-    Submit,
-)
 from mlxd.worker.engine.rows import Submission
+from mlxd.worker.engine.sched.inbox import Cancel, CloseSession, Inbox, PersistCache, Stop, Submit
 
 
 def sub(rid: str) -> Submission:
@@ -49,7 +42,7 @@ def test_what_arrives_while_the_inbox_is_being_taken_is_taken_too():
 
 
 def test_an_empty_inbox_waits_only_when_asked_to(monkeypatch):
-    from mlxd.worker.engine import inbox as inbox_module
+    from mlxd.worker.engine.sched import inbox as inbox_module
 
     monkeypatch.setattr(inbox_module, "IDLE_WAKE_S", 0.05)
     inbox = Inbox()

@@ -2,7 +2,7 @@
 
 import pytest
 
-from mlxd.supervisor.scheduling.eviction import DoesNotFit, Resident, plan_eviction
+from mlxd.supervisor.policy.eviction import DoesNotFit, Resident, plan_eviction
 
 GB = 1 << 30
 

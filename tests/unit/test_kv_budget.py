@@ -3,12 +3,7 @@
 import pytest
 
 from mlxd.shared.errors import PayloadTooLarge
-from mlxd.worker.engine.kvbudget import (
-    RESERVED_OUTPUT_TOKENS,
-    KvBudget,
-    kv_bytes_per_token,
-    row_tokens,
-)
+from mlxd.worker.kv.budget import RESERVED_OUTPUT_TOKENS, KvBudget, kv_bytes_per_token, row_tokens
 
 QWEN3_8B = {
     "num_hidden_layers": 36,

@@ -9,8 +9,8 @@ import pytest
 from fake_workers import FakeClock, Fleet, make_models, settings_for, until
 
 from mlxd.shared.errors import Unavailable
-from mlxd.supervisor.lifecycle.registry import Registry
 from mlxd.supervisor.lifecycle.states import State
+from mlxd.supervisor.registry.registry import Registry
 
 
 def registry(tmp_path, fleet: Fleet, clock=None, **overrides) -> Registry:

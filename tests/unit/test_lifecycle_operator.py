@@ -11,8 +11,8 @@ from fake_workers import Fleet, make_registry, until
 
 from mlxd.shared.errors import Unavailable
 from mlxd.shared.exit_codes import EXIT_MODEL_LOAD_ERROR
-from mlxd.supervisor.lifecycle.operations import ModelOps
 from mlxd.supervisor.lifecycle.states import State
+from mlxd.supervisor.registry.operations import ModelOps
 
 
 async def serve(reg, model: str = "m"):

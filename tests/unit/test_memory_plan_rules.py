@@ -4,9 +4,9 @@ budget; an allocation failure is told apart from other step failures (issue 18).
 import pytest
 
 from mlxd.shared.errors import PayloadTooLarge
-from mlxd.worker.engine.kvbudget import KvBudget, kv_bytes_per_token
-from mlxd.worker.engine.memplan import plan_memory
 from mlxd.worker.engine.recovery import generation_failed, is_out_of_memory
+from mlxd.worker.engine.sched.memplan import plan_memory
+from mlxd.worker.kv.budget import KvBudget, kv_bytes_per_token
 
 GiB = 1024**3
 MiB = 1024**2

@@ -2,7 +2,13 @@
 
 import pytest
 
-from mlxd.worker.engine.planner import PlanConfig, Prefilling, is_busy, plan_chunk, warmup_shapes
+from mlxd.worker.engine.sched.planner import (
+    PlanConfig,
+    Prefilling,
+    is_busy,
+    plan_chunk,
+    warmup_shapes,
+)
 
 CFG = PlanConfig(idle_chunk=4096, step_budget=1024, min_chunk=64)
 LONG = Prefilling(todo=20_000, started=True)

@@ -9,9 +9,9 @@ import pytest
 
 from mlxd.shared.config_load import load_settings
 from mlxd.shared.errors import Unavailable
-from mlxd.supervisor.http.upstream import UpstreamPool
-from mlxd.supervisor.lifecycle.registry import Registry
 from mlxd.supervisor.lifecycle.states import State
+from mlxd.supervisor.lifecycle.upstream import UpstreamPool
+from mlxd.supervisor.registry.registry import Registry
 
 
 class Unspawnable:

@@ -8,9 +8,9 @@ import asyncio
 from fake_workers import FakeClock, Fleet, make_models, make_registry
 
 from mlxd.shared.wire.memory import ModelMemory
+from mlxd.supervisor.lifecycle.admission import share_bytes
 from mlxd.supervisor.lifecycle.states import State
 from mlxd.supervisor.lifecycle.watchdog import check_health
-from mlxd.supervisor.scheduling.admission import share_bytes
 
 
 async def use(reg, clock, model: str):

@@ -7,7 +7,7 @@ import pytest
 from mlxd.shared.config import ConfigError
 from mlxd.shared.config_load import load_settings
 from mlxd.shared.sizes import format_size, parse_size
-from mlxd.supervisor.scheduling.eviction import DoesNotFit, Resident, plan_eviction
+from mlxd.supervisor.policy.eviction import DoesNotFit, Resident, plan_eviction
 from mlxd.worker.config import parse_args
 
 MiB, GiB = 1 << 20, 1 << 30

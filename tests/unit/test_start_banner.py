@@ -1,7 +1,7 @@
 """What `mlxd start` prints once it listens: the real address, the dashboard, a request to try."""
 
+from mlxd.supervisor.ctl.urlfile import client_url
 from mlxd.supervisor.daemon import banner
-from mlxd.supervisor.urlfile import client_url
 
 TRY = (
     "  try: curl http://127.0.0.1:9123/v1/chat/completions -H 'content-type: application/json'"

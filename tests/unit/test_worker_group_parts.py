@@ -19,10 +19,10 @@ from mlxd.shared.params import GenerationParams
 from mlxd.shared.worker_spec import GroupSpec
 from mlxd.supervisor.lifecycle.group import GroupProcess, rank_specs, spawn_worker
 from mlxd.supervisor.lifecycle.process import WorkerProcess
-from mlxd.worker.group import env as group_env_module
+from mlxd.worker.dist import env as group_env_module
+from mlxd.worker.dist.env import group_env, write_hostfile
 from mlxd.worker.group import wire
 from mlxd.worker.group.channel import Channel, LinkClosed
-from mlxd.worker.group.env import group_env, write_hostfile
 
 
 def test_a_group_entry_becomes_rank_zeros_spec(tmp_path):

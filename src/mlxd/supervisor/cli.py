@@ -8,13 +8,13 @@ import os
 import shutil
 import sys
 from pathlib import Path
-from typing import NoReturn
 
 from mlxd import __version__
 from mlxd.shared.config import ConfigError
 from mlxd.shared.config_load import load_settings
 from mlxd.shared.exit_codes import EXIT_USAGE
 from mlxd.shared.logs import setup_logging
+from mlxd.supervisor.ctl.parser import OneLineParser
 
 EXIT_STARTUP = EXIT_USAGE  # every reason `mlxd start` refuses to start, one line on stderr
 
@@ -22,13 +22,6 @@ EXIT_STARTUP = EXIT_USAGE  # every reason `mlxd start` refuses to start, one lin
 def _refuse(reason: str) -> int:
     print(f"mlxd: {reason}", file=sys.stderr)
     return EXIT_STARTUP
-
-
-class OneLineParser(argparse.ArgumentParser):
-    """Usage mistakes in one line too (argparse prints the whole usage first)."""
-
-    def error(self, message: str) -> NoReturn:
-        self.exit(EXIT_STARTUP, f"{self.prog}: {message} (see {self.prog} --help)\n")
 
 
 def _start(args: argparse.Namespace) -> int:

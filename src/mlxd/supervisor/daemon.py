@@ -15,13 +15,13 @@ from mlxd import __version__
 from mlxd.shared.config import Settings
 from mlxd.shared.middleware import error_middleware, request_id_middleware
 from mlxd.shared.sizes import format_size
-from mlxd.supervisor import urlfile
 from mlxd.supervisor.admin.fit import add_fit_route
 from mlxd.supervisor.admin.logstream import add_log_stream
 from mlxd.supervisor.admin.memory import add_memory_route
 from mlxd.supervisor.admin.metrics import add_metrics, observe_middleware
 from mlxd.supervisor.admin.routes import add_admin_routes
 from mlxd.supervisor.catalog.builtin import setup_builtin
+from mlxd.supervisor.ctl import urlfile
 from mlxd.supervisor.homedir import make_private_dir, prepare_home_dirs, set_private_umask
 from mlxd.supervisor.http import routes
 from mlxd.supervisor.http.auth import auth_middleware, insecure_warning
@@ -36,10 +36,10 @@ from mlxd.supervisor.http.limits import (
 )
 from mlxd.supervisor.http.responses import add_response_routes
 from mlxd.supervisor.http.serverlog import SERVER_LOG
-from mlxd.supervisor.http.upstream import UpstreamPool
-from mlxd.supervisor.lifecycle.registry import Registry
+from mlxd.supervisor.lifecycle.upstream import UpstreamPool
 from mlxd.supervisor.lifecycle.watchdog import run_watchdog
 from mlxd.supervisor.pidlock import PidLock
+from mlxd.supervisor.registry.registry import Registry
 from mlxd.supervisor.scheduling.keepalive import run_keepalive
 from mlxd.supervisor.ui.routes import add_ui_routes
 

@@ -8,7 +8,7 @@ import os
 import sys
 
 # First: it reads the parent this worker started under, before the slow imports below.
-from mlxd.worker.lifeline import die_with_parent
+from mlxd.shared.lifeline import die_with_parent
 
 # Never reach for the hub from a worker: model folders are local by contract. Set before
 # mlx_lm (and huggingface_hub, which reads it once on import) is imported below.
@@ -20,7 +20,7 @@ from mlxd.worker.device_env import apply_device_env  # noqa: E402
 apply_device_env(os.environ)  # before MLX's first kernel: it reads them once
 
 from mlxd.worker.config import parse_args  # noqa: E402
-from mlxd.worker.group.env import forget_hostfile, group_env, write_hostfile  # noqa: E402
+from mlxd.worker.dist.env import forget_hostfile, group_env, write_hostfile  # noqa: E402
 
 if __name__ == "__main__":
     cfg = parse_args(log_level=os.environ.get("MLXD_LOG_LEVEL", "INFO"))

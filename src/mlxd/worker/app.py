@@ -12,6 +12,7 @@ import time
 from aiohttp import web
 
 from mlxd.shared.exit_codes import EXIT_MODEL_LOAD_ERROR, EXIT_OK, EXIT_PARENT_GONE
+from mlxd.shared.lifeline import watch_parent
 from mlxd.shared.middleware import error_middleware, request_id_middleware
 from mlxd.shared.model_facts import read_model_facts
 from mlxd.shared.routes import WORKER_PATHS
@@ -23,17 +24,13 @@ from mlxd.worker.api import embeddings as embeddings_routes
 from mlxd.worker.api import ollama as ollama_routes
 from mlxd.worker.api import openai as openai_routes
 from mlxd.worker.api import responses as responses_routes
-from mlxd.worker.assemble import make_engine, make_prompt_cache
-from mlxd.worker.draft_model import load_draft
+from mlxd.worker.chat.state import WorkerState
 from mlxd.worker.embed.load import load_embedder
-from mlxd.worker.group.follower import run_follower
+from mlxd.worker.engine.assemble import make_engine, make_prompt_cache
+from mlxd.worker.engine.draft_model import load_draft
+from mlxd.worker.follower import run_follower
 from mlxd.worker.group.lead import GROUP_IDLE_S, GROUP_OFF, join_as_lead, lead_engine
-from mlxd.worker.lifeline import watch_parent
-from mlxd.worker.model import (
-    limit_buffer_cache,
-    load_for_spec,
-)
-from mlxd.worker.state import WorkerState
+from mlxd.worker.model.load import limit_buffer_cache, load_for_spec
 
 log = logging.getLogger("mlxd.worker")
 POLLED_PATHS = frozenset({"/health", "/stats"})

@@ -24,9 +24,9 @@ from mlxd.shared.wire.admin import FitLoaded, FitReport
 from mlxd.supervisor.admin.views import worker_rss_bytes
 from mlxd.supervisor.catalog.cards import context_length, facts_of
 from mlxd.supervisor.catalog.discovery import draft_weights_bytes
-from mlxd.supervisor.lifecycle.registry import Registry
 from mlxd.supervisor.lifecycle.slot import ModelSlot
 from mlxd.supervisor.lifecycle.states import RUNNING, State
+from mlxd.supervisor.registry.registry import Registry
 
 DEFAULT_CONTEXT = 32768  # what a worker serves when config.json names no context
 STATS_TIMEOUT_S = 5.0

@@ -19,7 +19,7 @@ from aiohttp import web
 from mlxd.shared.errors import BadRequest, TooManyRequests
 from mlxd.supervisor.admin import logtail
 from mlxd.supervisor.lifecycle.launch import log_path, socket_path
-from mlxd.supervisor.lifecycle.registry import Registry
+from mlxd.supervisor.registry.registry import Registry
 
 MAX_STREAMS = 8
 MAX_STREAM_S = 3600.0

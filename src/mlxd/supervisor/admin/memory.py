@@ -7,10 +7,10 @@ from aiohttp import web
 
 from mlxd.shared.wire.admin import MemoryModel, MemoryReport
 from mlxd.supervisor.admin.views import worker_rss_bytes
-from mlxd.supervisor.lifecycle.registry import Registry
+from mlxd.supervisor.lifecycle.admission import residents
 from mlxd.supervisor.lifecycle.states import RUNNING
-from mlxd.supervisor.scheduling.admission import residents
-from mlxd.supervisor.scheduling.eviction import eviction_candidates
+from mlxd.supervisor.policy.eviction import eviction_candidates
+from mlxd.supervisor.registry.registry import Registry
 
 
 def memory_report(reg: Registry) -> MemoryReport:

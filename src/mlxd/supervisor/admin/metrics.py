@@ -25,8 +25,8 @@ from mlxd.shared.logs import bind_log_context, reset_log_context
 from mlxd.shared.routes import PUBLIC_PATHS
 from mlxd.supervisor.admin.views import fan_out, worker_rss_bytes
 from mlxd.supervisor.http.proxy import ON_FIRST_TOKEN
-from mlxd.supervisor.lifecycle.registry import Registry
 from mlxd.supervisor.lifecycle.states import State
+from mlxd.supervisor.registry.registry import Registry
 
 METRICS = "metrics"
 STATS_TIMEOUT_S = 2.0

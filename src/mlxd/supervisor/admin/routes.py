@@ -33,8 +33,8 @@ from mlxd.supervisor.admin.views import (
     supervisor_stats,
 )
 from mlxd.supervisor.lifecycle.launch import log_path, socket_path
-from mlxd.supervisor.lifecycle.operations import ModelOps
-from mlxd.supervisor.lifecycle.registry import Registry
+from mlxd.supervisor.registry.operations import ModelOps
+from mlxd.supervisor.registry.registry import Registry
 
 OPS = "model_ops"
 ACTIONS = ("load", "unload", "drain", "reload")

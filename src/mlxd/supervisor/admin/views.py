@@ -13,9 +13,9 @@ from mlxd.shared.wire.admin import ModelDetail, ModelStatus, SupervisorStats, Wo
 from mlxd.shared.worker_spec import MODEL_DEFAULT_FIELDS
 from mlxd.supervisor.catalog import folder
 from mlxd.supervisor.lifecycle.group import GroupProcess
-from mlxd.supervisor.lifecycle.registry import Registry
 from mlxd.supervisor.lifecycle.slot import ModelSlot
 from mlxd.supervisor.lifecycle.states import RUNNING, State
+from mlxd.supervisor.registry.registry import Registry
 
 STARTED = time.monotonic()
 

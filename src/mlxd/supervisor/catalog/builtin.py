@@ -16,10 +16,10 @@ import logging
 import sys
 from pathlib import Path
 
+from mlxd.shared.background import Background
 from mlxd.shared.builtin_model import BUILTIN_DISTRIBUTION, BUILTIN_MODEL_ID, find_builtin_gguf
 from mlxd.shared.config import Settings
 from mlxd.supervisor.catalog.catalog import Catalog
-from mlxd.supervisor.lifecycle.tasks import Background
 
 log = logging.getLogger("mlxd.builtin")
 

@@ -16,12 +16,12 @@ from pathlib import Path
 import orjson
 
 from mlxd import __version__
-from mlxd.supervisor.cli import OneLineParser
 from mlxd.supervisor.ctl import local as ctl_local
 from mlxd.supervisor.ctl import tables as ctl_tables
 from mlxd.supervisor.ctl import target
 from mlxd.supervisor.ctl.client import AdminClient, CtlError, model_path
 from mlxd.supervisor.ctl.fit_table import fit_text
+from mlxd.supervisor.ctl.parser import OneLineParser
 from mlxd.supervisor.ctl.progress import run_with_progress
 
 DEFAULT_URL = target.DEFAULT_URL

@@ -14,7 +14,7 @@ from typing import Any
 
 import tomllib
 
-from mlxd.supervisor import urlfile
+from mlxd.supervisor.ctl import urlfile
 from mlxd.supervisor.ctl.client import CtlError
 
 DEFAULT_HOST = "127.0.0.1"

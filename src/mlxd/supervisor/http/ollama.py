@@ -56,8 +56,8 @@ from mlxd.supervisor.catalog.discovery import ModelEntry
 from mlxd.supervisor.catalog.folder_info import FolderInfo, folder_info
 from mlxd.supervisor.http.auth import Forbidden, keep_alive_for
 from mlxd.supervisor.http.proxy import UPSTREAM_ERRORS, forward_leased
-from mlxd.supervisor.lifecycle.registry import Registry
 from mlxd.supervisor.lifecycle.states import State
+from mlxd.supervisor.registry.registry import Registry
 from mlxd.supervisor.scheduling.keepalive import unload_when_idle
 
 log = logging.getLogger("mlxd.ollama")

@@ -15,13 +15,13 @@ from mlxd.shared.errors import BadGateway, sse_error_bytes
 from mlxd.shared.logs import bind_log_context
 from mlxd.shared.middleware import REQUEST_ID
 from mlxd.shared.wire.first_token import FirstTokenCutter
-from mlxd.supervisor.http.upstream import UpstreamPool
 from mlxd.supervisor.lifecycle.process import WorkerProcess
 from mlxd.supervisor.lifecycle.slot import ModelSlot
 from mlxd.supervisor.lifecycle.states import State
+from mlxd.supervisor.lifecycle.upstream import UpstreamPool
 
 if TYPE_CHECKING:
-    from mlxd.supervisor.lifecycle.registry import Registry
+    from mlxd.supervisor.registry.registry import Registry
 
 log = logging.getLogger("mlxd.proxy")
 

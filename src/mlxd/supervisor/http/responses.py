@@ -19,7 +19,7 @@ from mlxd.shared.wire.responses import ResponsesRequest
 from mlxd.supervisor.catalog.cards import check_route
 from mlxd.supervisor.http.proxy import ON_STREAM_CHUNK, forward_leased
 from mlxd.supervisor.http.response_store import ResponseStore
-from mlxd.supervisor.lifecycle.registry import Registry
+from mlxd.supervisor.registry.registry import Registry
 
 log = logging.getLogger("mlxd.responses")
 

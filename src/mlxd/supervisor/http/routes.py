@@ -18,8 +18,8 @@ from mlxd.supervisor.catalog.cards import card_fields, check_route
 from mlxd.supervisor.catalog.discovery import ModelEntry
 from mlxd.supervisor.http.ollama import add_ollama_routes
 from mlxd.supervisor.http.proxy import forward_leased
-from mlxd.supervisor.lifecycle.registry import Registry
 from mlxd.supervisor.lifecycle.states import State
+from mlxd.supervisor.registry.registry import Registry
 from mlxd.supervisor.ui.routes import page_response, wants_html
 
 log = logging.getLogger("mlxd.routes")

@@ -6,9 +6,9 @@ import asyncio
 import logging
 from collections.abc import Callable
 
-from mlxd.supervisor.http.upstream import UpstreamPool
 from mlxd.supervisor.lifecycle.slot import ModelSlot
 from mlxd.supervisor.lifecycle.states import State
+from mlxd.supervisor.lifecycle.upstream import UpstreamPool
 
 log = logging.getLogger("mlxd.registry")
 

@@ -8,9 +8,9 @@ from collections.abc import Callable
 
 from mlxd.shared.errors import Unavailable
 from mlxd.shared.wire.admin import WorkerHealth
-from mlxd.supervisor.http.upstream import UpstreamPool
 from mlxd.supervisor.lifecycle.process import WorkerProcess
 from mlxd.supervisor.lifecycle.slot import ModelSlot
+from mlxd.supervisor.lifecycle.upstream import UpstreamPool
 
 log = logging.getLogger("mlxd.registry")
 

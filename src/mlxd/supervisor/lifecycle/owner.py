@@ -17,10 +17,11 @@ import logging
 import time
 from collections.abc import Callable
 
+from mlxd.shared.background import Background
 from mlxd.shared.config import Settings
 from mlxd.shared.errors import Unavailable
 from mlxd.supervisor.catalog.discovery import ModelEntry
-from mlxd.supervisor.http.upstream import UpstreamPool
+from mlxd.supervisor.lifecycle.admission import Admission, make_room, share_bytes
 from mlxd.supervisor.lifecycle.counters import Counters
 from mlxd.supervisor.lifecycle.crashes import judge_crash
 from mlxd.supervisor.lifecycle.drain import drain_worker
@@ -30,8 +31,7 @@ from mlxd.supervisor.lifecycle.launch import log_path, worker_argv
 from mlxd.supervisor.lifecycle.process import WorkerProcess
 from mlxd.supervisor.lifecycle.slot import ModelSlot
 from mlxd.supervisor.lifecycle.states import ALIVE, COLD, MOVING, State
-from mlxd.supervisor.lifecycle.tasks import Background
-from mlxd.supervisor.scheduling.admission import Admission, make_room, share_bytes
+from mlxd.supervisor.lifecycle.upstream import UpstreamPool
 
 log = logging.getLogger("mlxd.registry")
 

@@ -14,12 +14,12 @@ from collections.abc import AsyncIterator
 from mlxd.shared.errors import Unavailable
 from mlxd.supervisor.catalog.catalog import Catalog
 from mlxd.supervisor.catalog.discovery import ModelEntry
+from mlxd.supervisor.lifecycle.admission import wait_any
 from mlxd.supervisor.lifecycle.health import ADMIN_HINT
 from mlxd.supervisor.lifecycle.owner import Lifecycle
 from mlxd.supervisor.lifecycle.slot import ModelSlot
 from mlxd.supervisor.lifecycle.states import COLD, State
 from mlxd.supervisor.scheduling import keepalive
-from mlxd.supervisor.scheduling.admission import wait_any
 
 # A start ends by itself at load_timeout_s (killed); the slack lets its own error reach the
 # waiters first.

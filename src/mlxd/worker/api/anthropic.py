@@ -34,8 +34,8 @@ from mlxd.worker.chat.events import Collected, Delta, Done, TokenUsage
 from mlxd.worker.chat.output import REASONING
 from mlxd.worker.chat.prompts import prepare_messages
 from mlxd.worker.chat.run import render_job
+from mlxd.worker.chat.state import WorkerState
 from mlxd.worker.chat.tool_calls import ToolCall
-from mlxd.worker.state import WorkerState
 
 
 def anthropic_usage(u: TokenUsage) -> AnthropicUsage:

@@ -14,7 +14,7 @@ from mlxd.worker.api.driver import Surface, Writer, serve
 from mlxd.worker.api.openai import openai_usage, stream_error
 from mlxd.worker.chat.events import Collected, Delta, Done, TokenUsage
 from mlxd.worker.chat.output import TEXT
-from mlxd.worker.engine.logprobs import completion_logprobs
+from mlxd.worker.engine.step.logprobs import completion_logprobs
 
 
 class CompletionWriter(Writer):

@@ -17,9 +17,9 @@ from mlxd.shared.wire.admin import WorkerHealth
 from mlxd.shared.wire.bodies import load_json
 from mlxd.shared.wire.openai import ModelCard, ModelList
 from mlxd.shared.worker_spec import WorkerSpec
+from mlxd.worker.chat.state import WorkerState
 from mlxd.worker.engine.loop import Engine
 from mlxd.worker.engine.stats import model_memory
-from mlxd.worker.state import WorkerState
 
 log = logging.getLogger("mlxd.worker")
 

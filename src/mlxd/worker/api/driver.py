@@ -25,8 +25,8 @@ from mlxd.worker.api import sse
 from mlxd.worker.cache.keys import session_of
 from mlxd.worker.chat.events import Collected, Delta, Done, Keepalive, TokenUsage, ToolCalls
 from mlxd.worker.chat.run import ChatRun
+from mlxd.worker.chat.state import WorkerState
 from mlxd.worker.chat.tool_calls import ToolCall
-from mlxd.worker.state import WorkerState
 
 
 class Writer:

@@ -18,11 +18,11 @@ from mlxd.shared.model_facts import kind_refusal
 from mlxd.shared.routes import WORKER_CHAT_PATHS
 from mlxd.shared.wire.bodies import load_json, parse_model
 from mlxd.shared.wire.embeddings import EmbeddingRequest, embedding_list_bytes
+from mlxd.worker.chat.state import WorkerState
 from mlxd.worker.embed.forward import EmbedRun, EmbedStep
 from mlxd.worker.embed.plan import plan_forwards
 from mlxd.worker.engine.loop import Engine
-from mlxd.worker.model import LoadedModel
-from mlxd.worker.state import WorkerState
+from mlxd.worker.model.load import LoadedModel
 
 # Tokens one request may embed in all (OpenAI's own bound); each input is bounded by the
 # model's context limit, and each forward by the engine's prefill chunk and batch.

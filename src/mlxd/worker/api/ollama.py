@@ -20,7 +20,7 @@ from mlxd.worker.api.driver import Surface, Writer, serve
 from mlxd.worker.chat.events import Collected, Delta, Done, TokenUsage
 from mlxd.worker.chat.output import REASONING
 from mlxd.worker.chat.tool_calls import ToolCall
-from mlxd.worker.engine.logprobs import chat_logprobs
+from mlxd.worker.engine.step.logprobs import chat_logprobs
 
 NDJSON = "application/x-ndjson"
 # The engine's finish reasons in Ollama's words (a tool call ends a turn like a stop does).

@@ -24,7 +24,7 @@ from mlxd.worker.api.driver import Surface, Writer, serve
 from mlxd.worker.chat.events import Collected, Delta, Done, TokenUsage
 from mlxd.worker.chat.output import REASONING
 from mlxd.worker.chat.tool_calls import ToolCall
-from mlxd.worker.engine.logprobs import chat_logprobs
+from mlxd.worker.engine.step.logprobs import chat_logprobs
 
 
 def openai_usage(u: TokenUsage) -> Usage:

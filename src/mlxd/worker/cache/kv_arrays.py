@@ -12,7 +12,7 @@ import numpy as np
 from mlx_lm.models.cache import KVCache, QuantizedKVCache, make_prompt_cache
 
 from mlxd.worker.cache.format import BF16_STORED, Layout, pack_kv, unpack_kv
-from mlxd.worker.engine.kvquant import QuantizedRowCache
+from mlxd.worker.kv.quant import QuantizedRowCache
 
 
 def storable(layers: list) -> bool:

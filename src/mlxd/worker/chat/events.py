@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 from mlxd.shared.chat_job import ChatJob
 from mlxd.shared.errors import MlxdError
-from mlxd.worker.api.generation import Generation
+from mlxd.worker.chat.generation import Generation
 from mlxd.worker.chat.output import TEXT, TOOL, OutputSplitter
 from mlxd.worker.chat.tool_calls import ToolCall, markers, parse_block
 from mlxd.worker.engine.rows import Event

@@ -13,7 +13,7 @@ from mlxd.shared.params import MAX_SEED, MIN_SEED, GenerationParams
 from mlxd.shared.sampling import resolve, sampling_of
 from mlxd.worker.chat.tool_prompt import WARNING as TOOLS_AS_TEXT
 from mlxd.worker.chat.tool_prompt import template_renders_tools, with_tools_as_text
-from mlxd.worker.model import LoadedModel
+from mlxd.worker.model.load import LoadedModel
 
 log = logging.getLogger("mlxd.worker.chat.prompts")
 

@@ -16,7 +16,6 @@ from dataclasses import replace
 from mlxd.shared.chat_job import ChatJob, fold_system_messages, late_system_indexes
 from mlxd.shared.errors import BadRequest, Unavailable
 from mlxd.shared.structured_output import GuidedSpec
-from mlxd.worker.api.generation import Generation
 from mlxd.worker.cache.keys import make_cache_key, stable_boundary
 from mlxd.worker.chat.events import (
     ChatOutput,
@@ -29,6 +28,7 @@ from mlxd.worker.chat.events import (
     TokenUsage,
     ToolCalls,
 )
+from mlxd.worker.chat.generation import Generation
 from mlxd.worker.chat.output import REASONING
 from mlxd.worker.chat.prompts import (
     ChatPrompt,
@@ -38,6 +38,7 @@ from mlxd.worker.chat.prompts import (
     prepare_messages,
     resolve_params,
 )
+from mlxd.worker.chat.state import WorkerState
 from mlxd.worker.chat.think_budget import think_budget
 from mlxd.worker.chat.tool_calls import forced_call_spec
 from mlxd.worker.grammar.processor import (
@@ -47,7 +48,6 @@ from mlxd.worker.grammar.processor import (
     row_processors,
     warning_header,
 )
-from mlxd.worker.state import WorkerState
 
 log = logging.getLogger("mlxd.worker.chat")
 

@@ -16,7 +16,7 @@ from typing import Any
 from mlx_lm.utils import _get_classes, load_model, load_tokenizer
 
 from mlxd.shared.model_facts import ModelFacts
-from mlxd.worker.model import LoadedModel, SamplingDefaults, context_of, upcast_on_the_cpu
+from mlxd.worker.model.load import LoadedModel, SamplingDefaults, context_of, upcast_on_the_cpu
 
 log = logging.getLogger("mlxd.worker.embed")
 

@@ -9,9 +9,9 @@ from __future__ import annotations
 import logging
 
 from mlxd.worker.engine.batch import Batch
-from mlxd.worker.engine.logprobs import logprob_entry
 from mlxd.worker.engine.recovery import generation_failed
 from mlxd.worker.engine.rows import Event
+from mlxd.worker.engine.step.logprobs import logprob_entry
 
 log = logging.getLogger("mlxd.worker.engine.loop")
 

@@ -25,10 +25,10 @@ from mlx_lm.models.cache import can_trim_prompt_cache, make_prompt_cache
 from mlxd.shared.errors import MlxdError, Unavailable
 from mlxd.worker.cache.prompt_cache import PromptCache
 from mlxd.worker.engine.batch import Batch
-from mlxd.worker.engine.decode import Clock, SpecConfig
 from mlxd.worker.engine.emit import emit
-from mlxd.worker.engine.generator import decode_batch, make_generator
-from mlxd.worker.engine.inbox import (
+from mlxd.worker.engine.recovery import is_out_of_memory, rebuild
+from mlxd.worker.engine.rows import Event, FirstTokens, Row, Submission
+from mlxd.worker.engine.sched.inbox import (
     Cancel,
     CloseSession,
     Command,
@@ -39,16 +39,16 @@ from mlxd.worker.engine.inbox import (
     Stop,
     Submit,
 )
-from mlxd.worker.engine.kvbudget import KvBudget
-from mlxd.worker.engine.memplan import MemoryPlan
-from mlxd.worker.engine.planner import PlanConfig
-from mlxd.worker.engine.recovery import is_out_of_memory, rebuild
-from mlxd.worker.engine.rows import Event, FirstTokens, Row, Submission
-from mlxd.worker.engine.schedule import Scheduler
+from mlxd.worker.engine.sched.memplan import MemoryPlan
+from mlxd.worker.engine.sched.planner import PlanConfig
+from mlxd.worker.engine.sched.schedule import Scheduler
 from mlxd.worker.engine.stats import engine_stats
+from mlxd.worker.engine.step.decode import Clock, SpecConfig
+from mlxd.worker.engine.step.generator import decode_batch, make_generator
 from mlxd.worker.engine.trace import StepTrace
 from mlxd.worker.engine.warmup import timed_warm_up
-from mlxd.worker.model import LoadedModel, apply_wired_limit
+from mlxd.worker.kv.budget import KvBudget
+from mlxd.worker.model.load import LoadedModel, apply_wired_limit
 
 log = logging.getLogger("mlxd.worker.engine.loop")
 

@@ -107,7 +107,7 @@ def _limit(memory_bytes: int, cpu_s: int) -> None:
 
 
 def main(argv: list[str]) -> int:
-    from mlxd.worker.lifeline import die_with_parent
+    from mlxd.shared.lifeline import die_with_parent
 
     die_with_parent()
     import outlines_core.json_schema  # noqa: F401  (imported while a spare child waits)

@@ -27,7 +27,7 @@ from mlxd.worker.grammar.compile_child import escape_regex  # noqa: F401  (tool_
 from mlxd.worker.grammar.compiler import CompileFailed, CompileSettings, GrammarCompiler
 from mlxd.worker.grammar.limits import GrammarLimits
 from mlxd.worker.grammar.vocab_bytes import token_bytes
-from mlxd.worker.model import LoadedModel
+from mlxd.worker.model.load import LoadedModel
 
 log = logging.getLogger("mlxd.worker.grammar.processor")
 

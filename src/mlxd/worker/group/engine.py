@@ -34,7 +34,9 @@ import mlx.core as mx
 
 from mlxd.shared.errors import BadRequest, MlxdError, Unavailable
 from mlxd.worker.cache.format import check_layout
-from mlxd.worker.engine.inbox import (
+from mlxd.worker.engine.loop import Engine
+from mlxd.worker.engine.rows import Event, Submission
+from mlxd.worker.engine.sched.inbox import (
     Cancel,
     CloseGroup,
     CloseSession,
@@ -44,12 +46,10 @@ from mlxd.worker.engine.inbox import (
     Stop,
     Submit,
 )
-from mlxd.worker.engine.kvbudget import KvBudget
-from mlxd.worker.engine.loop import Engine
-from mlxd.worker.engine.planner import PlanConfig
-from mlxd.worker.engine.rows import Event, Submission
+from mlxd.worker.engine.sched.planner import PlanConfig
 from mlxd.worker.group import wire
 from mlxd.worker.group.channel import Channel
+from mlxd.worker.kv.budget import KvBudget
 
 log = logging.getLogger("mlxd.worker.group")
 

@@ -8,10 +8,10 @@ from collections.abc import Callable
 
 from mlxd.shared.exit_codes import EXIT_CRASH, EXIT_MODEL_LOAD_ERROR
 from mlxd.shared.worker_spec import WorkerSpec
+from mlxd.worker.dist.shard import join_group
 from mlxd.worker.engine.loop import Engine
 from mlxd.worker.group.channel import Channel, open_links
 from mlxd.worker.group.engine import LeadEngine
-from mlxd.worker.group.shard import join_group
 
 log = logging.getLogger("mlxd.worker.group")
 

@@ -12,13 +12,13 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from mlxd.shared.background import Background
 from mlxd.shared.config import Settings
 from mlxd.supervisor.catalog.catalog import Catalog
-from mlxd.supervisor.http.upstream import UpstreamPool
 from mlxd.supervisor.lifecycle.group import spawn_worker
 from mlxd.supervisor.lifecycle.owner import Lifecycle
 from mlxd.supervisor.lifecycle.process import WorkerProcess
-from mlxd.supervisor.lifecycle.tasks import Background
+from mlxd.supervisor.lifecycle.upstream import UpstreamPool
 from mlxd.supervisor.scheduling.leases import Leases
 
 

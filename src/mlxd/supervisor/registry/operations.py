@@ -17,12 +17,12 @@ import asyncio
 
 from mlxd.shared.errors import MlxdError
 from mlxd.supervisor.catalog.discovery import ModelEntry
+from mlxd.supervisor.lifecycle.admission import residents
 from mlxd.supervisor.lifecycle.owner import Lifecycle
-from mlxd.supervisor.lifecycle.registry import Registry
 from mlxd.supervisor.lifecycle.slot import ModelSlot
 from mlxd.supervisor.lifecycle.states import State
-from mlxd.supervisor.scheduling.admission import residents
-from mlxd.supervisor.scheduling.eviction import DoesNotFit, plan_eviction
+from mlxd.supervisor.policy.eviction import DoesNotFit, plan_eviction
+from mlxd.supervisor.registry.registry import Registry
 
 
 class ModelOps:

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from mlx_lm.generate import BatchGenerator
 
-from mlxd.worker.engine import mlx_lm_seam as seam
-from mlxd.worker.engine.decode import DecodeBatch, SpecConfig
+from mlxd.worker.engine.step.decode import DecodeBatch, SpecConfig
+from mlxd.worker.model import mlx_lm_seam as seam
 
 
 def make_generator(

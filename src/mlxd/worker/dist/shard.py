@@ -14,7 +14,7 @@ import logging
 import mlx.core as mx
 
 from mlxd.shared.worker_spec import GroupSpec
-from mlxd.worker.group.env import forget_hostfile
+from mlxd.worker.dist.env import forget_hostfile
 
 log = logging.getLogger("mlxd.worker.group")
 

@@ -18,12 +18,12 @@ from mlxd.shared.config import is_template_text
 from mlxd.shared.kv_math import kv_bytes_per_token
 from mlxd.shared.sampling import SamplingDefaults, resolve_defaults
 from mlxd.shared.worker_spec import MODEL_DEFAULT_FIELDS, WorkerSpec
-from mlxd.worker.attention import causal_when_unpadded, route_on_cuda
-from mlxd.worker.engine import mlx_lm_seam as seam
-from mlxd.worker.engine.kvquant import KvScheme, apply_kv_scheme
-from mlxd.worker.group.shard import shard_model
+from mlxd.worker.dist.shard import shard_model
+from mlxd.worker.kv.quant import KvScheme, apply_kv_scheme
+from mlxd.worker.model import mlx_lm_seam as seam
+from mlxd.worker.model.attention import causal_when_unpadded, route_on_cuda
 
-log = logging.getLogger("mlxd.worker.model")
+log = logging.getLogger("mlxd.worker.model.load")
 
 # Used when the vocabulary cannot be read: longer than any piece of the tokenizers we know.
 FALLBACK_TOKEN_BYTES = 1024

@@ -10,7 +10,7 @@ from __future__ import annotations
 from mlxd.worker.engine.batch import Batch
 from mlxd.worker.engine.recovery import guard_processor, guard_sampler
 from mlxd.worker.engine.rows import Row, Submission
-from mlxd.worker.engine.sampling import RowSampling, make_row_processors
+from mlxd.worker.engine.step.sampling import RowSampling, make_row_processors
 from mlxd.worker.engine.textstream import TextStream, make_detokenizer
 
 

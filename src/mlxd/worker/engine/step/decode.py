@@ -28,12 +28,12 @@ from mlx_lm.models.cache import BatchKVCache, KVCache, TokenBuffer
 from mlx_lm.sample_utils import greedy_sampler
 
 from mlxd.shared.params import GenerationParams
-from mlxd.worker.engine import mlx_lm_seam as seam
-from mlxd.worker.engine.compiled import CompiledStep, for_model
-from mlxd.worker.engine.draft import ModelDrafter, NgramDrafter
-from mlxd.worker.engine.kvquant import BatchQuantizedKVCache, head
-from mlxd.worker.engine.sampling import RowSampling, Table, penalize, sample
-from mlxd.worker.engine.speculate import SpecState, SpecStats, speculate
+from mlxd.worker.engine.step.compiled import CompiledStep, for_model
+from mlxd.worker.engine.step.draft import ModelDrafter, NgramDrafter
+from mlxd.worker.engine.step.sampling import RowSampling, Table, penalize, sample
+from mlxd.worker.engine.step.speculate import SpecState, SpecStats, speculate
+from mlxd.worker.kv.quant import BatchQuantizedKVCache, head
+from mlxd.worker.model import mlx_lm_seam as seam
 
 GREEDY = RowSampling(GenerationParams(temperature=0.0))
 # Batch caches a lone row can leave for mlx-lm's plain cache and come back to (extract/merge).

@@ -33,10 +33,10 @@ from typing import TYPE_CHECKING
 import mlx.core as mx
 from mlx_lm.models.cache import trim_prompt_cache
 
-from mlxd.worker.engine.sampling import Table, penalize, sample
+from mlxd.worker.engine.step.sampling import Table, penalize, sample
 
 if TYPE_CHECKING:
-    from mlxd.worker.engine.decode import DecodeBatch, Token
+    from mlxd.worker.engine.step.decode import DecodeBatch, Token
 
 MAX_SKIP = 16  # after repeated misses, try drafting again at least this often
 

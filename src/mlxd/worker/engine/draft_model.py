@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from mlxd.worker.engine.decode import SpecConfig
-from mlxd.worker.model import LoadedModel, load_model
+from mlxd.worker.engine.step.decode import SpecConfig
+from mlxd.worker.model.load import LoadedModel, load_model
 
 
 class DraftMismatch(ValueError):

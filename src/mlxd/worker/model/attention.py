@@ -41,7 +41,7 @@ import weakref
 
 import mlx.core as mx
 
-from mlxd.worker.engine import mlx_lm_seam as seam
+from mlxd.worker.model import mlx_lm_seam as seam
 
 log = logging.getLogger("mlxd.worker")
 

@@ -16,11 +16,11 @@ from mlxd.shared.worker_spec import WorkerSpec
 from mlxd.worker.cache.kv_arrays import kv_layout
 from mlxd.worker.cache.layout import fingerprint, ssd_folder
 from mlxd.worker.cache.prompt_cache import PromptCache
-from mlxd.worker.draft_model import spec_config
 from mlxd.worker.engine import steplog
+from mlxd.worker.engine.draft_model import spec_config
 from mlxd.worker.engine.loop import Engine
-from mlxd.worker.engine.planner import MIN_CHUNK, PlanConfig
-from mlxd.worker.model import LoadedModel, apply_memory_limit, device_memory_bytes
+from mlxd.worker.engine.sched.planner import MIN_CHUNK, PlanConfig
+from mlxd.worker.model.load import LoadedModel, apply_memory_limit, device_memory_bytes
 
 log = logging.getLogger("mlxd.worker")
 

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING
 from mlxd.shared.errors import Unavailable
 from mlxd.supervisor.lifecycle.slot import ModelSlot
 from mlxd.supervisor.lifecycle.states import RUNNING, State
-from mlxd.supervisor.scheduling.eviction import DoesNotFit, Resident, plan_eviction
+from mlxd.supervisor.policy.eviction import DoesNotFit, Resident, plan_eviction
 
 if TYPE_CHECKING:
     from mlxd.supervisor.lifecycle.owner import Lifecycle

@@ -29,7 +29,7 @@ import logging
 import mlx.core as mx
 from mlx_lm.models.cache import BatchKVCache, KVCache
 
-from mlxd.worker.engine import mlx_lm_seam as seam
+from mlxd.worker.model import mlx_lm_seam as seam
 
 log = logging.getLogger("mlxd.worker.engine.loop")
 

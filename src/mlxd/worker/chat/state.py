@@ -9,7 +9,7 @@ from mlxd.shared.model_facts import ModelFacts
 from mlxd.shared.worker_spec import WorkerSpec
 from mlxd.worker.cache.prompt_cache import PromptCache
 from mlxd.worker.engine.loop import Engine
-from mlxd.worker.model import LoadedModel
+from mlxd.worker.model.load import LoadedModel
 
 
 @dataclass

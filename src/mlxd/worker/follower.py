@@ -11,14 +11,14 @@ import functools
 import logging
 
 from mlxd.shared.exit_codes import EXIT_CRASH, EXIT_MODEL_LOAD_ERROR, EXIT_OK
+from mlxd.shared.lifeline import exit_when_orphaned
 from mlxd.shared.worker_spec import WorkerSpec
-from mlxd.worker.assemble import make_engine, make_prompt_cache  # as rank 0 makes them
+from mlxd.worker.dist.shard import join_group
+from mlxd.worker.engine.assemble import make_engine, make_prompt_cache  # as rank 0 makes them
 from mlxd.worker.group.channel import Channel, open_links
 from mlxd.worker.group.engine import FollowerEngine
 from mlxd.worker.group.lead import GROUP_IDLE_S, GROUP_OFF
-from mlxd.worker.group.shard import join_group
-from mlxd.worker.lifeline import exit_when_orphaned
-from mlxd.worker.model import limit_buffer_cache, load_for_spec
+from mlxd.worker.model.load import limit_buffer_cache, load_for_spec
 
 log = logging.getLogger("mlxd.worker.group")
 

@@ -17,13 +17,13 @@ import logging
 from collections import deque
 from dataclasses import replace
 
-from mlxd.worker.engine import mlx_lm_seam as seam
-from mlxd.worker.engine.admission import admit
 from mlxd.worker.engine.batch import Batch
-from mlxd.worker.engine.kvbudget import KvBudget, row_tokens
-from mlxd.worker.engine.planner import PlanConfig, Prefilling, plan_chunk
 from mlxd.worker.engine.recovery import generation_failed
 from mlxd.worker.engine.rows import Event, Row, Submission
+from mlxd.worker.engine.sched.admission import admit
+from mlxd.worker.engine.sched.planner import PlanConfig, Prefilling, plan_chunk
+from mlxd.worker.kv.budget import KvBudget, row_tokens
+from mlxd.worker.model import mlx_lm_seam as seam
 
 log = logging.getLogger("mlxd.worker.engine.loop")
 
