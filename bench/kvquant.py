@@ -73,8 +73,8 @@ def greedy(
     import mlx.core as mx
 
     from mlxd.shared.params import GenerationParams
-    from mlxd.worker.engine.generator import decode_batch, make_generator
-    from mlxd.worker.engine.sampling import RowSampling
+    from mlxd.worker.engine.step.generator import decode_batch, make_generator
+    from mlxd.worker.engine.step.sampling import RowSampling
 
     params = GenerationParams(max_tokens=n, temperature=0.0, logit_bias=bias)
     stream = mx.new_stream(mx.default_device())
@@ -122,7 +122,7 @@ def forced_agreement(loaded, prompts: list[list[int]], reference: list[list[int]
 
 
 def run_model(label: str, path: Path, a: argparse.Namespace) -> list[str]:
-    from mlxd.worker.model import load_model
+    from mlxd.worker.model.load import load_model
 
     from .models import no_eos_bias
 

@@ -37,8 +37,8 @@ def main(argv: list[str]) -> int:
     from mlx_lm import load
     from mlx_lm.models.cache import BatchKVCache, make_prompt_cache
 
-    from mlxd.worker import attention
-    from mlxd.worker.model import device_memory_bytes
+    from mlxd.worker.model import attention
+    from mlxd.worker.model.load import device_memory_bytes
 
     from .models import cached_model
 

@@ -110,9 +110,9 @@ def main(argv: list[str]) -> int:
     sys.path.insert(0, str(ROOT / "src"))
     import mlx.core as mx
 
-    from mlxd.worker.draft_model import load_draft, spec_config
+    from mlxd.worker.engine.draft_model import load_draft, spec_config
     from mlxd.worker.engine.loop import Engine
-    from mlxd.worker.model import load_model
+    from mlxd.worker.model.load import load_model
 
     path = _model(a)
     # Random weights end anywhere: ban end-of-sequence there, as `bench run` does.
