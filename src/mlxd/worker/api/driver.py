@@ -129,14 +129,14 @@ def failure_bytes(run, writer: Writer, exc: Exception, path: str) -> bytes:
     opened), or the route's generic error event if the writer cannot write even that."""
     if isinstance(exc, MlxdError):
         err = exc
-        log.info("stream failed request_id=%s: %s", run.rid, err.message)
+        log.info("stream failed request_id=%s: %s", writer.rid, err.message)
     else:
         err = MlxdError("Internal server error while writing the stream")
-        log.exception("stream failed request_id=%s", run.rid)
+        log.exception("stream failed request_id=%s", writer.rid)
     try:
         return writer.error(err, run.usage(Done("error", run.completion_tokens, error=err)))
     except Exception:  # noqa: BLE001 - the writer's own state may be what broke
-        log.exception("the stream's error event failed too request_id=%s", run.rid)
+        log.exception("the stream's error event failed too request_id=%s", writer.rid)
         return sse_error_bytes(err, path)
 
 
