@@ -150,6 +150,6 @@ def sse_error_bytes(err: MlxdError, path: str) -> bytes:
         return b"event: error\ndata: " + orjson.dumps(anthropic_body(err)) + b"\n\n"
     if path.startswith("/v1/responses"):
         body = openai_body(err)
-        event = {"type": "error", **body["error"], "sequence_number": 0, **body}
+        event = {**body["error"], "type": "error", "sequence_number": 0, **body}
         return b"event: error\ndata: " + orjson.dumps(event) + b"\n\n"
     return b"data: " + orjson.dumps(openai_body(err)) + b"\n\ndata: [DONE]\n\n"
