@@ -310,3 +310,22 @@ def test_a_tool_call_with_an_integer_beyond_64_bits_keeps_its_digits(worker, sur
     else:  # Anthropic's input and Ollama's arguments are objects, with the exact digits
         assert args == {"a": int(BIG)}
     assert BIG.encode() in raw
+
+
+@pytest.mark.parametrize("surface", list(SURFACES))
+def test_a_fault_in_a_whole_body_is_the_surfaces_error_envelope(worker, monkeypatch, surface):
+    path, body, writer, _, _ = SURFACES[surface]
+    _inject(monkeypatch, writer, "body", 1)
+
+    whole = {**body, "guided_regex": re.escape(TEXT), "stream": False}  # Ollama streams unasked
+    status, raw = _post(worker, path, whole)
+
+    assert status == 500
+    err = orjson.loads(raw)
+    if surface == "messages":
+        assert err["type"] == "error" and err["error"]["type"] == "api_error"
+    elif surface.startswith("ollama"):
+        assert set(err) == {"error"} and err["error"] == "Internal server error"
+    else:
+        assert err["error"]["type"] == "server_error"
+    assert "Boom" not in raw.decode() and "Traceback" not in raw.decode()
