@@ -12,6 +12,7 @@ import copy
 import gzip
 import json
 import random
+import re
 from dataclasses import dataclass, field
 
 import orjson
@@ -118,6 +119,78 @@ SEEDS: dict[str, dict] = {
     "/v1/messages/count_tokens": {"model": "a", "messages": MSG, "system": "x"},
     "/admin/cache/session/close": {"session_id": "fuzz"},
 }
+# Values a model may write that JSON writers refuse (issue 31): beyond 64 bits, not finite,
+# lone surrogates. guided_regex makes the tiny model write them into a tool call's arguments
+# or its text, on each surface that parses tool calls, streamed or not.
+MODEL_VALUES = [
+    "99999999999999999999",
+    "-1000000000000000000000000000000",
+    "18446744073709551616",
+    "NaN",
+    "Infinity",
+    "-Infinity",
+    "1e999",
+    '"\\ud800"',
+    '"a\\udc00b"',
+    '["\\ud83d", 99999999999999999999]',
+    '{"\\udfff": NaN}',
+]
+_TOOL = {"type": "object"}
+VALUE_BODIES: dict[str, dict] = {
+    "/v1/chat/completions": {
+        "model": "a",
+        "messages": MSG,
+        "max_tokens": 80,
+        "tools": [{"type": "function", "function": {"name": "f", "parameters": _TOOL}}],
+    },
+    "/v1/messages": {
+        "model": "a",
+        "messages": MSG,
+        "max_tokens": 80,
+        "tools": [{"name": "f", "input_schema": _TOOL}],
+    },
+    "/v1/responses": {
+        "model": "a",
+        "input": "Say hi.",
+        "max_output_tokens": 80,
+        "store": False,
+        "tools": [{"type": "function", "name": "f", "parameters": _TOOL}],
+    },
+    "/api/chat": {
+        "model": "a",
+        "messages": MSG,
+        "options": {"num_predict": 80},
+        "tools": [{"type": "function", "function": {"name": "f", "parameters": _TOOL}}],
+    },
+}
+# The same values sent by a client, in its messages and in earlier calls' arguments: a lone
+# surrogate escape is not valid JSON text to orjson (a 400), the others must be served.
+CLIENT_VALUES = [
+    b'{"model": "a", "max_tokens": 3, "messages": [{"role": "user", "content": "\\ud800"}]}',
+    b'{"model": "a", "max_tokens": 3, "messages": [{"role": "user", "content": "a\\udc00"}]}',
+    b'{"model": "a", "max_tokens": 3, "messages": [{"role": "user", "content": "Hi"}, '
+    b'{"role": "assistant", "content": null, "tool_calls": [{"id": "c", "type": "function", '
+    b'"function": {"name": "f", "arguments": "{\\"a\\": 99999999999999999999, '
+    b'\\"b\\": NaN, \\"c\\": \\"\\\\ud800\\"}"}}]}, '
+    b'{"role": "tool", "tool_call_id": "c", "content": "99999999999999999999"}]}',
+    b'{"model": "a", "max_tokens": 3, "messages": [{"role": "user", "content": "Hi"}, '
+    b'{"role": "assistant", "content": null, "tool_calls": [{"id": "c", "type": "function", '
+    b'"function": {"name": "f", "arguments": {"a": 99999999999999999999}}}]}]}',
+]
+
+
+def _value_case(rng: random.Random) -> Case:
+    """A request whose model output, or whose own messages, carry such a value."""
+    if rng.random() < 0.25:
+        return Case("POST", "/v1/chat/completions", rng.choice(CLIENT_VALUES), dict(JSON_TYPE))
+    value = rng.choice(MODEL_VALUES)
+    call = '<tool_call>\n{"name": "f", "arguments": {"a": ' + value + "}}\n</tool_call>"
+    text = call if rng.random() < 0.8 else "It is " + value
+    path = rng.choice(list(VALUE_BODIES))
+    body = {**VALUE_BODIES[path], "guided_regex": re.escape(text), "stream": rng.random() < 0.5}
+    return Case("POST", path, json.dumps(body).encode(), dict(JSON_TYPE))
+
+
 GET_PATHS = [
     "/health",
     "/v1/models",
@@ -146,6 +219,7 @@ ODD_PATHS = [
     "/v1/chat/completions%00",
     "/v1//messages",
 ]
+JSON_TYPE = {"content-type": "application/json"}
 CONTENT_TYPES = ["application/json"] * 6 + [
     "text/plain",
     "",
@@ -260,11 +334,17 @@ def _raw_junk(rng: random.Random) -> tuple[bytes, dict[str, str]]:
     return ok, {"content-encoding": "gzip"}
 
 
+VALUE_SHARE = 0.04  # each generates tokens: a small share keeps the run short
+
+
 def generate(seed: int, n: int):
     """Yield `n` cases, the same ones for the same seed."""
     rng = random.Random(seed)
     posts = list(SEEDS)
     for _ in range(n):
+        if rng.random() < VALUE_SHARE:
+            yield _value_case(rng)
+            continue
         roll = rng.random()
         if roll < 0.06:
             yield Case("GET", rng.choice(GET_PATHS))

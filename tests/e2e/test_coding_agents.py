@@ -224,3 +224,30 @@ def test_sdk_streams_are_unchanged_by_heartbeats(make_daemon):
     assert kinds[-1] == "response.incomplete" and last.usage.output_tokens == 8
     deltas = "".join(ev.delta for ev in events if ev.type == "response.output_text.delta")
     assert last.output_text == deltas == final.content[0].text  # same greedy text as above
+
+
+def test_responses_heartbeats_are_small_and_the_sdk_still_builds_the_whole_response(make_daemon):
+    """Codex sends ~18 KB of tools and instructions: each heartbeat used to repeat them."""
+    d = make_daemon(config="stream_heartbeat_s = 1\n", env={"MLXD_DEBUG_PREFILL_DELAY_S": "6"})
+    instructions = "You are a coding agent. " * 80  # Codex's are ~19 KB: too long here
+    tools = [
+        {"type": "function", "name": f"tool_{i}", "description": "d" * 200, "parameters": {}}
+        for i in range(4)
+    ]
+    body = {"model": "a", "input": "Hi", "max_output_tokens": 4, "instructions": instructions}
+    with d.http.stream("POST", "/v1/responses", json={**body, "tools": tools, "stream": True}) as r:
+        raw = b"".join(r.iter_bytes())
+    events = raw.split(b"\n\n")
+    beats = [e for e in events if e.startswith(b"event: response.in_progress")][1:]
+    assert beats, raw[:500]  # the first in_progress opens the stream; the rest are heartbeats
+    assert len(events[0]) > 2800  # response.created echoes instructions and tools
+    assert all(len(b) < 1024 for b in beats), [len(b) for b in beats]
+    assert instructions.encode() not in b"".join(beats)
+
+    with d.openai().responses.stream(**body, tools=tools) as stream:
+        events = list(stream)
+    kinds = [ev.type for ev in events]
+    assert kinds.count("response.in_progress") >= 2, kinds
+    final = events[-1].response
+    assert final.instructions == instructions and len(final.tools) == len(tools)
+    assert final.usage.output_tokens == 4 and final.output_text

@@ -36,6 +36,13 @@ SURFACES = [
     (ResponsesWriter, ResponsesRequest, {"input": "hi", "stream": True}),
 ]
 
+PATHS = {
+    ChatWriter: "/v1/chat/completions",
+    MessagesWriter: "/v1/messages",
+    ResponsesWriter: "/v1/responses",
+    CompletionWriter: "/v1/completions",
+}
+
 
 def _run(events, echo: str = ""):
     async def gen():
@@ -49,6 +56,7 @@ def _run(events, echo: str = ""):
         echo=echo,
         events=gen,
         usage=lambda done: TokenUsage(10, done.completion_tokens, 4),
+        completion_tokens=0,
     )
 
 
@@ -57,7 +65,8 @@ def _stream(writer_cls, req_cls, body, events, echo: str = "") -> bytes:
     writer = writer_cls(req_cls.model_validate(body), run, "id-1")
 
     async def collect():
-        return [b async for b in stream_bytes(run, writer, Heartbeat(60.0))]
+        path = PATHS[writer_cls]
+        return [b async for b in stream_bytes(run, writer, Heartbeat(60.0), path)]
 
     return b"".join(asyncio.run(collect()))
 
@@ -96,6 +105,51 @@ def test_a_tool_call_is_a_first_token_too(writer, req, body):
 def test_a_row_that_fails_before_any_token_has_no_marker(writer, req, body):
     data = _stream(writer, req, body, [Keepalive(), Done("error", 0, error=Unavailable("gone"))])
     assert FIRST_TOKEN not in data and b"gone" in data
+
+
+class _Broken(Exception):
+    pass
+
+
+def _raise(exc):
+    raise exc
+
+
+@pytest.mark.parametrize(("writer", "req", "body"), SURFACES)
+@pytest.mark.parametrize("after", [0, 1, 2], ids=["at once", "after text", "after a call"])
+def test_a_run_that_raises_ends_the_stream_with_the_error_event_and_terminator(
+    writer, req, body, after
+):
+    """The model's output itself may fail to parse or serialize (issue 31): a raise inside
+    the run's events, wherever it comes, still ends the client's stream."""
+    call = ToolCall("call_1", "f", "{}")
+    events = [Delta("text", "Hello"), ToolCalls([call])][:after]
+
+    async def gen():
+        for ev in events:
+            yield ev
+        _raise(_Broken("Integer exceeds 64-bit range"))
+
+    run = _run([])
+    run.events = gen
+    w = writer(req.model_validate({**body, "tools": None}), run, "id-1")
+
+    async def collect():
+        return [b async for b in stream_bytes(run, w, Heartbeat(60.0), PATHS[writer])]
+
+    data = b"".join(asyncio.run(collect())).replace(FIRST_TOKEN, b"")
+    last = data.rstrip(b"\n").split(b"\n\n")
+    assert b"Integer exceeds" not in data  # the cause is the log's, not the client's
+    if writer is ChatWriter:
+        assert last[-1] == b"data: [DONE]"
+        assert orjson.loads(last[-2][6:])["error"]["type"] == "server_error"
+    elif writer is MessagesWriter:
+        assert last[-1].startswith(b"event: error\ndata: ")
+        assert orjson.loads(last[-1].split(b"data: ")[1])["error"]["type"] == "api_error"
+    else:
+        assert last[-1].startswith(b"event: response.failed\ndata: ")
+        failed = orjson.loads(last[-1].split(b"data: ")[1])["response"]
+        assert failed["status"] == "failed" and failed["error"]["code"] == "server_error"
 
 
 def test_completions_mark_the_generated_text_not_the_echo_and_end_with_one_chunk():

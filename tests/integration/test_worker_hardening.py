@@ -413,3 +413,9 @@ def test_a_prefill_out_of_memory_once_is_retried_in_smaller_chunks_and_loses_not
     finally:
         engine.stop()
         assert engine.join(10)
+
+
+def test_a_responses_input_that_fills_the_context_names_input(http):
+    r = http.post("/v1/responses", json={"input": "hello " * CONTEXT_LIMIT})
+    err = _openai_error(r, "input")
+    assert err["code"] == "context_length_exceeded"

@@ -20,7 +20,7 @@ from mlxd.shared.structured_output import GuidedSpec
 from mlxd.shared.wire.tools import ToolOrigin
 
 ToolMode = Literal["auto", "none", "required", "function"]
-Surface = Literal["openai", "anthropic"]
+Surface = Literal["openai", "anthropic", "responses"]
 
 
 @dataclass

@@ -169,10 +169,16 @@ def error_bytes(err: MlxdError, path: str) -> bytes:
 
 
 def sse_error_bytes(err: MlxdError, path: str) -> bytes:
-    """What ends a broken stream, in the route's envelope: one SSE event (one NDJSON line on
-    the Ollama API, whose streams are NDJSON)."""
+    """What ends a broken stream, in the route's envelope, with the route's terminator: one
+    NDJSON line on the Ollama API, Anthropic's `error` event, the Responses API's `error`
+    event (it has no [DONE]; the envelope rides along, which the openai SDK raises on), else
+    the OpenAI envelope and `data: [DONE]`."""
     if is_ollama_path(path):
         return orjson.dumps(ollama_body(err)) + b"\n"
     if is_anthropic_path(path):
         return b"event: error\ndata: " + orjson.dumps(anthropic_body(err)) + b"\n\n"
-    return b"data: " + orjson.dumps(openai_body(err)) + b"\n\n"
+    if path.startswith("/v1/responses"):
+        body = openai_body(err)
+        event = {**body["error"], "type": "error", "sequence_number": 0, **body}
+        return b"event: error\ndata: " + orjson.dumps(event) + b"\n\n"
+    return b"data: " + orjson.dumps(openai_body(err)) + b"\n\ndata: [DONE]\n\n"

@@ -109,6 +109,7 @@ class ResponsesRequest(GuidedFields, SamplingFields):
             session=self.prompt_cache_key,
             tool_origins=tool_set.origins,
             warnings=[tool_set.warning] if tool_set.warning else [],
+            surface="responses",
         )
 
     def chat_messages(self) -> list[dict[str, Any]]:

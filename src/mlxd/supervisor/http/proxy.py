@@ -70,7 +70,13 @@ async def _pump(request: web.Request, resp: web.StreamResponse, up, slot: ModelS
     async def send(data: bytes) -> None:
         nonlocal on_chunk
         await resp.write(data)  # each chunk goes out as soon as the worker wrote it
-        if on_chunk is not None and on_chunk(data):
+        if on_chunk is None:
+            return
+        try:
+            if on_chunk(data):
+                on_chunk = None
+        except Exception:  # noqa: BLE001 - a watcher's fault must not cut the client's stream
+            log.exception("stream watcher failed request_id=%s", request["request_id"])
             on_chunk = None
 
     chunks = up.content.iter_any()

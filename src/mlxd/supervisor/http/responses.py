@@ -91,7 +91,7 @@ async def create_response(request: web.Request) -> web.StreamResponse:
     final = capture.response
     answer = resp.body if isinstance(resp, web.Response) else None
     if final is None and resp.status == 200 and isinstance(answer, bytes) and answer:
-        final = orjson.loads(answer)
+        final = _response_of(answer, whole=True)
     if final is not None and req.store and final.get("id"):
         store.put(final["id"], {"input": items, "response": final})
     return resp
@@ -141,4 +141,18 @@ class _FinalEvent:
             if ev.startswith(FINAL_EVENTS):
                 for line in ev.split(b"\n"):
                     if line.startswith(b"data: "):
-                        self.response = orjson.loads(line[6:]).get("response")
+                        self.response = _response_of(line[6:])
+
+
+def _response_of(data: bytes, whole: bool = False) -> dict | None:
+    """The response in a final event's data (or a whole body); None, and not stored, when it
+    does not parse: the client already has its answer, the store only loses a turn."""
+    try:
+        value = orjson.loads(data)
+    except orjson.JSONDecodeError:
+        log.warning("a finished response did not parse as JSON: not stored")
+        return None
+    if not isinstance(value, dict):
+        return None
+    found = value if whole else value.get("response")
+    return found if isinstance(found, dict) else None

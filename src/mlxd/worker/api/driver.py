@@ -3,30 +3,36 @@
 A surface is a wire request model (`to_chat_job()`, `stream`), an id prefix and a `Writer`
 that prints a run in the surface's dialect. The driver does the rest once for all of them:
 admission, parsing, the prompt-cache session, preparing the run, the access log's progress,
-and then either the whole body or the stream: keep-alives and heartbeats, and the first-token
-marker in front of the first generated text (the supervisor times the first token by it).
+and then either the whole body or the stream: keep-alives and heartbeats, the first-token
+marker in front of the first generated text (the supervisor times the first token by it), and
+the end of a stream that fails: whatever raised, at whatever point, the client gets the
+surface's error event and its terminator (a writer's own error event, else the route's generic
+one), never a stream that stops without an end.
 """
 
 from __future__ import annotations
 
+import logging
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
-import orjson
 from aiohttp import web
 from pydantic import BaseModel
 
-from mlxd.shared.errors import MlxdError
+from mlxd.shared.errors import MlxdError, sse_error_bytes
 from mlxd.shared.wire.bodies import load_json, parse_model
 from mlxd.shared.wire.first_token import FIRST_TOKEN
+from mlxd.shared.wire.safe_json import dumps
 from mlxd.worker.api import sse
 from mlxd.worker.cache.keys import session_of
 from mlxd.worker.chat.events import Collected, Delta, Done, Keepalive, TokenUsage, ToolCalls
 from mlxd.worker.chat.run import ChatRun
 from mlxd.worker.chat.state import WorkerState
 from mlxd.worker.chat.tool_calls import ToolCall
+
+log = logging.getLogger("mlxd.worker.driver")
 
 
 class Writer:
@@ -62,7 +68,8 @@ class Writer:
         raise NotImplementedError
 
     def error(self, err: MlxdError, usage: TokenUsage) -> bytes:
-        """The row failed mid-stream: the surface's error event, in the shared envelope."""
+        """The stream failed: the surface's error event, in the shared envelope, and whatever
+        ends the stream after it."""
         raise NotImplementedError
 
     def body(self, out: Collected, usage: TokenUsage) -> BaseModel:
@@ -94,19 +101,47 @@ async def serve(request: web.Request, surface: Surface) -> web.StreamResponse:
             out = await run.collect()
             body = writer.body(out, run.usage(out.done))
             return web.Response(
-                body=orjson.dumps(body.model_dump()),
+                body=dumps(body.model_dump()),
                 content_type="application/json",
                 headers=run.headers,
             )
         resp = await sse.open_stream(request, run.headers, writer.media_type)
         heartbeat = sse.Heartbeat(state.config.stream_heartbeat_s)
-        async for data in stream_bytes(run, writer, heartbeat):
+        async for data in stream_bytes(run, writer, heartbeat, request.path):
             await resp.write(data)
         return resp
 
 
-async def stream_bytes(run, writer: Writer, heartbeat: sse.Heartbeat) -> AsyncIterator[bytes]:
-    """The stream's bytes, one piece per event; the marker goes in front of the first piece
+async def stream_bytes(
+    run, writer: Writer, heartbeat: sse.Heartbeat, path: str
+) -> AsyncIterator[bytes]:
+    """The stream's bytes, one piece per event, ended by the surface's error event if
+    anything raises on the way (a client that leaves is no failure: it passes through)."""
+    try:
+        async for data in _events_bytes(run, writer, heartbeat):
+            yield data
+    except Exception as exc:  # noqa: BLE001 - a stream must end, whatever broke it
+        yield failure_bytes(run, writer, exc, path)
+
+
+def failure_bytes(run, writer: Writer, exc: Exception, path: str) -> bytes:
+    """What ends a stream that `exc` broke: the writer's error event (it closes what it
+    opened), or the route's generic error event if the writer cannot write even that."""
+    if isinstance(exc, MlxdError):
+        err = exc
+        log.info("stream failed request_id=%s: %s", writer.rid, err.message)
+    else:
+        err = MlxdError("Internal server error while writing the stream")
+        log.exception("stream failed request_id=%s", writer.rid)
+    try:
+        return writer.error(err, run.usage(Done("error", run.completion_tokens, error=err)))
+    except Exception:  # noqa: BLE001 - the writer's own state may be what broke
+        log.exception("the stream's error event failed too request_id=%s", writer.rid)
+        return sse_error_bytes(err, path)
+
+
+async def _events_bytes(run, writer: Writer, heartbeat: sse.Heartbeat) -> AsyncIterator[bytes]:
+    """The run's events in the surface's words; the marker goes in front of the first piece
     that follows generated text (a non-empty delta or a tool call)."""
     pending = sent = False  # the marker: owed since the first token, sent once
     if opening := writer.open():

@@ -16,6 +16,7 @@ from pydantic import BaseModel
 from mlxd.shared.errors import BadRequest, MlxdError, ollama_body
 from mlxd.shared.wire.ollama import ChatRequest, GenerateRequest
 from mlxd.shared.wire.ollama_answers import ChatAnswer, GenerateAnswer, MessageOut, ToolCallOut
+from mlxd.shared.wire.safe_json import dumps
 from mlxd.worker.api.driver import Surface, Writer, serve
 from mlxd.worker.chat.events import Collected, Delta, Done, TokenUsage
 from mlxd.worker.chat.output import REASONING
@@ -28,7 +29,7 @@ DONE_REASONS = {"stop": "stop", "length": "length", "tool_calls": "stop"}
 
 
 def _line(body: BaseModel) -> bytes:
-    return orjson.dumps(body.model_dump()) + b"\n"
+    return dumps(body.model_dump()) + b"\n"
 
 
 def _tool_call(call: ToolCall) -> ToolCallOut:

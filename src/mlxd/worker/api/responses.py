@@ -105,9 +105,14 @@ class ResponsesWriter(Writer):
 
     def keepalive(self, heartbeat_due: bool) -> bytes:
         # Codex's idle watchdog counts SSE events and never sees comments: a quiet stream
-        # repeats response.in_progress, which clients parse and ignore.
+        # repeats response.in_progress, which clients parse and ignore. It keeps the object's
+        # shape (strict parsers) but not the request's echo: Codex's tools and instructions
+        # made every beat 18.7 KB. response.created and the final event carry them whole.
         if heartbeat_due:
-            return self._emit("response.in_progress", response=self.response.model_dump())
+            beat = self.response.model_copy(
+                update={"instructions": None, "tools": [], "output": []}
+            )
+            return self._emit("response.in_progress", response=beat.model_dump())
         return sse.KEEPALIVE
 
     def _open(self, item, part) -> bytes:

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import time
 
-import orjson
 from aiohttp import web
 from pydantic import BaseModel
+
+from mlxd.shared.wire.safe_json import dumps
 
 SSE_HEADERS = {
     "Content-Type": "text/event-stream",
@@ -32,7 +33,7 @@ async def open_stream(
 
 def data(body: BaseModel | dict, event: str | None = None) -> bytes:
     """One SSE event."""
-    payload = orjson.dumps(body.model_dump() if isinstance(body, BaseModel) else body)
+    payload = dumps(body.model_dump() if isinstance(body, BaseModel) else body)
     head = b"event: " + event.encode() + b"\n" if event else b""
     return head + b"data: " + payload + b"\n\n"
 

@@ -179,7 +179,7 @@ def fit_max_tokens(
         raise BadRequest(
             f"The prompt is {prompt_len} tokens; this model's context limit is "
             f"{context_limit} tokens",
-            param="messages",
+            param="input" if surface == "responses" else "messages",  # the field that holds it
             code="context_length_exceeded",
         )
     if requested is None:

@@ -17,6 +17,7 @@ from outlines_core.json_schema import build_regex_from_schema
 
 from mlxd.shared.chat_job import ChatJob
 from mlxd.shared.structured_output import GuidedSpec
+from mlxd.shared.wire.safe_json import dumps, loads_exact
 from mlxd.worker.grammar.processor import escape_regex
 
 log = logging.getLogger("mlxd.worker.tools")
@@ -35,8 +36,8 @@ class ToolCall:
     def input(self) -> dict:
         """The arguments as an object (Anthropic's `input`)."""
         try:
-            value = orjson.loads(self.arguments)
-        except orjson.JSONDecodeError:
+            value = loads_exact(self.arguments)
+        except (ValueError, RecursionError):
             return {}
         return value if isinstance(value, dict) else {"value": value}
 
@@ -65,7 +66,7 @@ def markers(tokenizer) -> tuple[str, str]:
 
 
 def _parse_fallback(text: str, tools: list[dict] | None) -> dict | list:
-    return orjson.loads(text.strip())
+    return loads_exact(text.strip())  # as mlx-lm's own JSON parser reads a call
 
 
 def parse_block(
@@ -83,8 +84,8 @@ def parse_block(
         if not isinstance(item, dict) or not isinstance(item.get("name"), str):
             return None
         args = item.get("arguments", {})
-        if not isinstance(args, str):
-            args = orjson.dumps(args).decode()
+        if not isinstance(args, str):  # whatever the model wrote in it stays writable
+            args = dumps(args).decode()
         calls.append(
             ToolCall(
                 id=item.get("id") or new_call_id(),
