@@ -17,13 +17,12 @@ import logging
 import time
 from pathlib import Path
 
-import mlx.core as mx
 import numpy as np
 
 from mlxd.worker.cache.format import Layout, LayoutMismatch, check_layout
 from mlxd.worker.cache.kv_arrays import from_numpy, layout_quant, storable, to_numpy
 from mlxd.worker.cache.quiet_log import QuietLog
-from mlxd.worker.cache.ram import EARN_TOKENS, Entry, RamCache, usable_length, view
+from mlxd.worker.cache.ram import EARN_TOKENS, Entry, RamCache, compact, usable_length, view
 from mlxd.worker.cache.ssd import SsdEntry, SsdStore
 from mlxd.worker.cache.trie import common_prefix
 from mlxd.worker.cache.writer import CacheWriter, WriteJob
@@ -160,7 +159,7 @@ class PromptCache:
         `earn_tokens` is a real reuse, which earns the entry its SSD write."""
         if self.ram.cap_bytes <= 0 and self.ssd is None:
             return
-        mx.eval([c.state for c in layers])
+        layers = compact(layers)
         hits = int(cached >= self.earn_tokens)
         if self.ram.insert(ns, tokens, layers, session, hits=hits) is None and self.ssd is not None:
             # Too large for RAM (or RAM disabled): straight to the SSD tier, if it earned that.
