@@ -92,6 +92,11 @@ class Generation:
         """Prompt tokens served from the prompt cache (known once the first event arrived)."""
         return self._sub.prompt_cached
 
+    @property
+    def prompt_done(self) -> int:
+        """Prompt tokens processed so far: cached plus prefilled (the engine thread's count)."""
+        return self._sub.prompt_done
+
     def __enter__(self) -> Generation:
         self._engine.submit(self._sub)
         return self
