@@ -83,8 +83,15 @@ class PromptCache:
             self.ssd.disable(f"scan failed: {exc}")
             found = 0
         if self.ssd.disabled is None:
+            left = self.ssd.leftovers
             log.info(
-                "SSD prompt cache at %s: %d entries, %d bytes", self.ssd.dir, found, self.ssd.nbytes
+                "SSD prompt cache at %s: %d entries, %d bytes; %d leftover files removed"
+                " (%d too recent to tell from a write in progress: removed later if left)",
+                self.ssd.dir,
+                found,
+                self.ssd.nbytes,
+                left.removed,
+                len(left.waiting),
             )
         self.writer.start()  # also when off: queued writes then resolve at once, as failed
 
@@ -171,6 +178,7 @@ class PromptCache:
         """Write-behind of settled entries that earned it, and demotion of idle ones."""
         if self.ssd is None:
             return
+        self.ssd.sweep_leftovers()
         now = time.monotonic() if now is None else now
         for e in self.ram.entries():
             if e.ram_only:
@@ -257,6 +265,7 @@ class PromptCache:
                     "cache_ssd_written_bytes": s["bytes_written"],
                     **{f"cache_ssd_written_{r}": n for r, n in self.written.items()},
                     "cache_ssd_corrupt": s["corrupt"],
+                    "cache_ssd_leftovers_removed": self.ssd.leftovers.removed,
                     "cache_ssd_evictions": s["evictions"],
                     "cache_write_drops": w.dropped,
                     "cache_write_pending": w.pending,
