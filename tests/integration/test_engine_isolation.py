@@ -88,3 +88,16 @@ def test_a_submit_after_the_engine_stopped_is_answered(tiny_model_dir):
     engine.submit(Submission("late", [5, 6, 7], GenerationParams(max_tokens=4), events.append))
     assert [ev.finish_reason for ev in events] == ["error"]
     assert engine.persist_cache().is_set() and engine.close_session("s").is_set()
+
+
+def test_a_request_cancelled_before_the_engine_saw_it_is_counted_and_never_runs(tiny_model_dir):
+    engine = Engine(load_model(tiny_model_dir, "tiny"), batch=2, warmup=False)
+    events: list = []
+    sub = Submission("gone", [5, 6, 7], GenerationParams(max_tokens=4), events.append)
+    engine.submit(sub)
+    engine.cancel(sub)  # the client left before the engine thread took either command
+    engine.start()
+    assert engine.close_session("barrier").wait(60)
+    assert engine.cancellations == 1 and engine.active_rows == 0 and events == []
+    engine.stop()
+    assert engine.join(30)

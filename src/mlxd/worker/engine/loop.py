@@ -340,7 +340,11 @@ class Engine:
             case Submit(sub):
                 if self.closing:
                     sub.sink(Event.failure(Unavailable("This worker is draining")))
-                elif not sub.cancelled:
+                elif sub.cancelled:  # its client left first: counted here, its Cancel finds none
+                    self._batch.cancellations += 1
+                    if sub.cancel_reason is not None:
+                        sub.sink(Event.failure(sub.cancel_reason))
+                else:
                     self._sched.add(sub)
             case Cancel(sub):
                 if not self._sched.cancel(sub):
