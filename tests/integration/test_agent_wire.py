@@ -344,7 +344,8 @@ def test_head_slash_is_200_with_no_body_and_get_slash_answers_like_ollama():
 def test_a_cancelled_request_leaves_a_499_line_with_its_progress(caplog):
     request = make_mocked_request("POST", "/v1/messages")
     request["request_id"] = "req-1"
-    gen = SimpleNamespace(prompt_tokens=5000, cached_tokens=1200)
+    # 200 tokens came from the cache and 1000 more were prefilled when the client left.
+    gen = SimpleNamespace(prompt_tokens=5000, cached_tokens=200, prompt_done=1200)
 
     async def handler(req):
         req["progress"] = RowProgress(gen=gen, completion_tokens=0)

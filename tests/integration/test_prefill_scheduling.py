@@ -123,6 +123,31 @@ def test_a_short_request_during_a_long_prefill_decodes_before_the_long_one_is_pr
     assert spans[-1][0] + spans[-1][1] == 599
 
 
+def test_prompt_progress_counts_prefilled_tokens_as_the_prefill_goes(loaded):
+    """What a request shows as done of its prompt (the access log's `prompt_done` when its
+    client leaves mid-prefill) grows with each chunk, not only by what the cache gave."""
+    rows = Rows()
+    long = rows.sub("long", 600, 2)
+    plan = PlanConfig(idle_chunk=64, step_budget=32, min_chunk=8)
+    engine = _engine(loaded, rows, batch=2, plan=plan)
+    seen: list[tuple[int, int]] = []  # (tokens prefilled by the end of a step, prompt_done)
+    prefilled = 0
+
+    def record(st):
+        nonlocal prefilled
+        if "long" in st.chunks:
+            prefilled += st.chunks["long"][1]
+            seen.append((prefilled, long.prompt_done))
+
+    rows.on_step = record
+    engine.submit(long)
+    rows.wait("long")
+    _close(engine)
+    assert len(seen) >= 5 and long.prompt_cached == 0
+    assert all(done == n for n, done in seen), seen  # 64, 128, ... while the client waits
+    assert long.prompt_done == 600
+
+
 def test_an_idle_batch_prefills_a_long_prompt_in_large_chunks(loaded):
     rows = Rows()
     engine = _engine(loaded, rows, batch=4, plan=PlanConfig(idle_chunk=256, step_budget=128))

@@ -75,7 +75,9 @@ def test_junk_in_the_cache_folder_neither_stops_the_start_nor_the_tier(
     (folder / "lone.safetensors").write_bytes(bytes(64))
     backdate(folder / "lone.safetensors")
     sock = short_tmp / "junk.sock"
-    proc = start_worker(tiny_model_dir, sock, "tiny", "--ssd-cache-dir", str(root))
+    proc = start_worker(
+        tiny_model_dir, sock, "tiny", "--ssd-cache-dir", str(root), log=short_tmp / "junk.log"
+    )
     try:
         oai = uds_openai(sock)
         first = ask(oai, LONG)
@@ -83,6 +85,9 @@ def test_junk_in_the_cache_folder_neither_stops_the_start_nor_the_tier(
         s = stats(sock)
         assert s["cache_ssd_disabled"] == 0 and s["cache_ssd_errors"] >= 3
         assert s["cache_ssd_corrupt"] >= 1
+        # The lone data file went, and the start-up line says so.
+        assert s["cache_ssd_leftovers_removed"] == 1 and not (folder / "lone.safetensors").exists()
+        assert "1 leftover files removed" in (short_tmp / "junk.log").read_text()
         # The tier still works next to the junk: the entry is written, and it is served.
         body = post(sock, "/admin/cache/flush")
         assert body["cache_persisted"] is True and body["cache_entries_failed"] == 0
@@ -97,7 +102,9 @@ def test_junk_in_the_cache_folder_neither_stops_the_start_nor_the_tier(
 def test_an_unusable_cache_root_leaves_the_worker_on_ram(tiny_model_dir, short_tmp, root):
     root.write_bytes(b"a file where the cache root should be")
     sock = short_tmp / "noroot.sock"
-    proc = start_worker(tiny_model_dir, sock, "tiny", "--ssd-cache-dir", str(root))
+    proc = start_worker(
+        tiny_model_dir, sock, "tiny", "--ssd-cache-dir", str(root), log=short_tmp / "junk.log"
+    )
     try:
         oai = uds_openai(sock)
         first = ask(oai, LONG)

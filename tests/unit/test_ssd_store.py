@@ -14,6 +14,7 @@ import pytest
 from mlxd.worker.cache import format as cache_format
 from mlxd.worker.cache.layout import safe_name, ssd_folder
 from mlxd.worker.cache.ssd import SsdStore
+from mlxd.worker.cache.ssd_leftovers import STALE_S
 
 
 def arrays():
@@ -51,6 +52,7 @@ def test_a_write_queued_before_its_session_closed_does_not_land(tmp_path):
 # -- faults: the SSD tier never stops a worker and never serves a wrong entry ----------------
 
 LAYOUT = ((1, 4, 1, 4, "float32"),)  # what arrays() is, for a one-layer model
+KEY = cache_format.entry_key("", (1, 2))  # the entry seeded() writes
 
 
 def aged(path, data: bytes | None = None, age_s: float = 3600.0):
@@ -204,6 +206,40 @@ def test_fresh_temporary_files_of_a_live_writer_are_left_alone(tmp_path):
     SsdStore(folder, cap_bytes=1 << 20, layout=LAYOUT).scan()
     assert (folder / "live.safetensors.77.tmp").exists()
     assert not (folder / "dead.safetensors.66.tmp").exists()
+
+
+def test_leftovers_of_a_crash_are_removed_at_start_and_counted(tmp_path):
+    folder = tmp_path / "fp"
+    seeded(folder)
+    aged(folder / "half.tmp", b"half")
+    aged(folder / "x.safetensors.4242.tmp", b"half")
+    aged(folder / "orphan.safetensors", b"data without its sidecar")
+    (folder / "notes.txt").write_bytes(b"not ours")
+    store = SsdStore(folder, cap_bytes=1 << 20, layout=LAYOUT)
+    assert store.scan() == 1
+    assert store.leftovers.removed == 3 and not store.leftovers.waiting
+    names = sorted(p.name for p in folder.iterdir())
+    assert names == sorted([*(p.name for p in cache_format.entry_paths(folder, KEY)), "notes.txt"])
+
+
+def test_leftovers_too_recent_at_start_go_once_old_unless_their_write_finished(tmp_path):
+    """A recent leftover may be another worker's write in progress: it stays until the upkeep
+    finds it old, and a data file whose sidecar appears meanwhile was a write, not junk."""
+    folder = tmp_path / "fp"
+    seeded(folder)
+    (folder / "half.tmp").write_bytes(b"half")
+    (folder / "orphan.safetensors").write_bytes(b"data without its sidecar")
+    (folder / "landing.safetensors").write_bytes(b"a write in progress")
+    store = SsdStore(folder, cap_bytes=1 << 20, layout=LAYOUT)
+    assert store.scan() == 1
+    assert store.leftovers.removed == 0 and len(store.leftovers.waiting) == 3
+    now = time.time()
+    assert store.sweep_leftovers(now) == 0  # still too recent
+    (folder / "landing.json").write_bytes(b"{}")  # that writer finished its entry
+    assert store.sweep_leftovers(now + STALE_S + 1) == 2
+    assert not (folder / "half.tmp").exists() and not (folder / "orphan.safetensors").exists()
+    assert (folder / "landing.safetensors").exists()
+    assert store.leftovers.removed == 2 and not store.leftovers.waiting
 
 
 def test_read_error_skips_the_entry(tmp_path, monkeypatch):

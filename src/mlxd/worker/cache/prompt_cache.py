@@ -17,13 +17,12 @@ import logging
 import time
 from pathlib import Path
 
-import mlx.core as mx
 import numpy as np
 
 from mlxd.worker.cache.format import Layout, LayoutMismatch, check_layout
 from mlxd.worker.cache.kv_arrays import from_numpy, layout_quant, storable, to_numpy
 from mlxd.worker.cache.quiet_log import QuietLog
-from mlxd.worker.cache.ram import EARN_TOKENS, Entry, RamCache, usable_length, view
+from mlxd.worker.cache.ram import EARN_TOKENS, Entry, RamCache, compact, usable_length, view
 from mlxd.worker.cache.ssd import SsdEntry, SsdStore
 from mlxd.worker.cache.trie import common_prefix
 from mlxd.worker.cache.writer import CacheWriter, WriteJob
@@ -84,8 +83,15 @@ class PromptCache:
             self.ssd.disable(f"scan failed: {exc}")
             found = 0
         if self.ssd.disabled is None:
+            left = self.ssd.leftovers
             log.info(
-                "SSD prompt cache at %s: %d entries, %d bytes", self.ssd.dir, found, self.ssd.nbytes
+                "SSD prompt cache at %s: %d entries, %d bytes; %d leftover files removed"
+                " (%d too recent to tell from a write in progress: removed later if left)",
+                self.ssd.dir,
+                found,
+                self.ssd.nbytes,
+                left.removed,
+                len(left.waiting),
             )
         self.writer.start()  # also when off: queued writes then resolve at once, as failed
 
@@ -160,7 +166,7 @@ class PromptCache:
         `earn_tokens` is a real reuse, which earns the entry its SSD write."""
         if self.ram.cap_bytes <= 0 and self.ssd is None:
             return
-        mx.eval([c.state for c in layers])
+        layers = compact(layers)
         hits = int(cached >= self.earn_tokens)
         if self.ram.insert(ns, tokens, layers, session, hits=hits) is None and self.ssd is not None:
             # Too large for RAM (or RAM disabled): straight to the SSD tier, if it earned that.
@@ -172,6 +178,7 @@ class PromptCache:
         """Write-behind of settled entries that earned it, and demotion of idle ones."""
         if self.ssd is None:
             return
+        self.ssd.sweep_leftovers()
         now = time.monotonic() if now is None else now
         for e in self.ram.entries():
             if e.ram_only:
@@ -258,6 +265,7 @@ class PromptCache:
                     "cache_ssd_written_bytes": s["bytes_written"],
                     **{f"cache_ssd_written_{r}": n for r, n in self.written.items()},
                     "cache_ssd_corrupt": s["corrupt"],
+                    "cache_ssd_leftovers_removed": self.ssd.leftovers.removed,
                     "cache_ssd_evictions": s["evictions"],
                     "cache_write_drops": w.dropped,
                     "cache_write_pending": w.pending,

@@ -1,7 +1,8 @@
 """The RAM tier of the prompt cache: KV states of prompt prefixes, byte-capped, LRU.
 
 Lives on the engine thread; `peek` may be called from the event loop (a lock guards the index).
-Entries hold compact caches (exactly their tokens, no step padding), so `nbytes` is true bytes.
+Entries hold compact caches (exactly their tokens in buffers of their own, `compact`), so
+`nbytes` is true bytes: a slice would keep its row's whole buffer alive, uncounted.
 """
 
 from __future__ import annotations
@@ -13,7 +14,11 @@ from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+import mlx.core as mx
+from mlx.utils import tree_map
 from mlx_lm.models.cache import (
+    ArraysCache,
+    CacheList,
     KVCache,
     QuantizedKVCache,
     can_trim_prompt_cache,
@@ -89,6 +94,34 @@ def view(layers: list, length: int, full: int) -> list:
     if length < full:
         trim_prompt_cache(out, full - length)
     return out
+
+
+def compact(layers: list) -> list:
+    """`layers` in buffers of their own, exactly their tokens long (evaluated).
+
+    A finished row's cache is a slice of the row's buffer (256-token steps, or the batch's
+    arrays): kept as is, it would hold the whole buffer while `nbytes` counts the slice."""
+    out = [_compact(c) for c in layers]
+    mx.eval([c.state for c in out])
+    return out
+
+
+def _compact(c):
+    if type(c) is KVCache or isinstance(c, QuantizedKVCache):
+        if c.keys is None:
+            return c
+        q = copy.copy(c)
+        q.keys, q.values = tree_map(
+            lambda x: mx.contiguous(x[..., : c.offset, :]), (c.keys, c.values)
+        )
+        return q
+    if isinstance(c, ArraysCache):
+        a = copy.copy(c)
+        a.cache = [None if x is None else mx.contiguous(x) for x in c.cache]
+        return a
+    if isinstance(c, CacheList):
+        return CacheList(*(_compact(x) for x in c.caches))
+    return c  # other kinds (rotating windows): their nbytes already counts whole buffers
 
 
 class RamCache:

@@ -22,7 +22,6 @@ import numpy as np
 from mlxd.worker.cache.format import (
     DATA_SUFFIX,
     META_SUFFIX,
-    TMP_SUFFIX,
     Layout,
     LayoutMismatch,
     SsdEntry,
@@ -37,12 +36,10 @@ from mlxd.worker.cache.format import (
 )
 from mlxd.worker.cache.quiet_log import QuietLog
 from mlxd.worker.cache.ssd_index import SsdIndex
+from mlxd.worker.cache.ssd_leftovers import Leftovers, is_temporary
 
 log = logging.getLogger("mlxd.worker.ssd")
 
-# A temporary or lone data file younger than this may belong to a live writer (a hot reload
-# runs two workers of one model id for a while): the scan leaves it alone.
-STALE_S = 60.0
 # After a failed write (a full disk, a read-only folder) writes pause this long instead of
 # failing one by one, each after writing most of a file.
 WRITE_PAUSE_S = 30.0
@@ -66,6 +63,7 @@ class SsdStore:
         self._closed_sessions: dict[str, float] = {}  # session -> when it was closed
         self._paused_until = 0.0  # writes skip until then (monotonic), after a failed write
         self._quiet = QuietLog(log)
+        self.leftovers = Leftovers(folder, self._delete_failed)
         self.stats = {
             "hits": 0,
             "restores": 0,
@@ -119,16 +117,25 @@ class SsdStore:
             log.warning("SSD prompt cache folder %s is read-only: no writes", self.dir)
         now = time.time()
         for name in names:
-            if name.endswith(TMP_SUFFIX):
-                self._remove_stale(name, now)
+            if is_temporary(name):
+                self.leftovers.consider(name, now)
         for name in sorted(names):
             if name.endswith(META_SUFFIX):
                 self._index(name[: -len(META_SUFFIX)])
         for name in names:  # data without its metadata
             if name.endswith(DATA_SUFFIX) and name[: -len(DATA_SUFFIX)] not in self.index:
-                self._remove_stale(name, now)
+                self.leftovers.consider(name, now)
         self._enforce_cap()
         return len(self.index)
+
+    def sweep_leftovers(self, now: float | None = None) -> int:
+        """Remove the leftovers the scan found too recent, once old enough; how many went."""
+        if self.disabled is not None or not self.leftovers.waiting:
+            return 0
+        n = self.leftovers.sweep(time.time() if now is None else now)
+        if n:
+            log.info("SSD prompt cache: removed %d leftover files from %s", n, self.dir)
+        return n
 
     def _index(self, key: str) -> None:
         try:
@@ -143,16 +150,9 @@ class SsdStore:
             return
         self._delete_files(key)
 
-    def _remove_stale(self, name: str, now: float) -> None:
-        path = self.dir / name
-        try:
-            if now - path.lstat().st_mtime >= STALE_S:
-                path.unlink()
-        except FileNotFoundError:
-            pass
-        except OSError as exc:
-            self.stats["delete_errors"] += 1
-            self._quiet.warn("SSD prompt cache delete", exc)
+    def _delete_failed(self, exc: OSError) -> None:
+        self.stats["delete_errors"] += 1
+        self._quiet.warn("SSD prompt cache delete", exc)
 
     def _remove(self, e: SsdEntry) -> None:
         if self.index.forget(e):
@@ -163,8 +163,7 @@ class SsdStore:
             try:
                 path.unlink(missing_ok=True)
             except OSError as exc:  # a folder under that name, a read-only folder
-                self.stats["delete_errors"] += 1
-                self._quiet.warn("SSD prompt cache delete", exc)
+                self._delete_failed(exc)
 
     def best(self, ns: str, prompt: list[int]) -> tuple[SsdEntry | None, int]:
         """The entry covering most of `prompt`, and how many tokens it covers."""

@@ -77,11 +77,11 @@ class RowProgress:
 
     @property
     def prompt_done(self) -> int:
-        """Prompt tokens known to be processed: all of them once a token came out, else
-        only those the prompt cache supplied (prefill progress is the engine's)."""
+        """Prompt tokens processed: all of them once a token came out, else those the prompt
+        cache supplied plus those prefilled so far."""
         if self.gen is None:
             return 0
-        return self.gen.prompt_tokens if self.completion_tokens else self.gen.cached_tokens
+        return self.gen.prompt_tokens if self.completion_tokens else self.gen.prompt_done
 
 
 Output = list[Delta | ToolCalls]

@@ -92,6 +92,11 @@ class Generation:
         """Prompt tokens served from the prompt cache (known once the first event arrived)."""
         return self._sub.prompt_cached
 
+    @property
+    def prompt_done(self) -> int:
+        """Prompt tokens processed so far: cached plus prefilled (the engine thread's count)."""
+        return self._sub.prompt_done
+
     def __enter__(self) -> Generation:
         self._engine.submit(self._sub)
         return self
@@ -114,11 +119,20 @@ class Generation:
             self._hold_until = None
         if not self._queue.empty():  # the common case while streaming: no wait, no timer
             ev = self._queue.get_nowait()
+        elif timeout_s is None:
+            ev = await self._queue.get()
         else:
+            # Not asyncio.wait_for: before 3.12 it swallows a cancel (the client left) that
+            # lands as an event arrives, and the row then generates to its end for nobody.
+            get = asyncio.ensure_future(self._queue.get())
             try:
-                ev = await asyncio.wait_for(self._queue.get(), timeout_s)
-            except asyncio.TimeoutError:
+                done, _ = await asyncio.wait((get,), timeout=timeout_s)
+            finally:
+                if not get.done():
+                    get.cancel()  # an event it did not take stays in the queue
+            if not done:
                 return None
+            ev = get.result()
         if ev.finish_reason is not None:
             self.done = True
         return ev

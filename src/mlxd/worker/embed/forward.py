@@ -37,11 +37,20 @@ class EmbedRun:
         self.tokens = tokens
         self.pooling = pooling
         self.vectors: list[np.ndarray | None] = [None] * len(tokens)
+        self._left = len(tokens)  # vectors still to fill
         self._cache: list | None = None  # a long input's KV over its chunks
         self._sum: mx.array | None = None  # a long input's hidden-state sum (mean pooling)
 
     def step(self, fwd: Forward) -> None:
         """Run one forward of the plan (chunks of a long input come in order)."""
+        self._forward(fwd)
+        if self._left == 0:
+            # Forwards of many shapes leave MLX's buffer cache holding sizes the next request
+            # may never ask for (a soak grew a worker 161 -> 344 MB): give them back, once
+            # this request's arrays are gone (the forward's own went as it returned).
+            mx.clear_cache()
+
+    def _forward(self, fwd: Forward) -> None:
         rows = [self.tokens[i][fwd.start : fwd.stop] for i in fwd.indices]
         lengths = [len(r) for r in rows]
         width = max(lengths)
@@ -61,6 +70,7 @@ class EmbedRun:
         out = np.array(pooled)
         for row, i in enumerate(fwd.indices):
             self.vectors[i] = out[row]
+        self._left -= len(fwd.indices)
 
     def _chunk_pool(self, h: mx.array, fwd: Forward) -> mx.array | None:
         if self.pooling == "mean":

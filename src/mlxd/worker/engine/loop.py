@@ -101,6 +101,7 @@ class Engine:
         )
         self._sched = Scheduler(self._batch, batch, self.plan, budget)
         self.dead: str | None = None  # why the engine thread stopped unexpectedly
+        self._gone = False  # the thread made its last take from the inbox (stopped or dead)
         self.closing = False  # a drain passed its deadline: admit nothing more
         self._stopping = False  # a Stop arrived: exit once the rows in flight are done
         self.debug_prefill_delay_s = 0.0  # test-only slow prefill, read by api.generation
@@ -125,13 +126,23 @@ class Engine:
             sub.sink(Event.failure(Unavailable(ENGINE_STOPPED)))
             return
         self._sched.check(sub)
-        self._inbox.put(Submit(sub))
+        self._put(Submit(sub))
 
     def cancel(self, sub: Submission, reason: MlxdError | None = None) -> None:
         """Drop `sub`'s row at the next step; with a `reason`, its request hears why."""
         sub.cancelled = True
         sub.cancel_reason = reason
-        self._inbox.put(Cancel(sub))
+        self._put(Cancel(sub))
+
+    def _put(self, cmd: Command) -> None:
+        """Queue `cmd` for the engine thread; once that thread is gone, answer it here.
+
+        The thread marks itself gone before its last look at the inbox, so a command put
+        before that look is answered there, and one put after it sees the mark: none is lost.
+        """
+        self._inbox.put(cmd)
+        if self._gone:
+            self._answer_leftovers()
 
     def cancel_all(self) -> int:
         """Cancel every row still running or queued (a drain deadline passed)."""
@@ -144,13 +155,13 @@ class Engine:
     def persist_cache(self) -> threading.Event:
         """Queue every RAM cache entry for the SSD tier; the event is set once queued."""
         done = threading.Event()
-        self._inbox.put(PersistCache(done))
+        self._put(PersistCache(done))
         return done
 
     def close_session(self, session: str) -> threading.Event:
         """Forget `session`'s prompt-cache entries; the event is set once they are gone."""
         done = threading.Event()
-        self._inbox.put(CloseSession(session, done))
+        self._put(CloseSession(session, done))
         return done
 
     def run_job(self, job: Job) -> None:
@@ -158,11 +169,11 @@ class Engine:
         if self.dead is not None:
             job.fail(Unavailable(ENGINE_STOPPED))
             return
-        self._inbox.put(RunJob(job))
+        self._put(RunJob(job))
 
     def stop(self) -> None:
         """Ask the thread to exit once in-flight rows are done or cancelled."""
-        self._inbox.put(Stop())
+        self._put(Stop())
 
     def join(self, timeout_s: float | None = None) -> bool:
         self._thread.join(timeout_s)
@@ -223,20 +234,26 @@ class Engine:
             log.exception("engine thread stopped")
             self.dead = f"{type(exc).__name__}: {exc}"
             self._batch.fail_all(Unavailable(ENGINE_STOPPED))
-            self._fail_queued()
+            self._sched.fail_waiting(Unavailable(ENGINE_STOPPED))
         finally:
+            self._gone = True  # from here on, whoever puts a command answers it (_put)
+            self._answer_leftovers()
             self.warmed.set()
             self._stopped.set()
 
-    def _fail_queued(self) -> None:
-        self._sched.fail_waiting(Unavailable(ENGINE_STOPPED))
+    def _answer_leftovers(self) -> None:
+        """The thread is gone: answer every command still in the inbox (any thread; the
+        queue hands each command to one taker only)."""
         for cmd in self._inbox.take(block=False):
-            if isinstance(cmd, Submit):
-                cmd.sub.sink(Event.failure(Unavailable(ENGINE_STOPPED)))
-            elif isinstance(cmd, PersistCache | CloseSession):
-                cmd.done.set()
-            elif isinstance(cmd, RunJob):
-                cmd.job.fail(Unavailable(ENGINE_STOPPED))
+            try:
+                if isinstance(cmd, Submit):
+                    cmd.sub.sink(Event.failure(Unavailable(ENGINE_STOPPED)))
+                elif isinstance(cmd, PersistCache | CloseSession):
+                    cmd.done.set()
+                elif isinstance(cmd, RunJob):
+                    cmd.job.fail(Unavailable(ENGINE_STOPPED))
+            except RuntimeError:  # the event loop is already closed: nobody is waiting
+                pass
 
     def _loop(self) -> None:
         # Streams belong to the thread that creates them: make ours here.
@@ -344,7 +361,11 @@ class Engine:
             case Submit(sub):
                 if self.closing:
                     sub.sink(Event.failure(Unavailable("This worker is draining")))
-                elif not sub.cancelled:
+                elif sub.cancelled:  # its client left first: counted here, its Cancel finds none
+                    self._batch.cancellations += 1
+                    if sub.cancel_reason is not None:
+                        sub.sink(Event.failure(sub.cancel_reason))
+                else:
                     self._sched.add(sub)
             case Cancel(sub):
                 if not self._sched.cancel(sub):

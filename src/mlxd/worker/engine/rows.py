@@ -40,6 +40,8 @@ class Submission:
     params: GenerationParams
     sink: Callable[[Event], None]
     prompt_cached: int = 0  # set by the engine when the row is admitted
+    # Prompt tokens processed so far, cached ones included (the engine's, read by the log).
+    prompt_done: int = 0
     ns: str = ""  # prompt-cache namespace (what changes the KV)
     session: str | None = None  # session affinity for the prompt cache
     boundary: int = 0  # stable prompt boundary (multi-turn snapshot point), 0: none

@@ -28,7 +28,7 @@ def admit(batch: Batch, sub: Submission, tokenizer) -> Row:
     if batch.cache is not None:
         layers, n, _ = batch.cache.fetch(sub.ns, sub.prompt, sub.restored)
         sub.restored = None  # let the arrays go
-    sub.prompt_cached = n
+    sub.prompt_cached = sub.prompt_done = n
     uid = batch.gen.insert_segments(
         [prompt_segments(sub, n, batch.trimmable)],
         caches=[layers],

@@ -166,4 +166,8 @@ class Scheduler:
                 row.pos += n
             row.todo = todo
             row.started = True
+            # A resumed row prefills its prompt again: what was done stays done.
+            size = len(row.sub.prompt)
+            done = size if r.end_of_prompt else min(row.pos, size)
+            row.sub.prompt_done = max(row.sub.prompt_done, done)
         return chunks
