@@ -140,7 +140,7 @@ def test_worker_crash_mid_stream_spares_other_model(make_daemon):
     ta.join(30)
     tb.join(60)
     assert out_a["ended"] - killed < 2.0
-    assert '"error"' in out_a["lines"][-1]
+    assert '"error"' in out_a["lines"][-2] and out_a["lines"][-1] == "[DONE]"  # and the end
     assert out_b["lines"][-1] == "[DONE]"
     assert '"finish_reason":"length"' in out_b["lines"][-2]
     # The next request restarts it (after a 1 s backoff).

@@ -67,7 +67,7 @@ def test_an_orphaned_process_exits_even_while_its_main_thread_is_stuck():
 # started under is the one it watches, so it still exits.
 LATE = """
 import os, time
-from mlxd.worker import lifeline
+from mlxd.shared import lifeline
 start = os.getppid()
 print("imported", flush=True)
 while os.getppid() == start:

@@ -179,3 +179,19 @@ def test_budgets_are_per_row_in_a_shared_batch(oai, ref):
             assert (msg.reasoning_content, msg.content or "") == (alone, "")
         else:
             assert (msg.reasoning_content, msg.content) == expected(ref, budget, 20)
+
+
+def test_a_budget_that_cannot_bind_attaches_nothing():
+    from types import SimpleNamespace
+
+    from mlxd.shared.params import GenerationParams
+    from mlxd.worker.chat.think_budget import ThinkBudget, think_budget
+
+    tok = SimpleNamespace(has_thinking=True, think_start_tokens=[5], think_end_tokens=[6])
+    huge = GenerationParams(max_tokens=6, reasoning_budget=2**31)  # once a 503 (int32 overflow)
+    assert think_budget(tok, huge, True, False) is None
+    assert (
+        think_budget(tok, GenerationParams(max_tokens=6, reasoning_budget=6), True, False) is None
+    )
+    binding = think_budget(tok, GenerationParams(max_tokens=6, reasoning_budget=5), True, False)
+    assert isinstance(binding, ThinkBudget)

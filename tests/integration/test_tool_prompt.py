@@ -111,3 +111,35 @@ def test_heartbeat_is_due_once_per_quiet_interval():
     assert not beat.due()
     now[0] = 25.0
     assert beat.due()
+
+
+def test_a_tool_calls_id_is_the_models_only_when_it_is_a_string():
+    from types import SimpleNamespace
+
+    from mlxd.worker.chat.tool_calls import parse_block
+
+    plain = SimpleNamespace()  # no native parser: mlx-lm's JSON reading
+    for written in ("[1]", "12", '""', "null"):
+        (call,) = parse_block(
+            plain, f'{{"name": "add", "id": {written}, "arguments": {{}}}}', None, 0
+        )
+        assert isinstance(call.id, str) and call.id, written
+    (kept,) = parse_block(plain, '{"name": "add", "id": "call_7", "arguments": {}}', None, 0)
+    assert kept.id == "call_7"
+
+
+def test_arguments_nested_too_deep_to_write_leave_the_block_as_text():
+    from types import SimpleNamespace
+
+    from mlxd.worker.chat.tool_calls import parse_block
+
+    deep = "[" * 300 + "1" + "]" * 300
+    assert (
+        parse_block(SimpleNamespace(), f'{{"name": "add", "arguments": {{"a": {deep}}}}}', None, 0)
+        is None
+    )
+    shallow = "[" * 20 + "1" + "]" * 20
+    (call,) = parse_block(
+        SimpleNamespace(), f'{{"name": "add", "arguments": {{"a": {shallow}}}}}', None, 0
+    )
+    assert call.arguments == '{"a":' + shallow + "}"

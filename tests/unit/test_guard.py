@@ -346,3 +346,19 @@ def test_a_header_line_aiohttp_cannot_parse_is_one_log_line_not_a_traceback(capl
     for r in said:
         assert r.exc_info is None and "Traceback" not in caplog.text
         assert r.getMessage().startswith("bad request 400 from 127.0.0.1: Got more than")
+
+
+def test_a_coding_mlxd_does_not_decode_is_415_naming_the_accepted_ones():
+    twice = gzip.compress(gzip.compress(b"{}"))
+    listed, unknown, upper = _serve(
+        [
+            ("POST", "/v1/chat/completions", {"Content-Encoding": "gzip, gzip"}, twice),
+            ("POST", "/v1/chat/completions", {"Content-Encoding": "compress"}, b"{}"),
+            ("POST", "/v1/chat/completions", {"Content-Encoding": " GZIP "}, gzip.compress(b"{}")),
+        ]
+    )
+    for refused in (listed, unknown):
+        message = refused[2]["error"]["message"]
+        assert refused[0] == 415 and "Content-Encoding" in message, refused
+        assert all(enc in message for enc in ("gzip", "deflate", "br", "zstd")), message
+    assert upper[0] == 200 and upper[2] == {"got": 2}

@@ -32,3 +32,16 @@ def test_what_orjson_writes_is_written_by_orjson_unchanged():
 
 def test_model_json_is_read_with_exact_integers():
     assert loads_exact('{"a": 99999999999999999999}') == {"a": 99999999999999999999}
+
+
+def test_values_nested_past_what_orjson_writes_never_raise():
+    from mlxd.shared.wire.safe_json import MAX_DEPTH, dumps, writable
+
+    deep: list = [1]
+    for _ in range(300):
+        deep = [deep]
+    assert dumps(deep) == b"null" and not writable(deep)
+    shallow: list = [1]
+    for _ in range(MAX_DEPTH - 1):
+        shallow = [shallow]
+    assert writable(shallow) and dumps(shallow).startswith(b"[[")

@@ -96,3 +96,19 @@ def test_a_model_that_cannot_fit_says_so_in_units():
     assert str(exc.value) == (
         "needs 606 MiB, 512 MiB free of a 1 GiB budget (512 MiB held by pinned models)"
     )
+
+
+@pytest.mark.parametrize("absurd", ["99999999999TiB", 1 << 61, "2000000TB"])
+def test_a_size_no_machine_holds_is_refused(absurd):
+    with pytest.raises(ValueError, match="more than any machine holds"):
+        parse_size(absurd)
+
+
+def test_an_absurd_size_in_the_environment_is_one_line_at_start(tmp_path, monkeypatch):
+    from mlxd.shared.config import ConfigError
+    from mlxd.shared.config_load import load_settings
+
+    monkeypatch.setenv("MLXD_KV_BUDGET_BYTES", "99999999999TiB")
+    with pytest.raises(ConfigError) as info:
+        load_settings({"home": str(tmp_path)})
+    assert "kv_budget_bytes" in str(info.value) and "\n" not in str(info.value)

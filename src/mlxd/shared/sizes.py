@@ -32,6 +32,9 @@ UNITS = {
     "tib": 1024**4,
 }
 PRINTED = ("B", "KiB", "MiB", "GiB", "TiB")
+# No machine mlxd runs on holds an exbibyte; past it a size is a typo, and MLX's own limits
+# (int64 arguments) would refuse it later, at a worse moment.
+MAX_SIZE = 1 << 60
 _SIZE = re.compile(r"\s*(\d+(?:\.\d*)?|\.\d+)\s*([a-zA-Z]*)\s*")
 
 
@@ -40,9 +43,9 @@ def parse_size(value: object) -> int:
     if isinstance(value, bool):
         raise ValueError("a size, not true or false")
     if isinstance(value, int):
-        return value
+        return _bounded(value, value)
     if isinstance(value, float) and value.is_integer():
-        return int(value)
+        return _bounded(int(value), value)
     text = value if isinstance(value, str) else None
     match = _SIZE.fullmatch(text) if text is not None else None
     unit = match.group(2).lower() if match else ""
@@ -51,7 +54,13 @@ def parse_size(value: object) -> int:
             f"{value!r} is not a size: give bytes (1073741824) or a number with a unit"
             " (512MB, 1GiB; KB MB GB TB are powers of 1000, KiB MiB GiB TiB of 1024)"
         )
-    return round(float(match.group(1)) * UNITS[unit])
+    return _bounded(round(float(match.group(1)) * UNITS[unit]), value)
+
+
+def _bounded(size: int, written: object) -> int:
+    if size > MAX_SIZE:
+        raise ValueError(f"{written!r} is more than any machine holds (at most 1024 PiB)")
+    return size
 
 
 def size_arg(text: str) -> int:
@@ -64,7 +73,7 @@ def size_arg(text: str) -> int:
 
 def _lenient(value: object) -> object:
     """For pydantic: unparseable values pass on, so the field's own type error names them."""
-    if isinstance(value, str | float) and not isinstance(value, bool):
+    if isinstance(value, str | float | int) and not isinstance(value, bool):
         return parse_size(value)
     return value
 

@@ -22,12 +22,34 @@ _MIN_INT, _MAX_INT = -(2**63), 2**64 - 1
 _SURROGATE = re.compile("[\ud800-\udfff]")
 
 
+# orjson writes at most 254 levels of nesting, and a model can write more; the body around a
+# value (a message, its content blocks) takes a few levels of its own
+MAX_DEPTH = 200
+
+
 def dumps(value: Any) -> bytes:
-    """`orjson.dumps(value)`, with what orjson refuses made readable instead of raising."""
+    """`orjson.dumps(value)`, with what orjson refuses made readable instead of raising; a
+    value nested deeper than orjson writes is `null` (callers that must keep it check
+    `writable` first)."""
     try:
         return orjson.dumps(value)
     except orjson.JSONEncodeError:
+        pass
+    try:
         return orjson.dumps(readable(value))
+    except (orjson.JSONEncodeError, RecursionError):
+        return b"null"
+
+
+def writable(value: Any, depth: int = 0) -> bool:
+    """Whether `value` is nested shallowly enough for `dumps` to write it whole."""
+    if depth > MAX_DEPTH:
+        return False
+    if isinstance(value, dict):
+        return all(writable(v, depth + 1) for v in value.values())
+    if isinstance(value, list | tuple):
+        return all(writable(v, depth + 1) for v in value)
+    return True
 
 
 def readable(value: Any) -> Any:

@@ -21,6 +21,7 @@ from aiohttp import web
 
 from mlxd.shared.config import Settings
 from mlxd.shared.errors import BadRequest, MlxdError, NotFound
+from mlxd.shared.middleware import BODY_ENCODINGS
 from mlxd.supervisor.http.auth import Forbidden, request_areas
 
 MAX_ECHOED_PATH = 200  # a 404 names the path, up to this many characters
@@ -141,6 +142,22 @@ def content_type_refusal(method: str, headers) -> str | None:
     )
 
 
+def encoding_refusal(headers) -> str | None:
+    """Why a body's Content-Encoding is refused (None: absent, identity, or one coding mlxd
+    decodes). aiohttp passes a list of codings, or one it does not know, through undecoded,
+    and the JSON parser's complaint would then hide the cause."""
+    raw = headers.get("Content-Encoding")
+    if raw is None:
+        return None
+    coding = raw.strip().lower()
+    if coding in ("", "identity") or coding in BODY_ENCODINGS:
+        return None
+    return (
+        f"Unsupported Content-Encoding '{raw.strip()[:60]}': send one of "
+        f"{', '.join(BODY_ENCODINGS)}, or none"
+    )
+
+
 def own_port(request: web.Request) -> int:
     """The port this connection reached (the setting's, when the socket does not say)."""
     transport = request.transport
@@ -172,6 +189,8 @@ def check_request(request: web.Request) -> None:
         raise Forbidden("Cross-site requests to the admin API are not allowed")
     matched = request.match_info.http_exception is None
     if matched and (why := content_type_refusal(request.method, request.headers)) is not None:
+        raise UnsupportedMediaType(why)
+    if matched and (why := encoding_refusal(request.headers)) is not None:
         raise UnsupportedMediaType(why)
 
 

@@ -82,6 +82,10 @@ def think_budget(
     budget = params.thinking_budget()
     if budget is None or not getattr(tokenizer, "has_thinking", False):
         return None
+    if params.max_tokens is not None and budget >= params.max_tokens:
+        # It cannot bind: no processor, so the row keeps speculation and a resume after a
+        # failed step (and a budget past 2**31 never meets the int32 counter).
+        return None
     if thinking_off and not in_reasoning:
         return None
     start = tuple(tokenizer.think_start_tokens or ())

@@ -17,7 +17,7 @@ from outlines_core.json_schema import build_regex_from_schema
 
 from mlxd.shared.chat_job import ChatJob
 from mlxd.shared.structured_output import GuidedSpec
-from mlxd.shared.wire.safe_json import dumps, loads_exact
+from mlxd.shared.wire.safe_json import dumps, loads_exact, writable
 from mlxd.worker.grammar.processor import escape_regex
 
 log = logging.getLogger("mlxd.worker.tools")
@@ -84,11 +84,15 @@ def parse_block(
         if not isinstance(item, dict) or not isinstance(item.get("name"), str):
             return None
         args = item.get("arguments", {})
+        if not isinstance(args, str) and not writable(args):
+            log.info("tool call arguments nested too deep to write: %.200r", text)
+            return None  # the block stays text: every surface can carry that
         if not isinstance(args, str):  # whatever the model wrote in it stays writable
             args = dumps(args).decode()
+        call_id = item.get("id")
         calls.append(
             ToolCall(
-                id=item.get("id") or new_call_id(),
+                id=call_id if isinstance(call_id, str) and call_id else new_call_id(),
                 name=item["name"],
                 arguments=args,
                 index=first_index + i,
