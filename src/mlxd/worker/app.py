@@ -8,6 +8,8 @@ import os
 import signal
 import sys
 import time
+from collections.abc import Callable, Coroutine
+from typing import Any
 
 from aiohttp import web
 
@@ -200,16 +202,18 @@ async def serve(cfg: WorkerSpec) -> int:
 
 async def shutdown(state: WorkerState, runner: web.AppRunner, grace_s: float) -> None:
     """Stop admitting, let in-flight rows finish within the grace period, then stop."""
+    engine = state.engine
+    assert engine is not None  # serve() gets here only after it made the engine
     state.draining = True
-    log.info("stopping: %d rows in flight", state.engine.active_rows + state.engine.queued_rows)
-    await control.wait_rows(state.engine, grace_s)
-    state.engine.cancel_all()  # past the grace period: nothing may keep the engine busy
-    await control.wait_rows(state.engine, 5.0)
+    log.info("stopping: %d rows in flight", engine.active_rows + engine.queued_rows)
+    await control.wait_rows(engine, grace_s)
+    engine.cancel_all()  # past the grace period: nothing may keep the engine busy
+    await control.wait_rows(engine, 5.0)
     await control.persist(state)  # the prompt cache outlives the process
     await runner.shutdown()  # closes idle keep-alive connections and cancels the rest
-    state.engine.stop()
+    engine.stop()
     # The engine thread must be gone before the interpreter exits (MLX aborts otherwise).
-    await asyncio.to_thread(state.engine.join, 30.0)
+    await asyncio.to_thread(engine.join, 30.0)
     await runner.cleanup()
 
 
@@ -241,6 +245,7 @@ def main(cfg: WorkerSpec) -> int:
     log.debug("spec %s", cfg.model_dump_json())
     if cfg.group is not None and cfg.group.rank > 0:  # a follower rank serves no socket
         return run_follower(cfg)
+    runner: Callable[[Coroutine[Any, Any, int]], int]
     try:
         import uvloop
 

@@ -48,7 +48,7 @@ def run_follower(cfg: WorkerSpec) -> int:
     follower = functools.partial(FollowerEngine, channel=Channel(group, links))
     engine = make_engine(cfg, loaded, cache, engine_cls=follower)
     engine.start()
-    log.info("following rank 0: model=%s rank=%d", cfg.model_id, cfg.group.rank)
+    log.info("following rank 0: model=%s rank=%d", cfg.model_id, g.rank)
     while not engine.join(1.0):
         pass
     if cache is not None:  # a drain's writes land before the process goes

@@ -9,6 +9,7 @@ from mlxd.shared.errors import MlxdError, anthropic_body
 from mlxd.shared.wire.anthropic import CountTokensRequest, MessagesRequest
 from mlxd.shared.wire.anthropic_answers import (
     AnthropicUsage,
+    Block,
     BlockDelta,
     BlockStart,
     BlockStop,
@@ -139,7 +140,7 @@ class MessagesWriter(Writer):
         return self._close() + sse.data(anthropic_body(err), event="error")
 
     def body(self, out: Collected, usage: TokenUsage) -> Message:
-        blocks = [ThinkingBlock(thinking=out.reasoning)] if out.reasoning else []
+        blocks: list[Block] = [ThinkingBlock(thinking=out.reasoning)] if out.reasoning else []
         if out.text or not out.calls:
             blocks.append(TextBlock(text=out.text))
         blocks += [ToolUseBlock(id=c.id, name=c.name, input=c.input) for c in out.calls]

@@ -22,8 +22,13 @@ from aiohttp import web
 from pydantic import BaseModel
 
 from mlxd.shared.errors import MlxdError, sse_error_bytes
+from mlxd.shared.wire import ollama
+from mlxd.shared.wire.anthropic import MessagesRequest
 from mlxd.shared.wire.bodies import load_json, parse_model
+from mlxd.shared.wire.completions import CompletionRequest
 from mlxd.shared.wire.first_token import FIRST_TOKEN
+from mlxd.shared.wire.openai import ChatCompletionRequest
+from mlxd.shared.wire.responses import ResponsesRequest
 from mlxd.shared.wire.safe_json import dumps
 from mlxd.worker.api import sse
 from mlxd.worker.cache.keys import session_of
@@ -76,11 +81,22 @@ class Writer:
         raise NotImplementedError
 
 
+# The surfaces' request models: each has `stream` and `to_chat_job()` (a new surface's goes here).
+ChatBody = (
+    ChatCompletionRequest
+    | CompletionRequest
+    | MessagesRequest
+    | ResponsesRequest
+    | ollama.ChatRequest
+    | ollama.GenerateRequest
+)
+
+
 @dataclass(frozen=True)
 class Surface:
     """One API surface: its request model, response id prefix and writer."""
 
-    request: type[BaseModel]
+    request: type[ChatBody]
     id_prefix: str
     writer: type[Writer]
 

@@ -86,7 +86,7 @@ class ResponsesWriter(Writer):
         super().__init__(req, run, rid)
         self.response = Response.start(rid, req.model or run.m.model_id, req)
         self.seq = 0
-        self.item = None  # the open MessageItem or ReasoningItem
+        self.item: MessageItem | ReasoningItem | None = None  # the open one
         self.text: list[str] = []
 
     def _emit(self, kind: str, **fields) -> bytes:
@@ -146,8 +146,9 @@ class ResponsesWriter(Writer):
                     MessageItem(id=_id("msg"), status="in_progress"), OutputText(text="")
                 )
         self.text.append(d.text)
+        assert self.item is not None  # open already, or _open just opened it
         name = "response.reasoning_text.delta" if reasoning else "response.output_text.delta"
-        extra = {} if reasoning else {"logprobs": []}
+        extra: dict[str, list] = {} if reasoning else {"logprobs": []}
         return out + self._emit(
             name,
             item_id=self.item.id,
@@ -164,14 +165,13 @@ class ResponsesWriter(Writer):
         out = self._close()
         item = _call_item(call, self.run.job)
         self.response.output.append(item)
-        custom = isinstance(item, CustomToolCallItem)
-        field = "input" if custom else "arguments"
+        field = "input" if isinstance(item, CustomToolCallItem) else "arguments"
         opened = item.model_copy(update={field: "", "status": "in_progress"})
         at = {"item_id": item.id, "output_index": self.index}
         out += self._emit(
             "response.output_item.added", output_index=self.index, item=opened.model_dump()
         )
-        if custom:
+        if isinstance(item, CustomToolCallItem):
             out += self._emit("response.custom_tool_call_input.delta", delta=item.input, **at)
             out += self._emit("response.custom_tool_call_input.done", input=item.input, **at)
         else:
@@ -192,6 +192,7 @@ class ResponsesWriter(Writer):
             return b""
         text = "".join(self.text)
         at = {"item_id": item.id, "output_index": self.index, "content_index": 0}
+        part: ReasoningText | OutputText
         if isinstance(item, ReasoningItem):
             part = ReasoningText(text=text)
             item.content = [part]

@@ -103,7 +103,7 @@ def _expected(layer: tuple, n_tokens: int) -> dict[str, tuple[tuple[int, ...], s
     if not quant:
         return {"k": ((1, kh, n_tokens, kd), dtype), "v": ((1, vh, n_tokens, vd), dtype)}
     bits, group = quant
-    out = {}
+    out: dict[str, tuple[tuple[int, ...], str]] = {}
     for side, heads, dim in (("k", kh, kd), ("v", vh, vd)):
         out[side] = ((1, heads, n_tokens, dim * bits // 32), "uint32")
         for suffix in QUANT_PARTS[1:]:
@@ -153,7 +153,7 @@ def safetensors_parts(tensors: dict[str, np.ndarray], metadata: dict[str, str]) 
             "shape": list(a.shape),
             "data_offsets": [offset, offset + a.nbytes],
         }
-        parts.append(memoryview(a).cast("B"))
+        parts.append(a.data.cast("B"))  # `data`: the array's memoryview
         offset += a.nbytes
     head = orjson.dumps(header)
     head += b" " * (-len(head) % 8)  # the format aligns the data to 8 bytes

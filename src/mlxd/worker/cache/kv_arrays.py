@@ -40,6 +40,7 @@ def to_numpy(layers: list) -> tuple[dict[str, np.ndarray], dict[str, str], list]
                 keep.append(_bits_view(a[..., : c.offset, :]))
     mx.eval(keep)
     views = [np.asarray(memoryview(a)) for a in keep]
+    sides: list[tuple[np.ndarray, ...]] | list[np.ndarray]
     if quant:
         sides = [tuple(views[i : i + 3]) for i in range(0, len(views), 3)]
         dtype = str(layers[0].keys[1].dtype)
@@ -60,17 +61,19 @@ def from_numpy(arrays: dict[str, np.ndarray], quant: tuple[int, int] | None = No
     layers: list = []
     pairs, bf16 = unpack_kv(arrays)
     for k, v in pairs:
+        # Through mlx-lm's `state` setters: they assign what the attributes hold (mlx-lm's
+        # __init__ sets them to None, so they read as None-typed).
         if quant is not None and isinstance(k, tuple):
             bits, group = quant
-            c = QuantizedRowCache(group_size=group, bits=bits)
-            c.keys = tuple(_mx(x, bf16) for x in k)
-            c.values = tuple(_mx(x, bf16) for x in v)
-            c.offset = c.keys[0].shape[2]
+            qc = QuantizedRowCache(group_size=group, bits=bits)
+            qkeys = tuple(_mx(x, bf16) for x in k)
+            qc.state = (qkeys, tuple(_mx(x, bf16) for x in v), qkeys[0].shape[2], group, bits)
+            layers.append(qc)
         else:
             c = KVCache()
-            c.keys, c.values = _mx(k, bf16), _mx(v, bf16)
-            c.offset = c.keys.shape[2]
-        layers.append(c)
+            keys = _mx(k, bf16)
+            c.state = (keys, _mx(v, bf16), keys.shape[2])
+            layers.append(c)
     mx.eval([(c.keys, c.values) for c in layers])
     return layers
 
@@ -88,7 +91,7 @@ def kv_layout(model) -> Layout | None:
     out: list[tuple] = []
     for c in caches:
         if isinstance(c, QuantizedKVCache):
-            (k, ks, _), (v, _, _) = c.keys, c.values
+            (k, ks, _), (v, _, _), *_ = c.state  # (keys, values, offset, group size, bits)
             # Packed values are uint32 holding 32 / bits elements each: the dims they stand for.
             per = 32 // c.bits
             kd, vd, dtype = k.shape[3] * per, v.shape[3] * per, ks.dtype

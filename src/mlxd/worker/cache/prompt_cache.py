@@ -93,6 +93,7 @@ class PromptCache:
                 left.removed,
                 len(left.waiting),
             )
+        assert self.writer is not None  # made together with the SSD tier
         self.writer.start()  # also when off: queued writes then resolve at once, as failed
 
     # -- any thread -------------------------------------------------------------------------
@@ -141,10 +142,12 @@ class PromptCache:
     ) -> tuple[list, int, str] | None:
         if self.ram.peek(ns, prompt) >= len(e.tokens):
             return None
-        if self.ssd.layout is None:
+        assert self.ssd is not None  # fetch restores only with an SSD tier
+        layout = self.ssd.layout
+        if layout is None:
             raise LayoutMismatch("no layout to check the entry against")
-        check_layout(arrays, self.ssd.layout, len(e.tokens))  # again: the arrays may be shared
-        layers = from_numpy(arrays, layout_quant(self.ssd.layout))
+        check_layout(arrays, layout, len(e.tokens))  # again: the arrays may be shared
+        layers = from_numpy(arrays, layout_quant(layout))
         self.ssd_hits += 1
         if self.ram.insert(ns, e.tokens, layers, e.session, persisted=True) is None:
             # Too large to keep in RAM: serve this request straight from the restore.
@@ -214,6 +217,8 @@ class PromptCache:
     def _enqueue(self, e: Entry, block: bool = False) -> None:
         if not self.ssd_writable:
             return  # no array copies for a tier that cannot take them
+        writer = self.writer
+        assert writer is not None  # ssd_writable: there is an SSD tier, so its writer
         if not storable(e.layers):
             # Only plain and quantized KV caches travel to the SSD tier for now: other
             # entries stay in RAM (never demoted) and are not queued again.
@@ -233,10 +238,10 @@ class PromptCache:
         try:
             arrays, meta, keep = to_numpy(e.layers)
             e.queued = True
-            self.writer.put(WriteJob(e.ns, e.tokens, arrays, meta, e.session, keep, done), block)
+            writer.put(WriteJob(e.ns, e.tokens, arrays, meta, e.session, keep, done), block)
         except Exception as exc:  # runs on the engine thread: a hand-off may cost the entry only
             e.queued = False
-            self.writer.failed += 1
+            writer.failed += 1
             self._quiet.warn("SSD prompt cache hand-off to the writer", exc)
 
     def stats(self) -> dict:
@@ -254,6 +259,7 @@ class PromptCache:
         }
         if self.ssd is not None:
             s, w = self.ssd.stats, self.writer
+            assert w is not None  # made together with the SSD tier
             out.update(
                 {
                     "cache_ssd_entries": len(self.ssd),

@@ -101,9 +101,10 @@ class TokenTrie(Generic[V]):
         """Entries that are strict prefixes of `tokens`."""
         out, node = [], self._root
         for t in tokens[:-1] if tokens else ():
-            node = node.get(t)
-            if node is None:
+            nxt = node.get(t)
+            if nxt is None:
                 break
+            node = nxt
             if _END in node:
                 out.append(node[_END])
         return out

@@ -58,11 +58,11 @@ class TokenUsage:
 class Collected:
     """A whole completion, for the non-streaming responses."""
 
+    done: Done  # how it ended
     text: str = ""
     reasoning: str = ""
     calls: list[ToolCall] = field(default_factory=list)
     logprobs: list[dict] = field(default_factory=list)
-    done: Done | None = None
 
 
 @dataclass

@@ -143,6 +143,7 @@ class Generation:
         logprobs: list[dict] = []
         while True:
             ev = await self.next()
+            assert ev is not None  # without a timeout, next() waits for an event
             parts.append(ev.text)
             if ev.logprobs:
                 logprobs.extend(ev.logprobs)

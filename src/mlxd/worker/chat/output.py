@@ -70,6 +70,7 @@ class OutputSplitter:
         self._emit(self._buf, out)
         self._buf = ""
         if self.state == TOOL:
+            assert self._tool is not None  # TOOL is entered only through the tool marker
             out.append(Piece(TEXT, self._tool[0] + self._tool_text))
             self._tool_text = ""
             self.state = TEXT
@@ -81,8 +82,10 @@ class OutputSplitter:
     # -- internals ------------------------------------------------------------------------
     def _markers(self) -> list[str]:
         if self.state == REASONING:
+            assert self._think is not None  # REASONING is entered only with a think pair
             return [self._think[1]]
         if self.state == TOOL:
+            assert self._tool is not None  # TOOL is entered only through the tool marker
             return [self._tool[1]]
         think = None if self._think_first_only and self._said_text else self._think
         return [pair[0] for pair in (think, self._tool) if pair]

@@ -217,7 +217,8 @@ def resolve_params(
     d = m.defaults
     requested = d.max_tokens if p.max_tokens is None else p.max_tokens
     max_tokens = fit_max_tokens(limit, prompt_len, requested, surface)
-    sampling = resolve(sampling_of(p), d.sampling)
+    # Any: keyword arguments by name into GenerationParams' sampling fields
+    sampling: dict[str, Any] = resolve(sampling_of(p), d.sampling)
     if (p.top_k is None or p.top_k < 0) and not 0 <= sampling["top_k"] < m.vocab_size:
         sampling["top_k"] = 0  # a default outside the vocabulary would fail every unset request
     return replace(p, max_tokens=max_tokens, max_tokens_open=requested is None, **sampling)

@@ -40,7 +40,7 @@ from mlxd.worker.chat.prompts import (
 )
 from mlxd.worker.chat.state import WorkerState
 from mlxd.worker.chat.think_budget import think_budget
-from mlxd.worker.chat.tool_calls import forced_call_spec
+from mlxd.worker.chat.tool_calls import ToolCall, forced_call_spec
 from mlxd.worker.grammar.processor import (
     GuidedProcessor,
     GuidedUnavailable,
@@ -123,7 +123,7 @@ class ChatRun:
         self._output = ChatOutput(m.tokenizer, job, self.prompt.in_reasoning, stops, constrained)
         if job.report_stop:
             params = replace(params, stop=())
-        processors = []
+        processors: list = []  # a row's logits processors, as Submission holds them
         if compiled is not None:
             after = m.tokenizer.think_end_tokens if self.prompt.in_reasoning else None
             processors.append(GuidedProcessor(*compiled, after=after))
@@ -147,6 +147,7 @@ class ChatRun:
     async def _prepare_raw(self) -> None:
         """A completion of the prompt as given: no template, no output parsing."""
         m, job, raw = self.m, self.job, self.job.raw
+        assert raw is not None  # prepare() comes here only for a raw prompt
         ids = completion_prompt(m, raw.value)
         self.params = resolve_params(m, job.params, len(ids), job.surface)
         self.echo = m.tokenizer.decode(ids) if raw.echo else ""
@@ -188,20 +189,27 @@ class ChatRun:
 
     prompt_done = RowProgress.prompt_done
 
+    def _generation(self) -> Generation:
+        assert self.gen is not None  # set by prepare(), the only way a run is made
+        return self.gen
+
     def usage(self, done: Done) -> TokenUsage:
         """The row's token counts (cache hits are known once its first event arrived)."""
-        return TokenUsage(self.gen.prompt_tokens, done.completion_tokens, self.gen.cached_tokens)
+        gen = self._generation()
+        return TokenUsage(gen.prompt_tokens, done.completion_tokens, gen.cached_tokens)
 
     def __enter__(self) -> ChatRun:
-        self.gen.__enter__()
+        self._generation().__enter__()
         return self
 
     def __exit__(self, *exc) -> None:
-        self.gen.__exit__(*exc)
+        self._generation().__exit__(*exc)
 
     async def events(self) -> AsyncIterator[Delta | ToolCalls | Keepalive | Done]:
+        gen, output = self._generation(), self._output
+        assert output is not None  # set by prepare() with the generation
         while True:
-            ev = await self.gen.next(KEEPALIVE_S)
+            ev = await gen.next(KEEPALIVE_S)
             if ev is None:
                 yield Keepalive()
                 continue
@@ -211,30 +219,39 @@ class ChatRun:
             if ev.error is not None:
                 yield Done("error", ev.completion_tokens, error=ev.error)
                 return
-            out, ending = self._output.feed(ev)
+            out, ending = output.feed(ev)
             for item in out:
                 yield item
             if ending:
-                yield self._output.done(ev.finish_reason, ev.completion_tokens)
+                yield output.done(ev.finish_reason, ev.completion_tokens)
                 return
 
     async def collect(self) -> Collected:
         """The whole completion; raises the row's error (a 503) if it failed."""
-        out = Collected()
-        text, reasoning = [], []
+        text: list[str] = []
+        reasoning: list[str] = []
+        calls: list[ToolCall] = []
+        logprobs: list[dict] = []
+        done: Done | None = None
         async for ev in self.events():
             if isinstance(ev, Delta):
                 (reasoning if ev.kind == REASONING else text).append(ev.text)
-                out.logprobs.extend(ev.logprobs or ())
+                logprobs.extend(ev.logprobs or ())
             elif isinstance(ev, ToolCalls):
-                out.calls.extend(ev.calls)
+                calls.extend(ev.calls)
             elif isinstance(ev, Done):
-                out.done = ev
-        if out.done.error is not None:
-            err = out.done.error
+                done = ev
+        assert done is not None  # events() ends only after its Done
+        if done.error is not None:
+            err = done.error
             raise err if isinstance(err, Unavailable) else Unavailable(err.message)
-        out.text, out.reasoning = "".join(text), "".join(reasoning)
-        return out
+        return Collected(
+            done=done,
+            text="".join(text),
+            reasoning="".join(reasoning),
+            calls=calls,
+            logprobs=logprobs,
+        )
 
 
 def render_job(m, job: ChatJob, enable_thinking: bool | None) -> ChatPrompt:

@@ -68,6 +68,7 @@ class ThinkBudget:
     def _ends_with(self, flat: mx.array, p: int, marker: list[int]) -> mx.array:
         """Whether the generated tokens up to `p` end with `marker` (the prompt's don't count:
         its own markers are in `in_reasoning`)."""
+        assert self._prompt is not None  # __call__ sets it before any _advance
         if not marker or p + 1 - self._prompt < len(marker):
             return mx.array(False)
         tail = flat[p + 1 - len(marker) : p + 1]

@@ -84,6 +84,7 @@ class EmbedRun:
             assert self._sum is not None
             pooled = self._sum / len(self.tokens[fwd.indices[0]])
         elif self.pooling == "cls":
+            assert self._sum is not None  # taken at the first chunk (start 0)
             pooled = self._sum
         else:
             pooled = h[:, -1]

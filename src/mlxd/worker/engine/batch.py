@@ -40,14 +40,22 @@ class Batch:
     def __len__(self) -> int:
         return len(self.rows)
 
+    def generator(self) -> BatchGenerator:
+        """The generator rows live in."""
+        assert self.gen is not None  # the engine thread makes it before it admits any row
+        return self.gen
+
     def add(self, row: Row) -> None:
         self.rows[row.uid] = row
         self._by_sub[id(row.sub)] = row
 
     def resume(self, row: Row) -> None:
         """Put `row` into a fresh batch where it was: prompt plus the tokens already sent."""
-        left = row.sub.params.max_tokens - row.generated
-        row.uid = self.gen.insert_segments(
+        max_tokens = row.sub.params.max_tokens
+        assert max_tokens is not None  # resolve_params fixed it before the submission
+        assert self.eos is not None  # set with the generator
+        left = max_tokens - row.generated
+        row.uid = self.generator().insert_segments(
             [[list(row.sub.prompt) + row.tokens]],
             max_tokens=[max(1, left)],
             samplers=[row.sampler],
@@ -80,7 +88,7 @@ class Batch:
         if row is None:
             return
         try:
-            self.gen.remove([uid])
+            self.generator().remove([uid])
         except Exception:
             log.exception("removing row %s failed", uid)
         self.finish(row)
@@ -112,9 +120,9 @@ class Batch:
     def remove_keeping_cache(self, row: Row) -> None:
         """Take a row out of the batch; its prompt state goes to the cache on the way out."""
         if self.cache is None:
-            self.gen.remove([row.uid])
+            self.generator().remove([row.uid])
             return
-        for cache, tokens in self.gen.remove([row.uid], return_prompt_caches=True).values():
+        for cache, tokens in self.generator().remove([row.uid], return_prompt_caches=True).values():
             self.store(row, tokens, cache)
 
     def store(self, row: Row, tokens, layers) -> None:
@@ -133,5 +141,5 @@ class Batch:
         ]
         if not uids or self.cache is None:
             return
-        for uid, (cache, tokens) in self.gen.extract_cache(uids).items():
+        for uid, (cache, tokens) in self.generator().extract_cache(uids).items():
             self.store(self.rows[uid], tokens, cache)

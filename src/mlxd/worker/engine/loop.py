@@ -309,8 +309,9 @@ class Engine:
         chunk = self._sched.plan()
         t0 = time.perf_counter()
         try:
-            with batch.gen.stats() as st:
-                prompt_responses, responses = batch.gen.next()
+            gen = batch.generator()
+            with gen.stats() as st:
+                prompt_responses, responses = gen.next()
         except Exception as exc:  # the batch state is now unusable: rebuild it
             log.exception(
                 "engine step failed (rows %s)", ", ".join(r.sub.rid for r in batch.rows.values())

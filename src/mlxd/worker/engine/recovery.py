@@ -73,19 +73,25 @@ def guard_processor(sub: Submission, processor: Callable, broken: Broken) -> Cal
     return run
 
 
-def guard_sampler(sub: Submission, sampler: Callable, broken: Broken) -> Callable:
+class GuardedSampler:
     """A row's sampler that raises fails that row only; the step gets a greedy token."""
 
-    def run(logprobs):
+    def __init__(self, sub: Submission, sampler: Callable, broken: Broken):
+        self._sub, self._sampler, self._broken = sub, sampler, broken
+        self.sampling = getattr(sampler, "sampling", sampler)  # what the decode batch reads
+
+    def __call__(self, logprobs):
         try:
-            return sampler(logprobs)
+            return self._sampler(logprobs)
         except Exception as exc:
-            log.exception("sampler of %s failed", sub.rid)
-            broken.append((sub, exc))
+            log.exception("sampler of %s failed", self._sub.rid)
+            self._broken.append((self._sub, exc))
             return logprobs.argmax(axis=-1)
 
-    run.sampling = getattr(sampler, "sampling", sampler)  # what the decode batch reads
-    return run
+
+def guard_sampler(sub: Submission, sampler: Callable, broken: Broken) -> GuardedSampler:
+    """`sampler`, guarded (GuardedSampler)."""
+    return GuardedSampler(sub, sampler, broken)
 
 
 def blame(rows: list[Row], broken: Broken) -> tuple[list[Row], list[Row]]:
@@ -139,7 +145,7 @@ def rebuild(
     # Close first: a generator restores the wired-memory limit it found at creation, so the
     # new one must be made after the old one put the system's back.
     try:
-        batch.gen.close()
+        batch.generator().close()
     except Exception:
         log.exception("closing the failed batch failed")
     batch.gen = make_generator()

@@ -76,7 +76,7 @@ class Row:
     sub: Submission
     uid: int
     text: TextStream
-    sampler: Callable | None = None
+    sampler: Callable  # admission's guarded sampler (recovery.GuardedSampler)
     processors: list = field(default_factory=list)  # everything the batch runs for this row
     tokens: list[int] = field(default_factory=list)  # generated so far, as the client saw them
     generated: int = 0

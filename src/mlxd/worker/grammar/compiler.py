@@ -94,7 +94,8 @@ class GrammarCompiler:
         if flight is None:
             flight = _Flight(asyncio.create_task(self._compile(key, kind, value, param)))
             self._flights[fkey] = flight
-            flight.task.add_done_callback(lambda _t, k=fkey, f=flight: self._forget(k, f))
+            new = flight  # the callback forgets this flight, never a later one under fkey
+            flight.task.add_done_callback(lambda _t: self._forget(fkey, new))
         flight.waiters += 1
         try:
             return await asyncio.shield(flight.task)
@@ -135,6 +136,7 @@ class GrammarCompiler:
                 self._remember_failure(key, message, param)
                 raise GrammarTooComplex(message, param)
             raise CompileFailed(message)
+        assert blob is not None  # an ok answer carries the index (_read_answer)
         index = await asyncio.to_thread(pickle.loads, blob)
         kept = self.cache.put(key, index, len(blob))
         log.info(
@@ -162,13 +164,14 @@ class GrammarCompiler:
         answer = asyncio.create_task(_read_answer(proc))
         watch = asyncio.create_task(_watch_memory(proc, s.compile_memory_bytes))
         try:
+            assert proc.stdin is not None  # spawned with stdin=PIPE
             proc.stdin.write(_LEN.pack(len(job)) + job)
             await proc.stdin.drain()
             done, _ = await asyncio.wait(
                 {answer, watch}, timeout=s.compile_timeout_s, return_when=asyncio.FIRST_COMPLETED
             )
-            if answer in done and answer.result() is not None:
-                return answer.result()
+            if answer in done and (got := answer.result()) is not None:
+                return got
             if watch in done:
                 return _memory_failure(param, s.compile_memory_bytes)
             if not done:
@@ -240,6 +243,7 @@ class GrammarCompiler:
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.PIPE,
         )
+        assert proc.stdin is not None  # spawned with stdin=PIPE
         proc.stdin.write(_LEN.pack(len(self._vocab_blob)) + self._vocab_blob)
         await proc.stdin.drain()
         return proc

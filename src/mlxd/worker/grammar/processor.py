@@ -16,6 +16,7 @@ import asyncio
 import logging
 import pickle
 import threading
+from typing import cast
 
 import mlx.core as mx
 import numpy as np
@@ -94,10 +95,10 @@ class _Vocab:
 
 def _vocab(m: LoadedModel, settings: CompileSettings) -> _Vocab:
     with _vocab_lock:
-        v = getattr(m, "_guided_vocab", None)
+        v: _Vocab | None = getattr(m, "guided_vocab", None)
         if v is None:
             v = _Vocab(m, settings)
-            m._guided_vocab = v
+            m.guided_vocab = v
         return v
 
 
@@ -110,7 +111,7 @@ async def compile_spec(
     (503) when every compile slot stays busy, GuidedUnavailable when the engine cannot express
     the constraint. Cancelling the caller stops the compile once no one else waits for it.
     """
-    vocab = getattr(m, "_guided_vocab", None)
+    vocab: _Vocab | None = getattr(m, "guided_vocab", None)
     if vocab is None:
         vocab = await asyncio.to_thread(_vocab, m, compile_settings(config))
     try:
@@ -140,7 +141,9 @@ class GuidedProcessor:
         # token per step. Only what is new since the last call advances the automaton.
         n = tokens.shape[-1]
         if self._seen is not None and n > self._seen:
-            for token in tokens.reshape(-1)[self._seen : n].tolist():
+            # cast: mlx's stub types tolist() as list or scalar; a 1-D slice gives a list
+            new = cast(list[int], tokens.reshape(-1)[self._seen : n].tolist())
+            for token in new:
                 self._advance(int(token))
         self._seen = n
         if self._after is not None:

@@ -163,10 +163,10 @@ class LeadEngine(Lockstep, Engine):
                     )
                 )
             elif isinstance(cmd, Cancel):
-                seq = self._seq_of.pop(id(cmd.sub), None)
-                if seq is None:
+                live = self._seq_of.pop(id(cmd.sub), None)
+                if live is None:
                     continue  # its row is over already: nothing to drop anywhere
-                events.append(wire.RowEvent(wire.CANCEL, seq))
+                events.append(wire.RowEvent(wire.CANCEL, live))
             elif isinstance(cmd, Stop):
                 events.append(wire.RowEvent(wire.STOP))
             elif isinstance(cmd, CloseGroup):
@@ -245,10 +245,10 @@ class FollowerEngine(Lockstep, Engine):
                 self._subs[e.seq] = sub
                 yield Submit(sub)
             elif e.kind == wire.CANCEL:
-                sub = self._subs.pop(e.seq, None)
-                if sub is not None:
-                    sub.cancelled = True
-                    yield Cancel(sub)
+                gone = self._subs.pop(e.seq, None)
+                if gone is not None:
+                    gone.cancelled = True
+                    yield Cancel(gone)
             elif e.kind == wire.STOP:
                 yield Stop()
             elif e.kind == wire.CLOSE:

@@ -84,7 +84,9 @@ def _write_weights(f: GGUFFile, plan, folder: Path, progress: Progress) -> dict:
     from mlxd.worker.importers.gguf_tensors import convert_tensor, quantization_config
 
     shard: dict = {}
-    shard_bytes, files, bits_of = 0, [], {}
+    shard_bytes = 0
+    files: list[tuple[str, list[str]]] = []  # (file name, the tensor names in it)
+    bits_of: dict[str, int] = {}
 
     def flush() -> None:
         nonlocal shard, shard_bytes

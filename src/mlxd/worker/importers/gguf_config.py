@@ -7,6 +7,8 @@ size, rope scaling, Gemma's soft-capping, end-of-turn ids) is filled in here per
 
 from __future__ import annotations
 
+from typing import cast
+
 import numpy as np
 
 from mlxd.worker.importers.gguf_file import GGUFFile, GGUFImportError
@@ -47,7 +49,11 @@ def build_config(f: GGUFFile) -> dict:
     arch = f.arch
     model_type = check_architecture(arch)
     config: dict = {"model_type": model_type, "architectures": [_HF_CLASSES[model_type]]}
-    for gguf_key, hf_key in GGUF_CONFIG_MAPPING.get(arch, GGUF_CONFIG_MAPPING["llama"]).items():
+    # cast: transformers' table mixes value types, so its values read as `object`
+    mapping = cast(
+        dict[str, str | None], GGUF_CONFIG_MAPPING.get(arch, GGUF_CONFIG_MAPPING["llama"])
+    )
+    for gguf_key, hf_key in mapping.items():
         if hf_key and (value := f.value(f"{arch}.{gguf_key}", None)) is not None:
             config[hf_key] = value
     for key in ("hidden_size", "num_attention_heads", "num_hidden_layers", "intermediate_size"):
@@ -156,7 +162,7 @@ def _token_ids(f: GGUFFile, config: dict) -> None:
 
 # Sampling by general.basename (or basename-size_label): a GGUF carries none, and mlxd's
 # fallback (temperature 1.0, top_p 1.0) is too hot for a small model.
-RECOMMENDED_SAMPLING = {
+RECOMMENDED_SAMPLING: dict[str, dict[str, bool | float]] = {
     # HuggingFaceTB/SmolLM2-*-Instruct: the model card's recommendation
     "smollm2": {"do_sample": True, "temperature": 0.2, "top_p": 0.9},
     # The built-in model (135M, Q4_1): behind its template's default system prompt the first

@@ -13,6 +13,7 @@ from __future__ import annotations
 import re
 from collections import Counter
 from dataclasses import dataclass, field
+from typing import Any, cast
 
 import gguf
 import mlx.core as mx
@@ -50,7 +51,9 @@ def plan_tensors(f: GGUFFile, config: dict) -> TensorPlan:
     from mlx_lm.utils import _get_classes
 
     model_class, args_class = _get_classes(config)
-    wanted = [k for k, _ in tree_flatten(model_class(args_class.from_dict(config)).parameters())]
+    # cast: tree_flatten returns this list without a `destination` (its annotation allows a dict)
+    flat = tree_flatten(model_class(args_class.from_dict(config)).parameters())
+    wanted = [k for k, _ in cast(list[tuple[str, Any]], flat)]
     arch_id = {v: k for k, v in gguf.MODEL_ARCH_NAMES.items()}.get(f.arch, gguf.MODEL_ARCH.LLAMA)
     table = gguf.get_tensor_name_map(arch_id, int(config["num_hidden_layers"]))
     names, missing = {}, []
@@ -105,8 +108,8 @@ def convert_tensor(f: GGUFFile, name: str, plan: TensorPlan) -> tuple[dict[str, 
     value = mx.array(x).astype(plan.dtype)
     bits = REQUANT_BITS.get(T(ttype), 0) if ttype not in FLOAT_TYPES else 0
     if bits and value.ndim == 2 and value.shape[-1] % GROUP_SIZE == 0:
-        w, scales, biases = mx.quantize(value, group_size=GROUP_SIZE, bits=bits)
-        out = {param: w, f"{path}.scales": scales, f"{path}.biases": biases}
+        qw, qscales, qbiases = mx.quantize(value, group_size=GROUP_SIZE, bits=bits)
+        out = {param: qw, f"{path}.scales": qscales, f"{path}.biases": qbiases}
     else:
         out, bits = {param: value}, 0
     mx.eval(out)

@@ -4,7 +4,11 @@ the work otherwise (logs, pipes, CI), or nothing."""
 from __future__ import annotations
 
 import sys
-from typing import TextIO
+from typing import TYPE_CHECKING, TextIO
+
+if TYPE_CHECKING:  # rich is imported only when a bar is drawn
+    from rich.progress import Progress as RichProgress
+    from rich.progress import TaskID
 
 MODES = ("auto", "bar", "lines", "none")
 
@@ -17,7 +21,8 @@ class Progress:
         if mode == "auto":
             mode = "bar" if self.stream.isatty() else "lines"
         self.mode, self.total, self.done, self._last_tenth = mode, 0, 0, 0
-        self._bar = self._task = None
+        self._bar: RichProgress | None = None
+        self._task: TaskID | None = None
 
     def start(self, total: int, what: str) -> None:
         """Begin counting `total` steps of `what` (e.g. "model.gguf: 272 tensors")."""
@@ -44,6 +49,7 @@ class Progress:
         """One more step done."""
         self.done += 1
         if self._bar is not None:
+            assert self._task is not None  # added with the bar
             self._bar.update(self._task, completed=self.done)
         elif self.mode == "lines" and (tenth := self.done * 10 // self.total) > self._last_tenth:
             self._last_tenth = tenth

@@ -11,6 +11,7 @@ attribute sends mlx-lm's attention down its quantized path (models/base.py).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import cast
 
 import mlx.core as mx
 from mlx.utils import tree_map
@@ -80,8 +81,11 @@ class QuantizedRowCache(QuantizedKVCache):
 
 def head(c: KVCache | QuantizedKVCache, n: int) -> KVCache | QuantizedRowCache:
     """A row cache of `c`'s first `n` positions, of `c`'s kind (a view: `c` may go on)."""
-    quantized = isinstance(c, QuantizedKVCache)
-    out = QuantizedRowCache(group_size=c.group_size, bits=c.bits) if quantized else KVCache()
+    out: KVCache | QuantizedRowCache = (
+        QuantizedRowCache(group_size=c.group_size, bits=c.bits)
+        if isinstance(c, QuantizedKVCache)
+        else KVCache()
+    )
     if c.keys is not None:
         out.keys, out.values = tree_map(lambda x: x[..., :n, :], (c.keys, c.values))
         out.offset = n
@@ -239,7 +243,8 @@ class BatchQuantizedKVCache(_BaseCache):
     def extract(self, idx: int) -> QuantizedRowCache:
         """Row `idx` alone, compact (exactly its tokens), as a plain quantized cache."""
         c = QuantizedRowCache(group_size=self.group_size, bits=self.bits)
-        pad = self.left_padding.tolist()[idx]
+        # cast: mlx's stub types tolist() as list or scalar; left_padding is 1-D
+        pad = cast(list[int], self.left_padding.tolist())[idx]
         if self.keys is not None and self._idx > pad:
             c.keys, c.values = tree_map(
                 lambda x: mx.contiguous(x[idx : idx + 1, :, pad : self._idx]),
@@ -313,4 +318,5 @@ class BatchQuantizedKVCache(_BaseCache):
     def nbytes(self) -> int:
         if self.keys is None:
             return 0
+        assert self.values is not None  # set together with keys
         return sum(x.nbytes for x in (*self.keys, *self.values))

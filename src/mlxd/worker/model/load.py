@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import logging
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import mlx.core as mx
 import psutil
@@ -39,6 +39,9 @@ class LoadedModel:
     context_limit: int
     defaults: SamplingDefaults
     kv: KvScheme = KvScheme()  # how its KV is held (kv_bits; kvquant.py)
+    # grammar/processor.py's vocabulary, built on a first structured-output request (typed
+    # object: this room sits below grammar/ and cannot name its class)
+    guided_vocab: object | None = field(default=None, repr=False, compare=False)
 
     @property
     def eos_ids(self) -> list[int]:
@@ -69,7 +72,7 @@ class LoadedModel:
     @cached_property
     def weights_bytes(self) -> int:
         """Bytes the model's parameters hold (quantized weights at their packed size)."""
-        return sum(v.nbytes for _, v in tree_flatten(self.model.parameters()))
+        return sum(v.nbytes for _, v in _parameters(self.model))
 
     @cached_property
     def kv_bytes_per_token(self) -> int | None:
@@ -85,27 +88,32 @@ class LoadedModel:
         return _float_bytes(self.model)
 
 
+def _parameters(model) -> list[tuple[str, Any]]:
+    """(name, array) of every parameter. tree_flatten returns this list without a
+    `destination`; its annotation also allows the dict it fills when given one."""
+    return cast(list[tuple[str, Any]], tree_flatten(model.parameters()))
+
+
 def _float_bytes(model) -> int:
     """Bytes of the model's floating-point dtype (the KV's): the most common among its
     parameters (a quantized model's scales and norms carry it)."""
-    kinds = Counter(
-        v.dtype for _, v in tree_flatten(model.parameters()) if mx.issubdtype(v.dtype, mx.floating)
-    )
+    kinds = Counter(v.dtype for _, v in _parameters(model) if mx.issubdtype(v.dtype, mx.floating))
     return kinds.most_common(1)[0][0].size if kinds else 2
 
 
 def device_memory_bytes() -> int:
     """Memory the default device may use: the GPU's (Metal's recommended working set, CUDA's
     total), else the machine's RAM."""
-    info = {}
+    info: dict[str, str | int] = {}
     if mx.default_device() != mx.cpu:
         try:
             info = mx.device_info()
         except Exception:  # an older MLX: fall back to RAM
             info = {}
     for key in ("max_recommended_working_set_size", "total_memory", "memory_size"):
-        if isinstance(info.get(key), int) and info[key] > 0:
-            return info[key]
+        value = info.get(key)
+        if isinstance(value, int) and value > 0:
+            return value
     return psutil.virtual_memory().total
 
 
@@ -148,7 +156,7 @@ def upcast_on_the_cpu(model) -> None:
     4-bit matmul with float16 scales runs ~100x slower than with float32)."""
     if mx.default_device() != mx.cpu:
         return
-    if any(v.dtype in (mx.float16, mx.bfloat16) for _, v in tree_flatten(model.parameters())):
+    if any(v.dtype in (mx.float16, mx.bfloat16) for _, v in _parameters(model)):
         model.set_dtype(mx.float32)
         mx.eval(model.parameters())  # here: lazy arrays belong to this thread's stream
 
@@ -190,7 +198,10 @@ def load_model(
     `group` (an mx.distributed.Group), only this rank's shard is loaded (worker/group/)."""
     route_on_cuda(device_memory_bytes())  # small prefills: no cuDNN graph build (attention.py)
     causal_when_unpadded()  # fused causal kernels for unpadded prompt batches (attention.py)
-    model, tokenizer, config = load(str(path), return_config=True, lazy=group is not None)
+    # return_config=True gives the 3-tuple; mlx-lm annotates load() as either shape
+    model, tokenizer, config = load(  # type: ignore[misc]
+        str(path), return_config=True, lazy=group is not None
+    )
     if group is not None:
         shard_model(model, config, group)
     overrides = {k: v for k, v in (overrides or {}).items() if v is not None}

@@ -29,9 +29,13 @@ def admit(batch: Batch, sub: Submission, tokenizer) -> Row:
         layers, n, _ = batch.cache.fetch(sub.ns, sub.prompt, sub.restored)
         sub.restored = None  # let the arrays go
     sub.prompt_cached = sub.prompt_done = n
-    uid = batch.gen.insert_segments(
+    assert p.max_tokens is not None  # resolve_params fixed it before the submission
+    assert batch.eos is not None  # set with the generator
+    uid = batch.generator().insert_segments(
         [prompt_segments(sub, n, batch.trimmable)],
-        caches=[layers],
+        # mlx-lm fills a None entry with fresh caches (its own default), though its
+        # annotation says list[list]
+        caches=[layers],  # type: ignore[list-item]
         all_tokens=[list(sub.prompt[:n])],
         max_tokens=[p.max_tokens],
         samplers=[sampler],

@@ -132,7 +132,7 @@ class Scheduler:
         chunk = plan_chunk(decoding, pre, self.plan_cfg)
         if self.oom_divisor > 1:
             chunk = max(min(chunk, self.plan_cfg.min_chunk), chunk // self.oom_divisor)
-        seam.set_prefill_chunk(self.batch.gen, chunk)
+        seam.set_prefill_chunk(self.batch.generator(), chunk)
         return chunk
 
     def shrink_prefill(self) -> bool:

@@ -25,6 +25,7 @@ model whose logits disagree is never compiled again (`CompiledStep.off` says why
 from __future__ import annotations
 
 import logging
+from typing import cast
 
 import mlx.core as mx
 from mlx_lm.models.cache import BatchKVCache, KVCache
@@ -134,7 +135,8 @@ class CompiledStep:
         for c, s in zip(caches, saved, strict=True):
             _restore(c, s)
         scale = mx.maximum(mx.abs(plain).max(), 1e-6)
-        worst = (mx.abs(logits.astype(mx.float32) - plain.astype(mx.float32)).max() / scale).item()
+        diff = mx.abs(logits.astype(mx.float32) - plain.astype(mx.float32)).max() / scale
+        worst = cast(float, diff.item())  # mlx's stub: item() is any scalar; a float32 here
         if worst > AGREE:
             self._disable(f"its compiled logits differ from the plain forward's ({worst:.3f})")
             return False

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import time
 from collections import defaultdict
+from typing import cast
 
 import mlx.core as mx
 from mlx_lm.models.cache import BatchKVCache, KVCache, TokenBuffer
@@ -37,7 +38,8 @@ from mlxd.worker.model import mlx_lm_seam as seam
 
 GREEDY = RowSampling(GenerationParams(temperature=0.0))
 # Batch caches a lone row can leave for mlx-lm's plain cache and come back to (extract/merge).
-LONE_TYPES: tuple[type, ...] = (BatchKVCache, BatchQuantizedKVCache)
+LoneType = type[BatchKVCache] | type[BatchQuantizedKVCache]
+LONE_TYPES: tuple[LoneType, ...] = (BatchKVCache, BatchQuantizedKVCache)
 
 
 class SpecConfig:
@@ -87,7 +89,7 @@ class DecodeBatch:
         self.specs: list[SpecState | None] = []  # each row's drafter, when it may speculate
         self._lone = False  # one row, on plain caches (prompt_cache holds mlx-lm KVCaches)
         self._float = False  # ... and they are float KVCaches (speculate.py's verify needs it)
-        self._batch_types: list[type] = []  # the batch cache classes to go back to
+        self._batch_types: list[LoneType] = []  # the batch cache classes to go back to
         self._surplus = 0  # tokens in the lone cache not yet in tokens[0] (speculate.py)
         self.uids: list[int] = []
         self.prompt_cache: list = []
@@ -131,8 +133,8 @@ class DecodeBatch:
             extra = [p for p in procs or () if not getattr(p, "batched", False)]
             self.extras.append(extra)
             self.contexts.append(ctx if extra else None)
-            may = self.spec is not None and s.speculate and not extra and not s.penalties
-            self.specs.append(self.spec.state() if may else None)
+            may = s.speculate and not extra and not s.penalties
+            self.specs.append(self.spec.state() if self.spec is not None and may else None)
         self.num_tokens.extend(handed.num_tokens)
         self.matchers.extend(handed.matchers)
         nxt = handed.next_tokens
@@ -150,7 +152,9 @@ class DecodeBatch:
     def _join_lp(self, n_old: int, n_new: int, lp: mx.array | None) -> mx.array | None:
         if n_old == 0 or self._next_lp is None and lp is None:
             return lp
-        vocab = (lp if lp is not None else self._next_lp).shape[-1]
+        known = lp if lp is not None else self._next_lp
+        assert known is not None  # the early return took the case where both are None
+        vocab = known.shape[-1]
         old = self._next_lp if self._next_lp is not None else mx.zeros((n_old, vocab))
         new = lp if lp is not None else mx.zeros((n_new, vocab))
         return mx.concatenate([old, new.astype(old.dtype)])
@@ -158,8 +162,8 @@ class DecodeBatch:
     def filter(self, keep: list[int]) -> None:
         """Keep only the rows at positions `keep`."""
         for i in set(range(len(self.uids))) - set(keep):
-            if self.specs[i] is not None:
-                self.specs[i].drafter.release()
+            if (st := self.specs[i]) is not None:
+                st.drafter.release()
         if not keep:
             self.prompt_cache = []
             self._lone = False
@@ -226,11 +230,12 @@ class DecodeBatch:
         clock = self.clock
         t0 = time.perf_counter()
         fed, fed_lp = self._next, self._next_lp
+        assert fed is not None  # rows came in through extend(), which set their next tokens
         self._launch(fed)
         t1 = time.perf_counter()
         mx.eval(fed)  # waits for the step before, not for the one just launched
         t2 = time.perf_counter()
-        tokens = fed.tolist()
+        tokens = cast(list[int], fed.tolist())  # mlx's stub: tolist() is list or scalar
         out = self._responses(tokens, fed_lp)
         if clock is not None:
             clock["build"] += t1 - t0
@@ -255,7 +260,9 @@ class DecodeBatch:
         logits = penalize(logits, t, self._window)
         for i, extra in enumerate(self.extras):
             if extra:
-                context = self.contexts[i].update_and_fetch(fed[i : i + 1])
+                ctx = self.contexts[i]
+                assert ctx is not None  # kept for every row with its own processors
+                context = ctx.update_and_fetch(fed[i : i + 1])
                 row = logits[i : i + 1]
                 for processor in extra:
                     row = processor(context, row)

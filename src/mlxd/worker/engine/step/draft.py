@@ -11,6 +11,8 @@ so what a row emits never depends on the drafter.
 
 from __future__ import annotations
 
+from typing import cast
+
 import mlx.core as mx
 from mlx_lm.models.cache import make_prompt_cache, trim_prompt_cache
 
@@ -98,7 +100,7 @@ class ModelDrafter:
         out = mx.concatenate(drafts, axis=1)
         mx.eval(out)
         self._n += k  # the last token and k - 1 drafts went in; the k-th draft did not
-        return out[0].tolist()
+        return cast(list[int], out[0].tolist())  # mlx's stub: tolist() is list or scalar
 
     def accepted(self, n_cached: int) -> None:
         """The row's cache now holds `n_cached` tokens: drop the draft cache's rejected ones."""

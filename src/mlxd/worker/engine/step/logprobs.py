@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
+from typing import Any, cast
+
 import mlx.core as mx
 
 
 def logprob_entry(logprobs: mx.array, token: int, top_k: int) -> dict:
     """The sampled token's log-probability and the `top_k` most likely, on the engine thread."""
-    entry = {"token_id": token, "logprob": logprobs[token].item(), "top": []}
+    entry: dict[str, Any] = {"token_id": token, "logprob": logprobs[token].item(), "top": []}
     if top_k:
         top = mx.argpartition(-logprobs, top_k - 1)[:top_k]
-        entry["top"] = sorted(zip(top.tolist(), logprobs[top].tolist()), key=lambda x: -x[1])
+        # cast: mlx's stub types tolist() as list or scalar; a 1-D array gives a list
+        ids, lps = cast(list[int], top.tolist()), cast(list[float], logprobs[top].tolist())
+        entry["top"] = sorted(zip(ids, lps), key=lambda x: -x[1])
     return entry
 
 

@@ -167,6 +167,7 @@ def penalize(logits: mx.array, t: Table, window: mx.array | None) -> mx.array:
     """
     rows = mx.arange(logits.shape[0]).reshape(-1, 1)
     if t.bias_idx is not None:
+        assert t.bias_val is not None  # made together with bias_idx
         logits = logits.at[rows, t.bias_idx].add(t.bias_val.astype(logits.dtype))
     if window is None or not t.penalties:
         return logits
@@ -195,14 +196,17 @@ def sample(logprobs: mx.array, t: Table) -> mx.array:
     greedy = mx.argmax(logprobs, axis=-1)
     if t.greedy_all:
         return greedy
+    assert t.inv_temp is not None  # set whenever a row samples (not greedy_all)
     x = _filtered(logprobs, t) if t.filters else logprobs
     noise = mx.random.gumbel(x.shape)
     for i in t.seeded:
         row = t.rows[i]
+        assert row.key is not None  # `seeded` lists the rows with a key
         row.key, sub = mx.random.split(row.key)
         noise[i : i + 1] = mx.random.gumbel((1, x.shape[-1]), key=sub)
     drawn = mx.argmax(x.astype(mx.float32) * t.inv_temp + noise, axis=-1)
     if t.any_greedy:
+        assert t.greedy is not None  # set when sampled and greedy rows mix
         return mx.where(t.greedy, greedy, drawn)
     return drawn
 
@@ -210,6 +214,7 @@ def sample(logprobs: mx.array, t: Table) -> mx.array:
 def _filtered(x: mx.array, t: Table) -> mx.array:
     """top-p, top-k and min-p at once: each keeps the top of the distribution, so together
     they keep what is above the highest of their thresholds."""
+    assert t.top_p is not None and t.log_min_p is not None  # set whenever `filters` is
     s = mx.sort(x, axis=-1)  # ascending
     probs = mx.exp(s.astype(mx.float32))
     above = mx.cumsum(probs, axis=-1, reverse=True, inclusive=False)

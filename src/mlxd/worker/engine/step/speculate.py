@@ -28,7 +28,7 @@ under prompt lookup) goes back to the pipelined step, which speculation gives up
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 import mlx.core as mx
 from mlx_lm.models.cache import trim_prompt_cache
@@ -37,6 +37,7 @@ from mlxd.worker.engine.step.sampling import Table, penalize, sample
 
 if TYPE_CHECKING:
     from mlxd.worker.engine.step.decode import DecodeBatch, Token
+    from mlxd.worker.engine.step.draft import ModelDrafter, NgramDrafter
 
 MAX_SKIP = 16  # after repeated misses, try drafting again at least this often
 
@@ -54,7 +55,7 @@ class SpecStats:
 class SpecState:
     """One row's drafter and its back-off."""
 
-    drafter: object
+    drafter: NgramDrafter | ModelDrafter
     k: int
     skip: int = 0  # pipelined steps to run before drafting again
     _next_skip: int = field(default=1, repr=False)
@@ -71,8 +72,9 @@ def speculate(b: DecodeBatch, st: SpecState) -> list[Token] | None:
     """One speculative step of `b`'s lone row; None when there was nothing to draft (the
     caller then runs the plain step, with the pending token already evaluated)."""
     fed, fed_lp = b.pending
+    assert fed is not None  # a decoding row always has its next token pending
     mx.eval(fed)
-    y = int(fed.item())
+    y = int(cast(int, fed.item()))  # mlx's stub: item() is any scalar; a token id here
     room = b.max_tokens[0] - b.num_tokens[0] - 1  # tokens the row may still emit after y
     want = min(st.k, room)
     drafts = st.drafter.propose(b.tokens[0] + [y], want) if want > 0 else []
@@ -93,7 +95,7 @@ def speculate(b: DecodeBatch, st: SpecState) -> list[Token] | None:
     key = row.key
     z = sample(logprobs, table)  # splits a seeded row's key n times: put it right below
     mx.eval(z)
-    z_host = z.tolist()
+    z_host = cast(list[int], z.tolist())  # mlx's stub: tolist() is list or scalar
     a = 0
     while a < len(drafts) and drafts[a] == z_host[a]:
         a += 1
@@ -101,6 +103,7 @@ def speculate(b: DecodeBatch, st: SpecState) -> list[Token] | None:
         row.key = _advance(key, a + 1)
     trim_prompt_cache(b.prompt_cache, k - a)
     st.drafter.accepted(len(b.tokens[0]) + 1 + a)
+    assert b.spec is not None  # a row speculates only under the batch's SpecConfig
     stats = b.spec.stats
     stats.steps += 1
     stats.drafted += len(drafts)
@@ -113,6 +116,7 @@ def speculate(b: DecodeBatch, st: SpecState) -> list[Token] | None:
         st.miss()
     lps = None
     if row.logprobs:
+        assert fed_lp is not None  # the step keeps log-probabilities when a row wants them
         lps = mx.concatenate([fed_lp.astype(logprobs.dtype), logprobs[:a]])
     pending = z[a : a + 1], logprobs[a : a + 1] if row.logprobs else None
     return b.emit_lone([y, *drafts[:a]], lps, pending)
