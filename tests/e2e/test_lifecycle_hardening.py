@@ -224,4 +224,5 @@ def test_a_request_right_after_a_busy_workers_crash_waits_for_the_restart(make_d
     r = ask(d, "a")
     t.join(60)
     assert r.status_code == 200, r.text
-    assert d.worker_pids("a")[0] != busy and '"error"' in out["lines"][-1]
+    assert d.worker_pids("a")[0] != busy
+    assert '"error"' in out["lines"][-2] and out["lines"][-1] == "[DONE]"

@@ -246,13 +246,16 @@ def test_a_writer_whose_error_event_fails_too_still_ends_the_stream(worker, monk
     assert orjson.loads(data)["error"]["type"] == "server_error"
 
 
+# Greedy, and room enough: the grammar admits many tokenizations of the call, and a sampled
+# one of single characters would not fit in 64 tokens.
 BIG_BODIES = {
-    "chat": ("/v1/chat/completions", {"messages": MSG, "tools": [ADD]}),
+    "chat": ("/v1/chat/completions", {"messages": MSG, "tools": [ADD], "temperature": 0}),
     "messages": (
         "/v1/messages",
         {
             "messages": MSG,
-            "max_tokens": 64,
+            "max_tokens": 512,
+            "temperature": 0,
             "tools": [{"name": "add", "input_schema": ADD["function"]["parameters"]}],
         },
     ),
@@ -261,9 +264,13 @@ BIG_BODIES = {
         {
             "input": "Add.",
             "tools": [{"type": "function", "name": "add", **ADD["function"]}],
+            "temperature": 0,
         },
     ),
-    "ollama-chat": ("/api/chat", {"model": "tiny", "messages": MSG, "tools": [ADD]}),
+    "ollama-chat": (
+        "/api/chat",
+        {"model": "tiny", "messages": MSG, "tools": [ADD], "options": {"temperature": 0}},
+    ),
 }
 
 
