@@ -10,6 +10,7 @@
     python -m bench steps /tmp/steps.jsonl           # a worker's step log (MLXD_STEP_LOG)
     python -m bench attention --shape qwen3-0.6b     # first use of attention shapes (CUDA)
     python -m bench masks --shape qwen3-8b           # a long prefill by attention path
+    python -m bench extend --shape qwen3-8b          # rows extending a cached prefix, in process
 
 See docs/benchmarks.md for what each workload measures and the goals.
 """
@@ -49,6 +50,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     sub.add_parser("speculative", help="decode with and without drafts", add_help=False)
     sub.add_parser("attention", help="attention shapes' first use", add_help=False)
     sub.add_parser("masks", help="a long prefill by attention path", add_help=False)
+    sub.add_parser("extend", help="rows extending a cached prefix (in process)", add_help=False)
     sub.add_parser("steps", help="summarise a worker's step log (bench/steps.py)", add_help=False)
     r = sub.add_parser("run", help="run the side-by-side benchmark")
     r.add_argument(
@@ -243,6 +245,10 @@ def main(argv: list[str] | None = None) -> int:
         from . import speculative
 
         return speculative.main(argv[1:])
+    if argv[:1] == ["extend"]:  # rows extending a cached prefix: bench/extend.py
+        from . import extend
+
+        return extend.main(argv[1:])
     if argv[:1] == ["masks"]:  # a long prefill by attention path: bench/masks.py
         from . import masks
 

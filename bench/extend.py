@@ -1,0 +1,148 @@
+"""`python -m bench extend`: rows that extend a cached prefix, prefilled by the engine in
+process (no HTTP), against what the same tokens cost as plain prefills.
+
+    python -m bench extend --shape qwen3-8b                    # the H200 figures
+    python -m bench extend --shape tiny --prefix 512 --new 64  # a smoke run on the CPU
+
+What agents send: K sessions share a long prefix (system prompt and tools) the prompt cache
+already holds, each at its own history length, and each turn adds a few hundred tokens. For
+K = 1, 2, 4, 8 rows submitted at once (each row's history cached first, as its previous turn
+would have left it), the engine's time until every row has its first token, and the prefill
+rate that makes (new tokens / that time). Against it, in the same process:
+- `cold`: one lone prompt of the prefix length, uncached (the engine's plain prefill rate);
+- `plain`: the same K extensions through mlx-lm's plain KVCache, one row after another on a
+  copy of its cached history (what an unpadded, unbatched prefill costs: the floor to reach).
+The engine's step log goes to `--step-log` (bench/steps.py reads it): where the time went.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import threading
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m bench extend", description=__doc__.split("\n")[0])
+    p.add_argument("--shape", default="tiny", help="random-weight shape (default: tiny)")
+    p.add_argument("--prefix", type=int, default=6000, help="shared prefix, tokens")
+    p.add_argument("--history", type=int, default=300, help="row i's own history: i x this")
+    p.add_argument("--new", type=int, default=200, help="tokens each row adds")
+    p.add_argument("--rows", default="1,2,4,8", help="K values")
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--step-log", type=Path, help="the engine's step log (JSON lines)")
+    return p.parse_args(argv)
+
+
+def main(argv: list[str]) -> int:
+    a = parse_args(argv)
+    sys.path.insert(0, str(ROOT / "src"))
+    from mlxd.worker.device_env import apply_device_env
+
+    apply_device_env(os.environ)
+    import mlx.core as mx
+    from mlx_lm.models.cache import make_prompt_cache
+
+    from mlxd.shared.params import GenerationParams
+    from mlxd.worker.cache.prompt_cache import PromptCache
+    from mlxd.worker.engine.loop import Engine
+    from mlxd.worker.engine.rows import Submission
+    from mlxd.worker.engine.steplog import open_step_log
+    from mlxd.worker.model.load import load_model
+
+    from .models import cached_model
+
+    path = cached_model(a.shape)
+    loaded = load_model(path, "extend")
+    vocab = loaded.model.args.vocab_size if hasattr(loaded.model, "args") else 32000
+    trace = open_step_log(a.step_log, "extend") if a.step_log else None
+    cache = PromptCache(64 << 30, None, 0)
+    engine = Engine(loaded, batch=16, cache=cache, trace=trace)
+    engine.start()
+    engine.warmed.wait()
+    params = GenerationParams(max_tokens=1, temperature=0.0, top_p=1.0, top_k=0, min_p=0.0)
+    seed = [0]
+
+    def fresh(n: int) -> list[int]:  # ids nobody sent before: no cache hit
+        seed[0] += 1
+        base = 1000 + (seed[0] * 7919) % (vocab - 2000)
+        return [(base + i * 13) % (vocab - 10) + 5 for i in range(n)]
+
+    def run(prompts: list[list[int]]) -> list[float]:
+        """Submit at once; seconds until each row's first token (same order)."""
+        firsts = [0.0] * len(prompts)
+        done = threading.Semaphore(0)
+        t0 = time.perf_counter()
+        for i, p in enumerate(prompts):
+
+            def sink(ev, i=i) -> None:
+                if (ev.completion_tokens or ev.finish_reason) and not firsts[i]:
+                    firsts[i] = time.perf_counter() - t0
+                if ev.finish_reason is not None:
+                    done.release()
+
+            engine.submit(Submission(f"x{seed[0]}-{i}", p, params, sink))
+        for _ in prompts:
+            assert done.acquire(timeout=600)
+        return firsts
+
+    print(f"model {path} · device {mx.default_device()} · mlx {mx.__version__}")
+    print(
+        f"prefix {a.prefix}, row i's history i x {a.history}, +{a.new} new tokens a row; "
+        f"median of {a.repeats} (min-max)\n"
+    )
+    cold = [a.prefix / run([fresh(a.prefix)])[0] for _ in range(a.repeats)]
+    print(f"cold lone prompt of {a.prefix}: {_spread(cold)} tok/s\n", flush=True)
+    print(
+        "| K | engine: all first tokens s | engine tok/s | plain rows s | plain tok/s | "
+        "engine / plain | engine / cold |"
+    )
+    print("|---|---|---|---|---|---|---|")
+    for k in [int(x) for x in a.rows.split(",")]:
+        eng, plain = [], []
+        for _ in range(a.repeats):
+            prefix = fresh(a.prefix)
+            hist = [prefix + fresh(i * a.history) for i in range(k)]
+            run(hist)  # each session's history is cached (its previous turn)
+            news = [h + fresh(a.new) for h in hist]
+            eng.append(max(run(news)))
+            plain.append(_plain(loaded.model, hist, a.new, fresh, make_prompt_cache, mx))
+        e, p = statistics.median(eng), statistics.median(plain)
+        tok = k * a.new
+        print(
+            f"| {k} | {_spread(eng, 3)} | {tok / e:,.0f} | {_spread(plain, 3)} | {tok / p:,.0f} | "
+            f"{e / p:.2f}x | {(tok / e) / statistics.median(cold):.2f} |",
+            flush=True,
+        )
+    engine.stop()
+    engine.join(30)
+    return 0
+
+
+def _plain(model, hist, new: int, fresh, make_prompt_cache, mx) -> float:
+    """Seconds for the extensions one row after another on plain caches (history prefilled
+    outside the timing)."""
+    caches = []
+    for h in hist:
+        c = make_prompt_cache(model)
+        model(mx.array([h[:-1]]), cache=c)
+        mx.eval([x.state for x in c])
+        caches.append(c)
+    ext = [fresh(new) for _ in hist]
+    mx.synchronize()
+    t0 = time.perf_counter()
+    for h, c, e in zip(hist, caches, ext, strict=True):
+        logits = model(mx.array([[h[-1], *e]]), cache=c)[:, -1, :]
+        mx.eval(mx.argmax(logits, axis=-1))
+    return time.perf_counter() - t0
+
+
+def _spread(xs: list[float], digits: int = 0) -> str:
+    m = statistics.median(xs)
+    return f"{m:,.{digits}f} ({min(xs):,.{digits}f}-{max(xs):,.{digits}f})"
