@@ -66,6 +66,13 @@ class Batch:
         row.pos, row.todo, row.started = 0, len(row.sub.prompt) + len(row.tokens) - 1, False
         self.rows[row.uid] = row
 
+    def park(self, row: Row) -> None:
+        """Take `row` out to resume later (a preemption): its KV, prompt and tokens so far,
+        goes to the prompt cache, where its resumption finds it (sched/preempt.py)."""
+        self.remove_keeping_cache(row)
+        self.rows.pop(row.uid, None)
+        self._by_sub.pop(id(row.sub), None)
+
     def drop(self, sub: Submission) -> None:
         """A cancelled request leaves; with a `cancel_reason`, it hears why."""
         row = self._by_sub.pop(id(sub), None)

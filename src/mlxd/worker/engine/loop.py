@@ -197,6 +197,11 @@ class Engine:
         return self._batch.requests_done
 
     @property
+    def preemptions(self) -> int:
+        """Rows taken out of the batch for want of KV budget, to resume later (preempt.py)."""
+        return self._sched.preemptions
+
+    @property
     def recoveries(self) -> int:
         """Failed steps after which the batch state was rebuilt."""
         return self._batch.recoveries
@@ -344,9 +349,9 @@ class Engine:
             decoded = [before[r.uid] for r in responses if r.uid in before]
             names = [row.sub.rid for row in admitted]
             queued = len(self._sched)
-            self._traced(
-                StepTrace(self._steps, chunk, names, chunks, decoded, done, queued, t0, t2 - t0)
-            )
+            st = StepTrace(self._steps, chunk, names, chunks, decoded, done, queued, t0, t2 - t0)
+            st.preempted.extend(self._sched.preempted)
+            self._traced(st)
 
     def _traced(self, st: StepTrace) -> None:
         if self._trace is None:

@@ -86,4 +86,5 @@ class Row:
     pos: int = 0  # prompt position the next prefill chunk starts at
     todo: int = 0  # prompt tokens left to prefill (the last one goes with the first decode)
     started: bool = False  # it has had a prefill chunk (or went straight to decode)
-    kv_tokens: int = 0  # positions the KV budget counts it at (kvbudget.row_tokens)
+    kv_tokens: int = 0  # positions the KV budget counts it at (kv/reserve.py)
+    seq: int = 0  # admission order (kept over a preemption): the newest are preempted first

@@ -40,6 +40,7 @@ def engine_stats(engine: Engine) -> dict:
         **first_token_report(engine),
         "cancellations": engine.cancellations,
         "engine_recoveries": engine.recoveries,
+        "preemptions": engine.preemptions,
         "memory_active_bytes": mx.get_active_memory(),
         "memory_peak_bytes": mx.get_peak_memory(),
         **(engine.cache.stats() if engine.cache else {}),
@@ -65,7 +66,8 @@ def model_memory(engine: Engine) -> ModelMemory:
     flight are counted at and that their tokens so far fill."""
     plan = engine.memory_plan
     rows = engine.rows_in_flight()
-    filled = [r.pos + r.generated for r in rows]  # positions in the cache now
+    # Positions in the cache now (a resumed row's pos runs over its tokens too: capped).
+    filled = [min(r.pos, len(r.sub.prompt)) + r.generated for r in rows]
     bpt = engine.m.kv_bytes_per_token or 0
     return ModelMemory(
         weights_bytes=plan.weights_bytes if plan else engine.m.weights_bytes,

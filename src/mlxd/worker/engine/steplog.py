@@ -54,6 +54,7 @@ class StepLog:
             "decoded": len(t.decoded),
             "finished": len(t.finished),
             "queued": t.queued,
+            "preempted": len(t.preempted),
             # MLX's memory after the step, in MiB: arrays alive, its buffer cache, and the
             # process's peak so far (a step that raised it is where memory ran high)
             "active_mb": mx.get_active_memory() >> 20,

@@ -24,3 +24,4 @@ class StepTrace:
     started: float = 0.0  # time.perf_counter() when the step began
     seconds: float = 0.0  # how long the step took, its rows' events included
     failed: str = ""  # the error that failed the step (its rows were rebuilt), else ""
+    preempted: list[str] = field(default_factory=list)  # rows preempted before it (KV budget)

@@ -1,8 +1,11 @@
 """Who runs, and how much of their prompts each step prefills.
 
 Submissions wait in our own FIFO queue until the batch has room: a free row (`batch`) and,
-with a KV budget, room for the KV bytes the row would hold (kvbudget.py). Only then are they
-handed to mlx-lm's BatchGenerator, whose own queue so stays empty. Before each step the
+with a KV budget, room for the KV the row is counted at: its prompt and one block of output
+(kv/reserve.py). Only then are they handed to mlx-lm's BatchGenerator, whose own queue so
+stays empty. Before admitting, the rows that crossed their reservation take their next block;
+where the budget has none, the newest rows are preempted (preempt.py) and wait at the front
+of the queue, to resume where they stopped. Before each step the
 planner (planner.py) picks the prefill chunk, set on the generator; after it, the prompt
 progress mlx-lm reports becomes each row's position, for the next plan and the trace.
 
@@ -13,6 +16,7 @@ forward size inside `PromptProcessingBatch.prompt`); both are set to the plan's 
 
 from __future__ import annotations
 
+import itertools
 import logging
 from collections import deque
 from dataclasses import replace
@@ -22,7 +26,9 @@ from mlxd.worker.engine.recovery import generation_failed
 from mlxd.worker.engine.rows import Event, Row, Submission
 from mlxd.worker.engine.sched.admission import admit
 from mlxd.worker.engine.sched.planner import PlanConfig, Prefilling, plan_chunk
+from mlxd.worker.engine.sched.preempt import resumable, resume
 from mlxd.worker.kv.budget import KvBudget, row_tokens
+from mlxd.worker.kv.reserve import Held, first_reservation, plan_growth
 from mlxd.worker.model import mlx_lm_seam as seam
 
 log = logging.getLogger("mlxd.worker.engine.loop")
@@ -37,6 +43,11 @@ class Scheduler:
         self.plan_cfg = plan
         self.budget = budget
         self.waiting: deque[Submission] = deque()
+        # Preempted rows by id(submission): their submission waits in `waiting` meanwhile.
+        self.parked: dict[int, Row] = {}
+        self.preemptions = 0  # since start (/stats)
+        self.preempted: list[str] = []  # the rows preempted before the coming step (trace)
+        self._order = itertools.count()
         # Divides the planned chunk after a prefill ran out of memory (shrink_prefill); back
         # to 1 once the batch empties.
         self.oom_divisor = 1
@@ -69,38 +80,82 @@ class Scheduler:
             self.waiting.remove(sub)
         except ValueError:
             return False
-        self.batch.cancellations += 1
-        if sub.cancel_reason is not None:
-            sub.sink(Event.failure(sub.cancel_reason))
+        self._cancelled(sub)
         return True
+
+    def _cancelled(self, sub: Submission) -> None:
+        self.batch.cancellations += 1
+        row = self.parked.pop(id(sub), None)
+        if sub.cancel_reason is not None:
+            sub.sink(Event.failure(sub.cancel_reason, row.generated if row else 0))
 
     def fail_waiting(self, err) -> None:
         while self.waiting:
-            self.waiting.popleft().sink(Event.failure(err))
+            sub = self.waiting.popleft()
+            row = self.parked.pop(id(sub), None)
+            sub.sink(Event.failure(err, row.generated if row else 0))
 
     def admit(self, tokenizer) -> list[Row]:
         """Hand waiting rows to the batch, first come first served, while they fit."""
         admitted = []
         if not self.batch.rows:
             self.oom_divisor = 1  # a fresh start for the next rows
+        self.grow()  # the running rows' next blocks come before new rows
         while self.waiting and self._room_for(self.waiting[0]):
             sub = self.waiting.popleft()
             if sub.cancelled:  # its Cancel command is still in the inbox: answer it here
-                self.batch.cancellations += 1
-                if sub.cancel_reason is not None:
-                    sub.sink(Event.failure(sub.cancel_reason))
+                self._cancelled(sub)
                 continue
+            kv_tokens = self._first(sub)
+            parked = self.parked.pop(id(sub), None)
             try:
-                row = admit(self.batch, sub, tokenizer)
+                row = resume(self.batch, parked) if parked else admit(self.batch, sub, tokenizer)
             except Exception as exc:  # a bad restore or an MLX error: this row only
                 log.exception("admitting %s failed", sub.rid)
-                sub.sink(Event.failure(generation_failed(sub.rid, exc)))
+                sent = parked.generated if parked else 0
+                sub.sink(Event.failure(generation_failed(sub.rid, exc), sent))
                 if self.lockstep:
                     raise
                 continue
-            row.kv_tokens = self._tokens(sub)
+            row.kv_tokens = kv_tokens
+            if parked is None:
+                row.seq = next(self._order)
             admitted.append(row)
         return admitted
+
+    def grow(self) -> None:
+        """Give the rows that crossed their reservation their next block; where the budget
+        has none, preempt the newest rows (kv/reserve.py) to the front of the queue."""
+        self.preempted = []
+        if self.budget is None or len(self.batch.rows) == 0:
+            return
+        rows = {r.uid: r for r in self.batch.rows.values()}
+        held = [
+            Held(
+                uid,
+                r.seq,
+                r.kv_tokens,
+                len(r.sub.prompt) + r.generated,
+                self._tokens(r.sub),
+                resumable(r.sub),
+            )
+            for uid, r in rows.items()
+        ]
+        growth = plan_growth(held, self.budget)
+        for uid in growth.preempt:  # newest first: the oldest of them ends up first in line
+            row = rows[uid]
+            self.batch.park(row)
+            self.parked[id(row.sub)] = row
+            self.waiting.appendleft(row.sub)
+            self.preempted.append(row.sub.rid)
+        self.preemptions += len(growth.preempt)
+        for uid, n in growth.reserved.items():
+            rows[uid].kv_tokens = n
+        if self.preempted:
+            log.info("KV budget: preempted %s (resumed when room frees)", self.preempted)
+        if growth.over:
+            names = [rows[uid].sub.rid for uid in growth.over]
+            log.warning("KV budget: %s grew past it (no row could be preempted)", names)
 
     def _room_for(self, sub: Submission) -> bool:
         rows = self.batch.rows.values()
@@ -109,7 +164,16 @@ class Scheduler:
         if self.budget is None or not rows:  # an empty batch takes any row that passed check()
             return True
         running = [max(r.kv_tokens, len(r.sub.prompt) + r.generated) for r in rows]
-        return self.budget.admits(running, self._tokens(sub))
+        return self.budget.admits(running, self._first(sub))
+
+    def _first(self, sub: Submission) -> int:
+        """Positions a row is counted at when admitted: its prompt (and the tokens it wrote
+        before a preemption) plus one block; a row that cannot be resumed, its whole length."""
+        full = self._tokens(sub)
+        if self.budget is None or not resumable(sub):
+            return full
+        parked = self.parked.get(id(sub))
+        return first_reservation(full, len(sub.prompt) + (parked.generated if parked else 0))
 
     def _tokens(self, sub: Submission) -> int:
         if self.budget is None:
