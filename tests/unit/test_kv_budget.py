@@ -4,6 +4,13 @@ import pytest
 
 from mlxd.shared.errors import PayloadTooLarge
 from mlxd.worker.kv.budget import RESERVED_OUTPUT_TOKENS, KvBudget, kv_bytes_per_token, row_tokens
+from mlxd.worker.kv.reserve import (
+    BLOCK,
+    Held,
+    first_reservation,
+    next_reservation,
+    plan_growth,
+)
 
 QWEN3_8B = {
     "num_hidden_layers": 36,
@@ -57,3 +64,64 @@ def test_a_row_that_never_fits_alone_is_refused_with_the_numbers():
     assert "900 prompt tokens" in err.message and "4096 bytes per token" in err.message
     assert "2.7 MiB" in err.message  # the budget
     assert "(kv_budget_bytes)" in err.message  # and where it comes from
+
+
+# -- issue 33: reserved by the block as a row grows, the newest rows preempted -----------------
+
+
+def test_a_row_is_admitted_on_its_prompt_and_one_block_of_output():
+    # Claude Code's max_tokens 32000 on a 1000-token prompt: counted at 1256, not 33,000.
+    assert first_reservation(full=33_000, held=1000) == 1000 + BLOCK
+    assert first_reservation(full=1050, held=1000) == 1050  # never beyond its whole length
+    # Resumed after a preemption: what it wrote so far is held too.
+    assert first_reservation(full=33_000, held=1000 + 300) == 1300 + BLOCK
+
+
+def test_a_row_takes_its_next_block_when_it_crosses_its_reservation():
+    assert next_reservation(reserved=1256, filled=1255, full=33_000) == 1256  # room for one
+    assert next_reservation(reserved=1256, filled=1256, full=33_000) == 1256 + BLOCK
+    assert next_reservation(reserved=33_000, filled=33_000, full=33_000) == 33_000
+    assert next_reservation(reserved=32_900, filled=32_900, full=33_000) == 33_000
+
+
+def held(key, order, reserved, filled, full=10_000, resumable=True):
+    return Held(key, order, reserved, filled, full, resumable)
+
+
+def test_rows_grow_without_preemption_while_the_budget_holds_them():
+    b = KvBudget(bytes_per_token=1, budget_bytes=3 * 768, max_rows=8)
+    rows = [held("a", 0, 512, 512), held("b", 1, 512, 300), held("c", 2, 256, 100)]
+    g = plan_growth(rows, b)
+    assert g.reserved == {"a": 768, "b": 512, "c": 256} and not g.preempt and not g.over
+
+
+def test_the_newest_rows_are_preempted_when_a_block_is_short():
+    # Three rows at 512 fill the budget; "a" crossing its reservation needs 768 for all.
+    b = KvBudget(bytes_per_token=1, budget_bytes=3 * 512, max_rows=8)
+    rows = [held("c", 2, 512, 200), held("a", 0, 512, 512), held("b", 1, 512, 400)]
+    g = plan_growth(rows, b)
+    assert g.preempt == ["c"]  # the newest by admission order, not the last listed
+    assert g.reserved == {"a": 768, "b": 512}
+    # Tighter: both newer rows go, newest first; the oldest keeps running.
+    b = KvBudget(bytes_per_token=1, budget_bytes=2 * 512, max_rows=8)
+    g = plan_growth(rows, b)
+    assert g.preempt == ["c", "b"] and g.reserved == {"a": 768}
+
+
+def test_a_newer_row_that_needs_a_block_preempts_itself_first():
+    b = KvBudget(bytes_per_token=1, budget_bytes=2 * 512, max_rows=8)
+    g = plan_growth([held("old", 0, 512, 100), held("new", 1, 512, 512)], b)
+    assert g.preempt == ["new"] and g.reserved == {"old": 512}
+
+
+def test_the_oldest_a_lone_row_and_rows_that_cannot_resume_are_never_preempted():
+    b = KvBudget(bytes_per_token=1, budget_bytes=512, max_rows=8)
+    g = plan_growth([held("lone", 0, 512, 512)], b)
+    assert not g.preempt and g.over == ["lone"] and g.reserved == {"lone": 768}
+    b = KvBudget(bytes_per_token=1, budget_bytes=2 * 512, max_rows=8)
+    rows = [held("old", 0, 512, 512), held("grammar", 1, 512, 10, resumable=False)]
+    g = plan_growth(rows, b)
+    assert not g.preempt and g.over == ["old"]
+    rows.append(held("newest", 2, 512, 10))
+    g = plan_growth(rows, b)  # the resumable one goes; still short: "old" grows over
+    assert g.preempt == ["newest"] and g.over == ["old"]

@@ -1,0 +1,114 @@
+"""KV reserved as rows grow, the newest rows preempted when a block is short (issue 33).
+
+A KV budget far below what the rows would need at their whole max_tokens: they are admitted
+on their prompt plus one block, and as they grow past it the newest are preempted, parked in
+the RAM prompt cache (or dropped, without one) and resumed where they stopped. The oracle is
+mlx-lm's own greedy generation on each row's ids: whatever the engine did, every row's tokens
+are those, each sent once.
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+
+import mlx.core as mx
+import pytest
+from mlx_lm.generate import generate_step
+from mlx_lm.sample_utils import make_logits_processors
+
+from mlxd.shared.params import GenerationParams
+from mlxd.worker.cache.prompt_cache import PromptCache
+from mlxd.worker.engine.loop import Engine
+from mlxd.worker.engine.rows import Submission
+from mlxd.worker.engine.sched.planner import PlanConfig
+from mlxd.worker.kv.reserve import BLOCK
+from mlxd.worker.model.load import load_model
+
+PROMPT, OUTPUT, ROWS = 60, 700, 4
+
+
+@pytest.fixture(scope="module")
+def loaded(tiny_model_dir):
+    return load_model(tiny_model_dir, "tiny")
+
+
+class Row:
+    """A greedy submission that never stops early (end-of-sequence biased away), recorded."""
+
+    def __init__(self, rid: str, eos_ids):
+        rng = random.Random(rid)
+        self.prompt = [rng.randrange(10, 2000) for _ in range(PROMPT)]
+        self.bias = dict.fromkeys(eos_ids, -100.0)
+        self.events: list = []
+        self.done = threading.Event()
+        params = GenerationParams(
+            max_tokens=OUTPUT,
+            temperature=0.0,
+            top_p=1.0,
+            top_k=0,
+            logprobs=True,
+            logit_bias=self.bias,
+        )
+        self.sub = Submission(rid, list(self.prompt), params, self._sink)
+
+    def _sink(self, ev) -> None:
+        self.events.append(ev)
+        if ev.finish_reason is not None:
+            self.done.set()
+
+    @property
+    def tokens(self) -> list[int]:
+        return [lp["token_id"] for ev in self.events for lp in ev.logprobs or []]
+
+
+def mlx_lm_greedy(model, row: Row) -> list[int]:
+    procs = make_logits_processors(logit_bias=row.bias)
+    steps = generate_step(mx.array(row.prompt), model, max_tokens=OUTPUT, logits_processors=procs)
+    return [int(t) for t, _ in steps]
+
+
+@pytest.mark.parametrize("cached", [True, False], ids=["parked-in-ram-cache", "recomputed"])
+def test_rows_preempted_for_kv_finish_with_mlx_lms_greedy_tokens(loaded, cached):
+    bpt = loaded.kv_bytes_per_token
+    # Counted at prompt + max_tokens (760 -> 768 positions each) two rows would fit; by the
+    # block three start (prompt + 256 -> 512 positions each), and as they grow past 512
+    # positions the newest must make room.
+    budget = bpt * 3 * 512
+    steps: list = []
+    cache = PromptCache(1 << 30, None, 0) if cached else None
+    plan = PlanConfig(idle_chunk=64, step_budget=64, min_chunk=16)
+    engine = Engine(
+        loaded, batch=8, plan=plan, kv_budget_bytes=budget, cache=cache, trace=steps.append
+    )
+    rows = [Row(f"r{i}", loaded.eos_ids) for i in range(ROWS)]
+    for row in rows:
+        engine.submit(row.sub)
+    engine.start()
+    for row in rows:
+        assert row.done.wait(300), row.sub.rid
+    stats = engine.stats()
+    engine.stop()
+    assert engine.join(30)
+
+    assert steps[0].admitted == ["r0", "r1", "r2"] and steps[0].queued == 1  # prompt + block
+    assert stats["preemptions"] > 0
+    assert stats["preemptions"] == sum(len(st.preempted) for st in steps)
+    assert "r0" not in {rid for st in steps for rid in st.preempted}  # the oldest runs on
+    assert stats["rows_queued"] == 0 and stats["rows_active"] == 0
+    for row in rows:
+        assert row.events[-1].error is None and row.events[-1].finish_reason == "length"
+        assert row.events[-1].completion_tokens == OUTPUT
+        assert row.tokens == mlx_lm_greedy(loaded.model, row), row.sub.rid  # each sent once
+
+    if cached:  # a resumed row starts from its parked KV: nothing of it is prefilled again
+        preempted = {rid for st in steps for rid in st.preempted}
+        first = {rid: min(s.step for s in steps if rid in s.preempted) for rid in preempted}
+        again = [
+            (st.step, rid, st.chunks[rid])
+            for st in steps
+            for rid in first
+            if st.step > first[rid] and rid in st.chunks
+        ]
+        assert not again, again
+    assert BLOCK == 256  # the numbers above assume mlx-lm's growth step
