@@ -4,9 +4,10 @@ Pure (no MLX; the arithmetic is shared/kv_math.py). The estimate follows how mlx
 BatchKVCache (and our quantized one) holds a batch: every row at the length of the longest one
 (left padding), rounded up to the cache's 256-token growth step. So one 30k-token row makes
 every row beside it hold 30k positions, and admission checks that padded total, not the sum of
-the rows' own lengths. A row is counted at its prompt plus the
-whole output it may produce (its max_tokens, already clamped to the context's room): a row
-then never grows past what admission counted, and a row that stops early frees its room.
+the rows' own lengths. A row's whole length is its prompt plus the
+whole output it may produce (its max_tokens, already clamped to the context's room): what
+`check_alone` refuses beyond, and what a row that cannot be preempted is counted at; other
+rows are counted block by block as they grow (reserve.py).
 The budget itself comes from the worker's memory plan (memplan.py) or the setting.
 """
 

@@ -16,12 +16,15 @@ from __future__ import annotations
 
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
+from typing import Generic, TypeVar
 
 from mlxd.shared.kv_math import KV_STEP
 from mlxd.worker.kv.budget import KvBudget
 
 # Output positions a row reserves at a time: mlx-lm's BatchKVCache grows by this step too.
 BLOCK = KV_STEP
+
+K = TypeVar("K", bound=Hashable)  # what names a row (the engine: its generator uid)
 
 
 def first_reservation(full: int, held: int, block: int = BLOCK) -> int:
@@ -40,10 +43,10 @@ def next_reservation(reserved: int, filled: int, full: int, block: int = BLOCK) 
 
 
 @dataclass(frozen=True)
-class Held:
+class Held(Generic[K]):
     """One row as the reservation sees it."""
 
-    key: Hashable
+    key: K
     order: int  # admission order: lower is older
     reserved: int  # positions counted now
     filled: int  # positions its KV holds (prompt and tokens written so far)
@@ -52,21 +55,21 @@ class Held:
 
 
 @dataclass
-class Growth:
+class Growth(Generic[K]):
     """What `plan_growth` decided: every kept row's reservation, the rows to preempt (newest
     first), and the rows that took a block over the budget (no row could make room)."""
 
-    reserved: dict[Hashable, int] = field(default_factory=dict)
-    preempt: list[Hashable] = field(default_factory=list)
-    over: list[Hashable] = field(default_factory=list)
+    reserved: dict[K, int] = field(default_factory=dict)
+    preempt: list[K] = field(default_factory=list)
+    over: list[K] = field(default_factory=list)
 
 
-def plan_growth(rows: Sequence[Held], budget: KvBudget, block: int = BLOCK) -> Growth:
+def plan_growth(rows: Sequence[Held[K]], budget: KvBudget, block: int = BLOCK) -> Growth[K]:
     """Give every row that crossed its reservation its next block, preempting the newest
     preemptable rows while the batch's padded footprint exceeds the budget."""
     kept = sorted(rows, key=lambda r: r.order)
     want = {r.key: next_reservation(r.reserved, r.filled, r.full, block) for r in kept}
-    out = Growth()
+    out: Growth[K] = Growth()
     while budget.footprint([want[r.key] for r in kept]) > budget.budget_bytes:
         victim = next((r for r in reversed(kept[1:]) if r.resumable), None)
         if victim is None:
