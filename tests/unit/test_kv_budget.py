@@ -3,6 +3,9 @@
 import pytest
 
 from mlxd.shared.errors import PayloadTooLarge
+from mlxd.shared.params import GenerationParams
+from mlxd.worker.engine.rows import Submission
+from mlxd.worker.engine.sched.preempt import resumable
 from mlxd.worker.kv.budget import RESERVED_OUTPUT_TOKENS, KvBudget, kv_bytes_per_token, row_tokens
 from mlxd.worker.kv.reserve import (
     BLOCK,
@@ -125,3 +128,19 @@ def test_the_oldest_a_lone_row_and_rows_that_cannot_resume_are_never_preempted()
     rows.append(held("newest", 2, 512, 10))
     g = plan_growth(rows, b)  # the resumable one goes; still short: "old" grows over
     assert g.preempt == ["newest"] and g.over == ["old"]
+
+
+def test_rows_whose_state_cannot_be_rewound_are_not_preempted():
+    def sub(processors=(), **params):
+        return Submission(
+            "r",
+            [1, 2],
+            GenerationParams(max_tokens=8, **params),
+            print,
+            processors=list(processors),
+        )
+
+    assert resumable(sub(temperature=0.0)) and resumable(sub(temperature=0.7))
+    assert resumable(sub(temperature=0.0, seed=3))  # greedy: the seed draws nothing
+    assert not resumable(sub(temperature=0.7, seed=3))  # its key already drew the next token
+    assert not resumable(sub(processors=[lambda tokens, logits: logits]))  # a grammar's state

@@ -17,8 +17,12 @@ the key one split further): those are counted at their whole length from admissi
 
 from __future__ import annotations
 
-from mlxd.worker.engine.batch import Batch
+from typing import TYPE_CHECKING
+
 from mlxd.worker.engine.rows import Row, Submission
+
+if TYPE_CHECKING:  # no MLX at import time: `resumable` is unit-tested without it
+    from mlxd.worker.engine.batch import Batch
 
 
 def resumable(sub: Submission) -> bool:
