@@ -17,6 +17,7 @@ import pytest
 from mlx_lm.generate import generate_step
 from mlx_lm.sample_utils import make_logits_processors
 
+from mlxd.shared.errors import Unavailable
 from mlxd.shared.params import GenerationParams
 from mlxd.worker.cache.prompt_cache import PromptCache
 from mlxd.worker.engine.loop import Engine
@@ -120,3 +121,42 @@ def test_rows_preempted_for_kv_finish_with_mlx_lms_greedy_tokens(loaded, cached)
         ]
         assert not again, again
     assert BLOCK == 256  # the numbers above assume mlx-lm's growth step
+
+
+def test_a_row_cancelled_while_preempted_hears_it_once_and_the_others_finish(loaded):
+    """Two rows, room for both at prompt + one block only: the newer is preempted when the
+    older grows past it, and its client leaves while it waits. It hears its cancellation with
+    the tokens it was sent; a row that cannot be resumed (its own logits processor) is never
+    preempted: counted whole from admission, it waits for room instead."""
+    old, new, fixed = (Row(rid, loaded.eos_ids) for rid in ("r0", "r1", "r2"))
+    fixed.sub.processors = [lambda tokens, logits: logits]  # as a grammar's would be
+    gone = Unavailable("the client left")
+    steps: list = []
+
+    def on_step(st):  # on the engine thread: the cancel is in its inbox before the next step
+        steps.append(st)
+        if "r1" in st.preempted:
+            engine.cancel(new.sub, gone)
+
+    bpt = loaded.kv_bytes_per_token
+    cache = PromptCache(1 << 30, None, 0)
+    engine = Engine(loaded, batch=8, kv_budget_bytes=bpt * 2 * 512, cache=cache, trace=on_step)
+    for row in (old, new, fixed):
+        engine.submit(row.sub)
+    engine.start()
+    for row in (old, new, fixed):
+        assert row.done.wait(300), row.sub.rid
+    stats = engine.stats()
+    engine.stop()
+    assert engine.join(30)
+
+    assert steps[0].admitted == ["r0", "r1"]  # r2 is counted at 768 positions: it waits
+    assert [rid for st in steps for rid in st.preempted] == ["r1"]
+    last = new.events[-1]
+    assert last.error is gone and last.completion_tokens == len(new.tokens) > 0
+    assert new.tokens == mlx_lm_greedy(loaded.model, new)[: len(new.tokens)]
+    for row in (old, fixed):
+        assert row.events[-1].finish_reason == "length"
+        assert row.tokens == mlx_lm_greedy(loaded.model, row), row.sub.rid
+    assert stats["preemptions"] == 1 and stats["cancellations"] == 1
+    assert stats["rows_queued"] == 0 and stats["rows_active"] == 0
