@@ -130,17 +130,14 @@ def test_the_oldest_a_lone_row_and_rows_that_cannot_resume_are_never_preempted()
     assert g.preempt == ["newest"] and g.over == ["old"]
 
 
-def test_rows_whose_state_cannot_be_rewound_are_not_preempted():
-    def sub(processors=(), **params):
-        return Submission(
-            "r",
-            [1, 2],
-            GenerationParams(max_tokens=8, **params),
-            print,
-            processors=list(processors),
-        )
+def test_rows_whose_processors_cannot_be_resumed_are_not_preempted():
+    def sub(*processors, **params):
+        p = GenerationParams(max_tokens=8, **params)
+        return Submission("r", [1, 2], p, print, processors=list(processors))
 
-    assert resumable(sub(temperature=0.0)) and resumable(sub(temperature=0.7))
-    assert resumable(sub(temperature=0.0, seed=3))  # greedy: the seed draws nothing
-    assert not resumable(sub(temperature=0.7, seed=3))  # its key already drew the next token
-    assert not resumable(sub(processors=[lambda tokens, logits: logits]))  # a grammar's state
+    class Positional:  # follows the context by position, as a grammar and a budget do
+        resumable = True
+
+    assert resumable(sub(temperature=0.0)) and resumable(sub(temperature=0.7, seed=3))
+    assert resumable(sub(Positional()))
+    assert not resumable(sub(Positional(), lambda tokens, logits: logits))

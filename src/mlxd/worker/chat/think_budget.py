@@ -23,6 +23,10 @@ class ThinkBudget:
     """`fn(tokens, logits) -> logits` on the engine thread; `tokens` is the row's context (the
     prompt on the first call, then one more sampled token per call)."""
 
+    # It follows the row's context by position (`_seen`): a preempted row resumed with the
+    # same context counts nothing twice (engine/sched/preempt.py).
+    resumable = True
+
     def __init__(
         self, budget: int, start: tuple[int, ...], end: tuple[int, ...], in_reasoning: bool
     ):

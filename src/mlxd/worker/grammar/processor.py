@@ -127,6 +127,10 @@ class GuidedProcessor:
     them, so a model whose prompt opened a think block reasons freely and answers in form.
     """
 
+    # It follows the row's context by position (`_seen`): a preempted row resumed with the
+    # same context advances nothing twice (engine/sched/preempt.py).
+    resumable = True
+
     def __init__(self, index: Index, vocab: _Vocab, after: tuple[int, ...] | None = None):
         self._guide = Guide(index)
         self._vocab = vocab

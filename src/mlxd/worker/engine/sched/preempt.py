@@ -9,10 +9,12 @@ prefix the cache still holds: the whole of it, or less (evicted meanwhile, a cac
 cannot be trimmed, no cache), the rest being prefilled again, as vLLM recomputes. Its first
 token after that is the one it would have written next; nothing already sent is sent again.
 
-Resumable rows: no logits processors of their own (a grammar's or a thinking budget's state
-cannot be rewound to the tokens the client has seen) and no seeded sampling (the batch has
-already drawn the row's next token from its key, a draw a resumption would make again with
-the key one split further): those are counted at their whole length from admission instead.
+Preempted only between steps, where a row's state is whole: the batch has already drawn its
+next token (not sent yet) and the resumption draws it again, from the same context. So a
+seeded row's key is put back by that one draw, and a row's own logits processors must follow
+the context by position, taking in only what is new since their last call (a grammar's, a
+thinking budget's: they say so with `resumable = True`); a row with any other processor is
+never preempted, and is counted at its whole length from admission instead.
 """
 
 from __future__ import annotations
@@ -27,9 +29,16 @@ if TYPE_CHECKING:  # no MLX at import time: `resumable` is unit-tested without i
 
 def resumable(sub: Submission) -> bool:
     """Whether a row of `sub` may be preempted and resumed with the same output."""
-    p = sub.params
-    seeded = p.seed is not None and bool(p.temperature)
-    return not sub.processors and not seeded
+    return all(getattr(p, "resumable", False) for p in sub.processors)
+
+
+def park(batch: Batch, row: Row) -> None:
+    """Take `row` out of the batch to resume later (its KV to the prompt cache)."""
+    sampling = getattr(row.sampler, "sampling", None)  # the row's RowSampling
+    if row.started and row.todo == 0 and getattr(sampling, "key", None) is not None:
+        # Its next token is drawn already: the resumption draws it again, from this key.
+        sampling.key = sampling.prev_key  # type: ignore[union-attr]
+    batch.park(row)
 
 
 def resume(batch: Batch, row: Row) -> Row:

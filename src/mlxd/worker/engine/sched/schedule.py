@@ -26,7 +26,7 @@ from mlxd.worker.engine.recovery import generation_failed
 from mlxd.worker.engine.rows import Event, Row, Submission
 from mlxd.worker.engine.sched.admission import admit
 from mlxd.worker.engine.sched.planner import PlanConfig, Prefilling, plan_chunk
-from mlxd.worker.engine.sched.preempt import resumable, resume
+from mlxd.worker.engine.sched.preempt import park, resumable, resume
 from mlxd.worker.kv.budget import KvBudget, row_tokens
 from mlxd.worker.kv.reserve import Held, first_reservation, plan_growth
 from mlxd.worker.model import mlx_lm_seam as seam
@@ -144,7 +144,7 @@ class Scheduler:
         growth = plan_growth(held, self.budget)
         for uid in growth.preempt:  # newest first: the oldest of them ends up first in line
             row = rows[uid]
-            self.batch.park(row)
+            park(self.batch, row)
             self.parked[id(row.sub)] = row
             self.waiting.appendleft(row.sub)
             self.preempted.append(row.sub.rid)

@@ -35,6 +35,9 @@ class RowSampling:
         self.top_k = params.top_k or 0
         self.min_p = params.min_p or 0.0
         self.key = mx.random.key(params.seed) if params.seed is not None else None
+        # The key before its last split: a preempted row's next token, already drawn, is
+        # drawn again when it resumes, from this key (sched/preempt.py).
+        self.prev_key = self.key
         self.bias = dict(params.logit_bias or {})
         rp = params.repetition_penalty
         self.repetition = rp if rp is not None and rp > 0 else 1.0
@@ -202,6 +205,7 @@ def sample(logprobs: mx.array, t: Table) -> mx.array:
     for i in t.seeded:
         row = t.rows[i]
         assert row.key is not None  # `seeded` lists the rows with a key
+        row.prev_key = row.key
         row.key, sub = mx.random.split(row.key)
         noise[i : i + 1] = mx.random.gumbel((1, x.shape[-1]), key=sub)
     drawn = mx.argmax(x.astype(mx.float32) * t.inv_temp + noise, axis=-1)
