@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import random
 import threading
+from dataclasses import replace
 
 import mlx.core as mx
 import pytest
@@ -20,6 +21,7 @@ from mlx_lm.sample_utils import make_logits_processors
 from mlxd.shared.errors import Unavailable
 from mlxd.shared.params import GenerationParams
 from mlxd.worker.cache.prompt_cache import PromptCache
+from mlxd.worker.chat.think_budget import ThinkBudget
 from mlxd.worker.engine.loop import Engine
 from mlxd.worker.engine.rows import Submission
 from mlxd.worker.engine.sched.planner import PlanConfig
@@ -126,10 +128,11 @@ def test_rows_preempted_for_kv_finish_with_mlx_lms_greedy_tokens(loaded, cached)
 def test_a_row_cancelled_while_preempted_hears_it_once_and_the_others_finish(loaded):
     """Two rows, room for both at prompt + one block only: the newer is preempted when the
     older grows past it, and its client leaves while it waits. It hears its cancellation with
-    the tokens it was sent; a row that cannot be resumed (its own logits processor) is never
-    preempted: counted whole from admission, it waits for room instead."""
+    the tokens it was sent; a row that cannot be resumed (a processor that does not follow
+    its context by position) is never preempted: counted whole from admission, it waits for
+    room instead."""
     old, new, fixed = (Row(rid, loaded.eos_ids) for rid in ("r0", "r1", "r2"))
-    fixed.sub.processors = [lambda tokens, logits: logits]  # as a grammar's would be
+    fixed.sub.processors = [lambda tokens, logits: logits]  # not marked resumable
     gone = Unavailable("the client left")
     steps: list = []
 
@@ -160,3 +163,41 @@ def test_a_row_cancelled_while_preempted_hears_it_once_and_the_others_finish(loa
         assert row.tokens == mlx_lm_greedy(loaded.model, row), row.sub.rid
     assert stats["preemptions"] == 1 and stats["cancellations"] == 1
     assert stats["rows_queued"] == 0 and stats["rows_active"] == 0
+
+
+def test_a_seeded_row_with_a_thinking_budget_resumes_with_the_text_it_gives_alone(loaded):
+    """A sampled row (seed, temperature 1) with a thinking budget that binds after the
+    preemption: its key and its budget's count go on where they stopped, so its tokens are
+    those it gives running alone, the end marker forced at the same place."""
+    end = (5, 6)  # the budget forces these after 300 reasoning tokens
+
+    def sampled(rid: str) -> Row:
+        row = Row(rid, loaded.eos_ids)
+        row.sub.params = replace(row.sub.params, temperature=1.0, seed=7)
+        row.sub.processors = [ThinkBudget(300, (), end, in_reasoning=True)]
+        return row
+
+    def run(rows: list[Row], **kw) -> list:
+        steps: list = []
+        engine = Engine(
+            loaded, batch=8, cache=PromptCache(1 << 30, None, 0), trace=steps.append, **kw
+        )
+        for row in rows:
+            engine.submit(row.sub)
+        engine.start()
+        for row in rows:
+            assert row.done.wait(300), row.sub.rid
+        engine.stop()
+        assert engine.join(30)
+        return steps
+
+    alone = sampled("r1")
+    run([alone])
+    old, row = Row("r0", loaded.eos_ids), sampled("r1")
+    steps = run([old, row], kv_budget_bytes=loaded.kv_bytes_per_token * 2 * 512)
+
+    assert [rid for st in steps for rid in st.preempted] == ["r1"]
+    assert len(row.tokens) == OUTPUT and row.events[-1].finish_reason == "length"
+    assert row.tokens == alone.tokens
+    assert row.tokens[300:302] == list(end)  # the budget counted what came before, once
+    assert old.tokens == mlx_lm_greedy(loaded.model, old)
