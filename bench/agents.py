@@ -43,6 +43,7 @@ class AgentSizes:
     burst: int = 32
     burst_prompt: int = 300
     burst_tokens: int = 128
+    tools: int = 20  # of the tool list (bench/agent_prompts.py), part of the prefix
 
 
 def tools_tokens(tools: list, tokenizer) -> int:
@@ -78,7 +79,7 @@ async def _session(
 
 async def run_sessions(ctx: Context, t: Target, k: int, sz: AgentSizes) -> RunResult:
     """Prime the shared prefix, then K sessions at once; the prefix is fresh for each call."""
-    tools = openai_tools()
+    tools = openai_tools(sz.tools)
     system = ctx.prompt(max(16, sz.prefix - tools_tokens(tools, ctx.tokenizer)), "agents")
     async with t.session() as http:
         prime = session_messages(system, [ctx.prompt(sz.user, "prime")], [])
@@ -190,11 +191,12 @@ def main(argv: list[str]) -> int:
     p.add_argument("--burst", type=int, default=d.burst, help="burst clients at once")
     p.add_argument("--burst-prompt", type=int, default=d.burst_prompt, help="their prompts")
     p.add_argument("--burst-tokens", type=int, default=d.burst_tokens, help="their outputs")
+    p.add_argument("--tools", type=int, default=d.tools, help="tools in the prefix (max 20)")
     p.add_argument("--only", default="agents,burst", help="agents, burst or both")
     a = p.parse_args(argv)
     sz = AgentSizes(
         a.levels, a.prefix, a.turns, a.user, a.tokens, a.repeats, a.burst, a.burst_prompt,
-        a.burst_tokens,
+        a.burst_tokens, a.tools,
     )  # fmt: skip
     only = {w.strip() for w in a.only.split(",")}
     if not only <= {"agents", "burst"}:

@@ -22,6 +22,7 @@ import argparse
 import asyncio
 import os
 import time
+from dataclasses import dataclass
 from typing import Any
 
 import orjson
@@ -31,6 +32,19 @@ from .agent_prompts import claude_body, claude_chat, hit_ratio, openai_tools
 from .client import BenchError, Target, stream_chat
 from .context import Context, Figure, _order, _percentile
 from .metrics import metric_sums
+
+
+@dataclass(frozen=True)
+class ClaudeSizes:
+    """How big the Claude Code sessions are (the CLI's flags)."""
+
+    instructions: int = 6000  # the long system block, tokens
+    turns: int = 3
+    tokens: int = 32  # output tokens read per turn
+    repeats: int = 3
+    tools: int = 20
+    user: int = 200  # each user turn, tokens
+
 
 PROMPT_TOKENS = "mlxd_prompt_tokens_total"
 HIT_TOKENS = "mlxd_prompt_cache_hit_tokens_total"
@@ -95,18 +109,20 @@ def _figs(api: str, base: str) -> dict[str, Figure]:
     }
 
 
-async def _messages_run(ctx: Context, figs, instructions: str, turns: int, tokens: int) -> None:
+async def _messages_run(ctx: Context, figs, instructions: str, sz: ClaudeSizes) -> None:
     t = ctx.mlxd
-    users = [ctx.prompt(200, "claude-user") for _ in range(turns)]
+    users = [ctx.prompt(sz.user, "claude-user") for _ in range(sz.turns)]
     later: list[float] = []
     async with t.session() as http:
         for n in (1, 2):
             suffix = os.urandom(3).hex()[:5]
             replies: list[str] = []
-            for turn in range(turns):
-                body = claude_body(instructions, suffix, users[: turn + 1], replies, t.model)
+            for turn in range(sz.turns):
+                body = claude_body(
+                    instructions, suffix, users[: turn + 1], replies, t.model, sz.tools
+                )
                 before = await _counters(t) if n == 2 and turn == 0 else None
-                ttft, text = await stream_messages(http, t, body, tokens)
+                ttft, text = await stream_messages(http, t, body, sz.tokens)
                 replies.append(text)
                 if turn:
                     later.append(ttft)
@@ -117,17 +133,17 @@ async def _messages_run(ctx: Context, figs, instructions: str, turns: int, token
     figs["later"].add(t.name, _percentile(later, 0.5) if later else 0.0)
 
 
-async def _chat_run(ctx: Context, t: Target, figs, instructions: str, turns: int, tokens: int):
-    users = [ctx.prompt(200, "claude-user") for _ in range(turns)]
-    tools = openai_tools()
+async def _chat_run(ctx: Context, t: Target, figs, instructions: str, sz: ClaudeSizes):
+    users = [ctx.prompt(sz.user, "claude-user") for _ in range(sz.turns)]
+    tools = openai_tools(sz.tools)
     later: list[float] = []
     async with t.session() as http:
         for n in (1, 2):
             suffix = os.urandom(3).hex()[:5]
             replies: list[str] = []
-            for turn in range(turns):
+            for turn in range(sz.turns):
                 messages = claude_chat(instructions, suffix, users[: turn + 1], replies)
-                res = await stream_chat(http, t, messages, tokens, ctx.logit_bias, tools=tools)
+                res = await stream_chat(http, t, messages, sz.tokens, ctx.logit_bias, tools=tools)
                 replies.append(res.text)
                 if turn:
                     later.append(res.ttft_s)
@@ -141,18 +157,18 @@ async def _chat_run(ctx: Context, t: Target, figs, instructions: str, turns: int
         figs["later"].add(t.name, _percentile(later, 0.5))
 
 
-def claude(instructions_tokens: int, turns: int, tokens: int, repeats: int, apis: set[str]):
+def claude(sz: ClaudeSizes, apis: set[str]):
     async def workload(ctx: Context, notes: list[str]) -> list[Figure]:
         msg, chat = _figs("messages", ""), _figs("chat", "mlx_lm")
-        for run in range(repeats):
+        for run in range(sz.repeats):
             for t in _order([ctx.mlxd, ctx.mlx_lm], run):
                 # A fresh project each time, so no session starts from another's cache.
                 if t is ctx.mlxd and "messages" in apis:
-                    project = ctx.prompt(instructions_tokens, "claude")
-                    await _messages_run(ctx, msg, project, turns, tokens)
+                    project = ctx.prompt(sz.instructions, "claude")
+                    await _messages_run(ctx, msg, project, sz)
                 if "chat" in apis:
-                    project = ctx.prompt(instructions_tokens, "claude")
-                    await _chat_run(ctx, t, chat, project, turns, tokens)
+                    project = ctx.prompt(sz.instructions, "claude")
+                    await _chat_run(ctx, t, chat, project, sz)
         if not msg["reused"].samples and "messages" in apis:
             msg["reused"].note = "no supervisor /metrics to read the reuse from"
         msg["ttft1"].note = "mlxd only (mlx_lm.server has no /v1/messages); max_tokens 32000"
@@ -167,15 +183,18 @@ def main(argv: list[str]) -> int:
     served.common_args(p)
     p.add_argument("--instructions", type=int, default=6000, help="instructions block, tokens")
     p.add_argument("--turns", type=int, default=3, help="turns per session")
+    p.add_argument("--user", type=int, default=200, help="tokens of each user turn")
     p.add_argument("--tokens", type=int, default=32, help="output tokens read per turn")
+    p.add_argument("--tools", type=int, default=20, help="tools in each body (max 20)")
     p.add_argument("--only", default="messages,chat", help="messages, chat or both")
     a = p.parse_args(argv)
     apis = {w.strip() for w in a.only.split(",")}
     if not apis <= {"messages", "chat"}:
         p.error("--only: messages, chat")
-    parts = [("claude", claude(a.instructions, a.turns, a.tokens, a.repeats, apis))]
+    sz = ClaudeSizes(a.instructions, a.turns, a.tokens, a.repeats, a.tools, a.user)
+    parts = [("claude", claude(sz, apis))]
     text = (
-        f"{a.repeats} runs; 2 sessions × {a.turns} turns, instructions {a.instructions} tok, "
-        f"20 tools, {a.tokens} output tokens read per turn"
+        f"{sz.repeats} runs; 2 sessions × {sz.turns} turns of +{sz.user} tok, instructions "
+        f"{sz.instructions} tok, {sz.tools} tools, {sz.tokens} output tokens read per turn"
     )
     return served.main(a, parts, text)
