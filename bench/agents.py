@@ -22,7 +22,7 @@ import asyncio
 import json
 import statistics
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from . import served
 from .agent_prompts import hit_ratio, openai_tools, session_messages
@@ -142,7 +142,10 @@ def agents(sz: AgentSizes):
                     add_run(figs, t.name, r)
             out += [f for f in figs.values() if f.samples]
         if prompt_sizes:
-            notes.append(f"agents: first-turn prompts {statistics.median(prompt_sizes):.0f} tokens")
+            k = "/".join(map(str, sz.levels))
+            notes.append(
+                f"agents @{k}: first-turn prompts {statistics.median(prompt_sizes):.0f} tok"
+            )
         return out
 
     return workload
@@ -201,7 +204,11 @@ def main(argv: list[str]) -> int:
     only = {w.strip() for w in a.only.split(",")}
     if not only <= {"agents", "burst"}:
         p.error("--only: agents, burst")
-    parts = [(w, f(sz)) for w, f in (("agents", agents), ("burst", burst)) if w in only]
+    # One part per K: the report is written after each, so a run cut short keeps those done.
+    parts = [(f"agents @{k}", agents(replace(sz, levels=(k,)))) for k in sz.levels]
+    parts = (parts if "agents" in only else []) + (
+        [("burst", burst(sz))] if "burst" in only else []
+    )
     text = (
         f"{sz.repeats} runs; agents: K {'/'.join(map(str, sz.levels))}, prefix {sz.prefix} "
         f"tok, {sz.turns} turns of +{sz.user} tok -> {sz.tokens} tok; burst: {sz.burst} "
