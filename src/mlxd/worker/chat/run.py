@@ -18,11 +18,13 @@ from mlxd.shared.errors import BadRequest, Unavailable
 from mlxd.shared.structured_output import GuidedSpec
 from mlxd.worker.cache.keys import make_cache_key, stable_boundary
 from mlxd.worker.chat.events import (
+    CallPart,
     ChatOutput,
     Collected,
     Delta,
     Done,
     Keepalive,
+    QuietTicks,
     RawOutput,
     RowProgress,
     TokenUsage,
@@ -205,13 +207,19 @@ class ChatRun:
     def __exit__(self, *exc) -> None:
         self._generation().__exit__(*exc)
 
-    async def events(self) -> AsyncIterator[Delta | ToolCalls | Keepalive | Done]:
+    async def events(
+        self, tool_parts: bool = False
+    ) -> AsyncIterator[Delta | ToolCalls | CallPart | Keepalive | Done]:
+        """The run's output; `tool_parts`: a call's parts as it is written, too."""
         gen, output = self._generation(), self._output
         assert output is not None  # set by prepare() with the generation
+        ticks = QuietTicks(KEEPALIVE_S, self.state.clock)
         while True:
             ev = await gen.next(KEEPALIVE_S)
-            if ev is None:
+            if ev is None or ticks.due():
+                ticks.reset()
                 yield Keepalive()
+            if ev is None:
                 continue
             self.completion_tokens = ev.completion_tokens  # for the access log
             if self.first_event_ns is None:
@@ -221,7 +229,9 @@ class ChatRun:
                 return
             out, ending = output.feed(ev)
             for item in out:
-                yield item
+                if tool_parts or not isinstance(item, CallPart):
+                    ticks.reset()
+                    yield item
             if ending:
                 yield output.done(ev.finish_reason, ev.completion_tokens)
                 return
