@@ -294,11 +294,11 @@ def _big_call_arguments(surface: str, raw: bytes, stream: bool):
         chunks = [json.loads(d) for _, d in events[:-1]]
         assert chunks[-1]["choices"][0]["finish_reason"] == "tool_calls"
         deltas = [d for c in chunks for d in c["choices"][0]["delta"].get("tool_calls") or []]
-        return deltas[0]["function"]["arguments"]
+        return "".join(d["function"]["arguments"] for d in deltas)  # the call's fragments
     if surface == "messages":
         assert events[-1][0] == "message_stop"
         deltas = [json.loads(d) for n, d in events if n == "content_block_delta"]
-        return next(d["delta"]["partial_json"] for d in deltas if "partial_json" in d["delta"])
+        return json.loads("".join(d["delta"].get("partial_json", "") for d in deltas))
     assert events[-1][0] == "response.completed"
     done = [json.loads(d) for n, d in events if n == "response.function_call_arguments.done"]
     return done[0]["arguments"]

@@ -197,16 +197,14 @@ class ChatOutput:
         arguments in fragments (a custom tool's call goes out whole: its input is text)."""
         if self._call is None:
             self._call = CallStream(lambda name: self._streams and name not in self._custom)
-        call, begun = self._call, self._call.begun
         out: Output = []
-        for kind, value in call.feed(text):
-            if kind == "name":
+        for kind, value in self._call.feed(text):
+            if kind == "name":  # the call takes the next index, kept if it is cut
                 self._call_id = new_call_id()
                 out.append(ToolCallStart(self.n_calls, self._call_id, value))
+                self.n_calls += 1
             else:
-                out.append(ToolCallArgs(self.n_calls, value))
-        if call.begun and not begun:
-            self.n_calls += 1
+                out.append(ToolCallArgs(self.n_calls - 1, value))
         return out
 
     def _call_end(self, text: str) -> Output:
