@@ -173,6 +173,7 @@ POINTS = {
     "after the opening events": ("delta", 1),
     "mid-text": ("delta", 3),
     "in a tool call": ("tool_calls", 1),
+    "amid a call's arguments": ("tool_part", 3),
     "at the end": ("done", 1),
 }
 
@@ -192,15 +193,18 @@ def _inject(monkeypatch, writer: type, method: str, nth: int) -> list[int]:
     return calls
 
 
+TOOL_POINTS = ("in a tool call", "amid a call's arguments")
+
+
 def _body(surface: str, point: str) -> dict:
     path, body, *_ = SURFACES[surface]
     body = {**body, "stream": True}
-    if point == "in a tool call":
+    if point in TOOL_POINTS:
         body["tools"] = [ADD]
         body["guided_regex"] = BIG_CALL.replace(BIG, "7")
     else:
         body["guided_regex"] = re.escape(TEXT)
-    if surface in ("messages", "responses") and point == "in a tool call":
+    if surface in ("messages", "responses") and point in TOOL_POINTS:
         body["tools"] = [
             {"name": "add", "input_schema": ADD["function"]["parameters"]}
             if surface == "messages"
@@ -213,7 +217,8 @@ CASES = [
     (surface, point)
     for surface, spec in SURFACES.items()
     for point in POINTS
-    if point != "in a tool call" or spec[4]
+    if point not in TOOL_POINTS
+    or (spec[4] and (point == "in a tool call" or spec[2].streams_tool_args))
 ]
 
 
