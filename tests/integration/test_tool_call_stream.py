@@ -200,7 +200,11 @@ def test_responses_stream_function_call_argument_deltas(oai, clock):
     assert kinds[done + 1] == "response.output_item.done"
     assert "".join(events[i].delta for i in deltas) == events[done].arguments == ARGS
     (streamed,) = [i for i in final.output if i.type == "function_call"]
-    assert (streamed.name, streamed.arguments, streamed.status) == ("get_weather", ARGS, "completed")
+    assert (streamed.name, streamed.arguments, streamed.status) == (
+        "get_weather",
+        ARGS,
+        "completed",
+    )
     assert streamed.call_id == events[added].item.call_id
 
 
