@@ -41,8 +41,7 @@ from mlxd.worker.chat.events import (
     ToolCallStart,
 )
 from mlxd.worker.chat.output import REASONING
-from mlxd.worker.chat.prompts import prepare_messages
-from mlxd.worker.chat.run import render_job
+from mlxd.worker.chat.prompts import prepare_messages, render_job
 from mlxd.worker.chat.state import WorkerState
 from mlxd.worker.chat.tool_calls import ToolCall
 

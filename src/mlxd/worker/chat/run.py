@@ -13,8 +13,8 @@ import time
 from collections.abc import AsyncIterator
 from dataclasses import replace
 
-from mlxd.shared.chat_job import ChatJob, fold_system_messages, late_system_indexes
-from mlxd.shared.errors import BadRequest, Unavailable
+from mlxd.shared.chat_job import ChatJob
+from mlxd.shared.errors import Unavailable
 from mlxd.shared.structured_output import GuidedSpec
 from mlxd.worker.cache.keys import make_cache_key, stable_boundary
 from mlxd.worker.chat.events import (
@@ -34,10 +34,10 @@ from mlxd.worker.chat.generation import Generation
 from mlxd.worker.chat.output import REASONING
 from mlxd.worker.chat.prompts import (
     ChatPrompt,
-    chat_prompt,
     check_params,
     completion_prompt,
     prepare_messages,
+    render_job,
     resolve_params,
 )
 from mlxd.worker.chat.state import WorkerState
@@ -262,32 +262,3 @@ class ChatRun:
             calls=calls,
             logprobs=logprobs,
         )
-
-
-def render_job(m, job: ChatJob, enable_thinking: bool | None) -> ChatPrompt:
-    """Render `job` through the chat template, keeping every system message's text.
-
-    A system message after the first turn (Claude Code's mid-conversation reminders, a
-    Responses `developer` item) stays in place where the template renders it there; where
-    the template refuses it, or renders the conversation without its text, it is folded
-    into a user turn as a delimited note (`fold_system_messages`).
-    """
-    late = late_system_indexes(job.messages)
-    if late:
-        try:
-            prompt = chat_prompt(
-                m, job.messages, job.rendered_tools, job.template_kwargs, enable_thinking
-            )
-        except BadRequest:
-            prompt = None
-        if prompt is not None and all(
-            str(job.messages[i].get("content") or "").strip() in prompt.text for i in late
-        ):
-            return prompt
-        log.debug(
-            "folding %d later system message(s) into user turns: the template %s",
-            len(late),
-            "refused them" if prompt is None else "left their text out",
-        )
-        job.messages = fold_system_messages(job.messages)
-    return chat_prompt(m, job.messages, job.rendered_tools, job.template_kwargs, enable_thinking)

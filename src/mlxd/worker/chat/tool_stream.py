@@ -25,7 +25,7 @@ _WS = " \t\n\r"
 # The head of a call up to its arguments object; None stands for the name's JSON string.
 _HEAD = ("{", '"name"', ":", None, ",", '"arguments"', ":", "{")
 # Text before the arguments object longer than this is not a head worth waiting for.
-MAX_HEAD_CHARS = 4096
+MAX_HEAD_CHARS = 1024
 _NON_FINITE = {"NaN": "null", "Infinity": "null", "-Infinity": "null"}
 
 
