@@ -7,7 +7,12 @@ import math
 from dataclasses import dataclass, replace
 from typing import Any
 
-from mlxd.shared.chat_job import DEVELOPER_MARK
+from mlxd.shared.chat_job import (
+    DEVELOPER_MARK,
+    ChatJob,
+    fold_system_messages,
+    late_system_indexes,
+)
 from mlxd.shared.errors import BadRequest
 from mlxd.shared.params import MAX_SEED, MIN_SEED, GenerationParams
 from mlxd.shared.sampling import resolve, sampling_of
@@ -222,3 +227,32 @@ def resolve_params(
     if (p.top_k is None or p.top_k < 0) and not 0 <= sampling["top_k"] < m.vocab_size:
         sampling["top_k"] = 0  # a default outside the vocabulary would fail every unset request
     return replace(p, max_tokens=max_tokens, max_tokens_open=requested is None, **sampling)
+
+
+def render_job(m, job: ChatJob, enable_thinking: bool | None) -> ChatPrompt:
+    """Render `job` through the chat template, keeping every system message's text.
+
+    A system message after the first turn (Claude Code's mid-conversation reminders, a
+    Responses `developer` item) stays in place where the template renders it there; where
+    the template refuses it, or renders the conversation without its text, it is folded
+    into a user turn as a delimited note (`fold_system_messages`).
+    """
+    late = late_system_indexes(job.messages)
+    if late:
+        try:
+            prompt = chat_prompt(
+                m, job.messages, job.rendered_tools, job.template_kwargs, enable_thinking
+            )
+        except BadRequest:
+            prompt = None
+        if prompt is not None and all(
+            str(job.messages[i].get("content") or "").strip() in prompt.text for i in late
+        ):
+            return prompt
+        log.debug(
+            "folding %d later system message(s) into user turns: the template %s",
+            len(late),
+            "refused them" if prompt is None else "left their text out",
+        )
+        job.messages = fold_system_messages(job.messages)
+    return chat_prompt(m, job.messages, job.rendered_tools, job.template_kwargs, enable_thinking)
