@@ -194,7 +194,8 @@ async def count_tokens(request: web.Request) -> web.Response:
     m, _ = state.ready()
     req = parse_model(CountTokensRequest, load_json(await request.read()))
     job = req.to_chat_job()
-    job.messages = prepare_messages(m, job.messages)  # the default system prompt counts too
+    # What a generation would render: the default system prompt counts, attribution lines not.
+    job.messages = prepare_messages(m, job.messages, state.config.strip_attribution_lines)
     prompt = render_job(m, job, state.config.enable_thinking)
     return web.Response(
         body=orjson.dumps(CountTokens(input_tokens=len(prompt.ids)).model_dump()),

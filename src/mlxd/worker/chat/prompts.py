@@ -16,6 +16,7 @@ from mlxd.shared.chat_job import (
 from mlxd.shared.errors import BadRequest
 from mlxd.shared.params import MAX_SEED, MIN_SEED, GenerationParams
 from mlxd.shared.sampling import resolve, sampling_of
+from mlxd.worker.chat.canonical import strip_attribution_lines
 from mlxd.worker.chat.tool_prompt import WARNING as TOOLS_AS_TEXT
 from mlxd.worker.chat.tool_prompt import template_renders_tools, with_tools_as_text
 from mlxd.worker.model.load import LoadedModel
@@ -68,10 +69,18 @@ def chat_prompt(
     return ChatPrompt(ids, text, kwargs, _ends_in_reasoning(m.tokenizer, text), warning)
 
 
-def prepare_messages(m: LoadedModel, messages: list[dict]) -> list[dict]:
+def prepare_messages(
+    m: LoadedModel, messages: list[dict], strip_attribution: bool = True
+) -> list[dict]:
     """The conversation as this model's template gets it: a `developer` message keeps its
     role where the template knows it, else it is a system message; a conversation without a
-    system or developer message starts with the model's default `system`, if it has one."""
+    system or developer message starts with the model's default `system`, if it has one.
+
+    Every surface's messages pass here before they are rendered: with `strip_attribution`
+    (the `strip_attribution_lines` setting), per-session attribution lines leave the system
+    text first (canonical.py), so a system message that held only that counts as absent."""
+    if strip_attribution:
+        messages = strip_attribution_lines(messages)
     native = "developer" in str(getattr(m.tokenizer, "chat_template", None) or "")
     out = []
     for msg in messages:

@@ -91,7 +91,7 @@ class ChatRun:
     async def _prepare_chat(self) -> None:
         m, job = self.m, self.job
         check_params(m, job.params)  # a bad parameter is a 400 before any grammar compiles
-        job.messages = prepare_messages(m, job.messages)
+        job.messages = prepare_messages(m, job.messages, self.state.config.strip_attribution_lines)
         spec = job.guided
         try:
             forced = forced_call_spec(m.tokenizer, job)
