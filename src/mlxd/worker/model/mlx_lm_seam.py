@@ -22,6 +22,7 @@ from mlx_lm.tokenizer_utils import TokenizerWrapper
 SEAM: tuple[tuple[type, str], ...] = (
     (BatchGenerator, "_generation_batch"),
     (BatchGenerator, "_prompt_batch"),
+    (BatchGenerator, "_currently_processing"),
     (PromptProcessingBatch, "prefill_step_size"),
     (GenerationBatch, "_token_context"),
     (GenerationBatch, "_num_tokens"),
@@ -126,6 +127,35 @@ def patch_make_mask(fn) -> None:
 def restore_make_mask() -> None:
     """mlx-lm's own make_mask again (tests, benchmarks)."""
     BatchKVCache.make_mask = ORIGINAL_MAKE_MASK  # type: ignore[method-assign]
+
+
+def hand_over_prompted(gen: BatchGenerator) -> list:
+    """Rows whose prompt this step finished (all but its last token prefilled) go to the
+    decode batch now, their first token sampled, instead of at the start of the next step.
+
+    mlx-lm's step hands rows over before it prefills, so a row whose prefill ends in a step
+    waits a whole step (another chunk of everyone's prefill, another decode) before its first
+    token is even computed, and a third before it is read: this takes one of those steps
+    away. Called right after `gen.next()`, on its stream. Returns the rows' prompt responses
+    (end of prompt), as mlx-lm's step would have reported them next time. Only for trimmable
+    caches: a non-trimmable row's snapshot at its prompt's boundary is taken from the prompt
+    batch after the step (Batch.snapshot), before the last token enters its cache."""
+    _require(gen, "_currently_processing")
+    rows = gen._currently_processing  # [segments left, prefilled, total] per prompt row
+    done = [i for i, (segments, _, _) in enumerate(rows) if [len(s) for s in segments] == [1]]
+    if not done:
+        return []
+    last = [rows[i][0][0] for i in done]
+    totals = [rows[i][2] for i in done]
+    gone = set(done)
+    with mx.stream(gen.stream):
+        gen._currently_processing = [r for i, r in enumerate(rows) if i not in gone]
+        moved = gen._prompt_batch.split(done).generate(last)
+        gen._generation_batch.extend(moved)
+    return [
+        PromptProcessingBatch.Response(uid, (n, n), True, True)
+        for uid, n in zip(moved.uids, totals, strict=True)
+    ]
 
 
 # -- mlx-lm's prompt batch: rows leaving prefill -------------------------------------------
