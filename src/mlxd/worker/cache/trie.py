@@ -97,6 +97,32 @@ class TokenTrie(Generic[V]):
             stack.extend(v for k, v in n.items() if k != _END)
         return None
 
+    def around(self, prompt, limit: int, want=lambda v: True) -> list[V]:
+        """Up to `limit` values passing `want` near `prompt`: the longest entry that is a
+        prefix of it, then entries that share the prompt's walked prefix and go on from there.
+        """
+        node, shorter = self._root, None
+        walked = 0
+        for t in prompt:
+            if _END in node:
+                shorter = node[_END]
+            nxt = node.get(t)
+            if nxt is None:
+                break
+            node, walked = nxt, walked + 1
+        else:
+            if _END in node:
+                shorter = node[_END]
+        out = [shorter[1]] if shorter is not None and want(shorter[1]) else []
+        stack = [node] if walked else []  # nothing shared: nothing below is near
+        while stack and len(out) < limit:
+            n = stack.pop()
+            end = n.get(_END)
+            if end is not None and end is not shorter and want(end[1]):
+                out.append(end[1])
+            stack.extend(v for k, v in n.items() if k != _END)
+        return out[:limit]
+
     def prefixes_of(self, tokens: tuple[int, ...]) -> list[tuple[tuple[int, ...], V]]:
         """Entries that are strict prefixes of `tokens`."""
         out, node = [], self._root
