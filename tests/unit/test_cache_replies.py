@@ -105,6 +105,14 @@ def test_the_trie_finds_the_entries_around_a_prompt():
     assert len(trie.around([1, 2, 3, 9], limit=2)) == 2
     assert trie.around([1, 2, 3, 9], 4, want=lambda v: v != "prefix")[0] != "prefix"
     assert trie.around([9], limit=4) == []  # nothing shared: nothing is near
+    # An entry that left the prompt's path earlier is found too, after the deeper ones (the
+    # prompt shares more with an edited turn than with the reply the cache remembers).
+    trie.insert((1, 6, 6), "early")
+    assert trie.around([1, 2, 3, 4, 0], limit=4, want=lambda v: v != "prefix") == [
+        "longer",
+        "other",
+        "early",
+    ]
 
 
 def test_replies_travel_with_an_ssd_entry_and_bad_ones_are_dropped(tmp_path):

@@ -99,28 +99,31 @@ class TokenTrie(Generic[V]):
 
     def around(self, prompt, limit: int, want=lambda v: True) -> list[V]:
         """Up to `limit` values passing `want` near `prompt`: the longest entry that is a
-        prefix of it, then entries that share the prompt's walked prefix and go on from there.
-        """
-        node, shorter = self._root, None
-        walked = 0
+        prefix of it, then entries that leave the prompt's path, those that leave it last
+        first (they share the most with it). Entries that share nothing are never near."""
+        path, shorter = [self._root], None
         for t in prompt:
-            if _END in node:
-                shorter = node[_END]
-            nxt = node.get(t)
+            if _END in path[-1]:
+                shorter = path[-1][_END]
+            nxt = path[-1].get(t)
             if nxt is None:
                 break
-            node, walked = nxt, walked + 1
+            path.append(nxt)
         else:
-            if _END in node:
-                shorter = node[_END]
+            if _END in path[-1]:
+                shorter = path[-1][_END]
         out = [shorter[1]] if shorter is not None and want(shorter[1]) else []
-        stack = [node] if walked else []  # nothing shared: nothing below is near
-        while stack and len(out) < limit:
-            n = stack.pop()
-            end = n.get(_END)
-            if end is not None and end is not shorter and want(end[1]):
-                out.append(end[1])
-            stack.extend(v for k, v in n.items() if k != _END)
+        for depth in range(len(path) - 1, 0, -1):  # the root's other branches share nothing
+            on_path = prompt[depth] if depth < len(prompt) else None
+            stack = [v for k, v in path[depth].items() if k != _END and k != on_path]
+            while stack and len(out) < limit:
+                n = stack.pop()
+                end = n.get(_END)
+                if end is not None and want(end[1]):
+                    out.append(end[1])
+                stack.extend(v for k, v in n.items() if k != _END)
+            if len(out) >= limit:
+                break
         return out[:limit]
 
     def prefixes_of(self, tokens: tuple[int, ...]) -> list[tuple[tuple[int, ...], V]]:
