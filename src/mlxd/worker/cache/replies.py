@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
+from itertools import islice
 
 from mlxd.worker.cache.trie import common_prefix
 
@@ -71,11 +72,16 @@ def splice(
     out = list(prompt)
     kept: list[Reply] = []
     edits: list[tuple[int, int, int]] = []
+    agreed = 0  # out and tokens are known to agree this far: each reply costs its own length
     for r in replies:
-        if not r.ids or r.at <= 0 or r.at >= len(out) or common_prefix(out, tokens) < r.at:
+        if not r.ids or r.at <= 0 or r.at >= len(out) or r.at < agreed:
+            break
+        agreed += common_prefix(islice(out, agreed, r.at), islice(tokens, agreed, r.at))
+        if agreed < r.at:
             break
         if tuple(out[r.at : r.at + len(r.ids)]) == r.ids:
             kept.append(r)
+            agreed = r.at + len(r.ids)
             continue
         for k in (len(r.ids), len(r.ids) - 1):
             ids = list(r.ids[:k])
@@ -87,6 +93,7 @@ def splice(
                 out[r.at : r.at + m] = ids
                 kept.append(Reply(r.at, tuple(ids)))
                 edits.append((r.at, m, k))
+                agreed = r.at + common_prefix(ids, islice(tokens, r.at, r.at + k))
                 break
         else:
             break
