@@ -11,6 +11,8 @@
     python -m bench attention --shape qwen3-0.6b     # first use of attention shapes (CUDA)
     python -m bench masks --shape qwen3-8b           # a long prefill by attention path
     python -m bench extend --shape qwen3-8b          # rows extending a cached prefix, in process
+    python -m bench agents --shape qwen3-0.6b        # K agent sessions sharing a prefix; a burst
+    python -m bench claude --shape qwen3-8b          # Claude-Code-shaped sessions, 2 in a row
 
 See docs/benchmarks.md for what each workload measures and the goals.
 """
@@ -20,6 +22,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import datetime as dt
+import importlib
 import shutil
 import signal
 import subprocess
@@ -41,6 +44,12 @@ from .servers import StartError
 from .session import Session, environment
 
 ROOT = Path(__file__).resolve().parents[1]
+# Commands that are a module of their own (bench/<name>.py, with a `main(argv)`), and MLX
+# only in the processes they start or in that module.
+STANDALONE = (
+    "kvquant", "profile", "speculative", "extend", "masks", "attention", "steps", "group",
+    "agents", "claude",
+)  # fmt: skip
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -52,6 +61,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     sub.add_parser("masks", help="a long prefill by attention path", add_help=False)
     sub.add_parser("extend", help="rows extending a cached prefix (in process)", add_help=False)
     sub.add_parser("steps", help="summarise a worker's step log (bench/steps.py)", add_help=False)
+    sub.add_parser("agents", help="agent sessions sharing a prefix; a burst", add_help=False)
+    sub.add_parser("claude", help="Claude-Code-shaped sessions (bench/claude.py)", add_help=False)
     r = sub.add_parser("run", help="run the side-by-side benchmark")
     r.add_argument(
         "--model", type=Path, help="mlx-lm model folder (default: a random model built for --shape)"
@@ -233,38 +244,8 @@ def _meta(a, sizes, session, gpu: bool, model_label: str, notes: list[str]) -> d
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    if argv[:1] == ["kvquant"]:  # KV schemes side by side, in one process: bench/kvquant.py
-        from . import kvquant
-
-        return kvquant.main(argv[1:])
-    if argv[:1] == ["profile"]:  # one process with MLX in it: see bench/profile.py
-        from . import profile
-
-        return profile.main(argv[1:])
-    if argv[:1] == ["speculative"]:  # the same: bench/speculative.py
-        from . import speculative
-
-        return speculative.main(argv[1:])
-    if argv[:1] == ["extend"]:  # rows extending a cached prefix: bench/extend.py
-        from . import extend
-
-        return extend.main(argv[1:])
-    if argv[:1] == ["masks"]:  # a long prefill by attention path: bench/masks.py
-        from . import masks
-
-        return masks.main(argv[1:])
-    if argv[:1] == ["attention"]:  # first-use cost of attention shapes: bench/attention.py
-        from . import attention
-
-        return attention.main(argv[1:])
-    if argv[:1] == ["steps"]:  # a worker's step log (MLXD_STEP_LOG): bench/steps.py
-        from . import steps
-
-        return steps.main(argv[1:])
-    if argv[:1] == ["group"]:  # a worker group beside one process: see bench/group.py
-        from . import group
-
-        return group.main(argv[1:])
+    if argv[:1] and argv[0] in STANDALONE:  # one module each, with its own options
+        return importlib.import_module(f".{argv[0]}", __package__ or "bench").main(argv[1:])
     a = parse_args(argv)
     signal.signal(signal.SIGTERM, _exit_on_sigterm)
     gpu = _accelerated()

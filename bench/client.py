@@ -50,6 +50,7 @@ class StreamResult:
     prompt_tokens: int | None
     text: str
     counted_from_usage: bool
+    cached_tokens: int | None = None  # usage.prompt_tokens_details.cached_tokens, if sent
 
     @property
     def decode_tps(self) -> float:
@@ -67,10 +68,12 @@ async def stream_chat(
     max_tokens: int,
     logit_bias: dict[str, float] | None = None,
     model: str | None = None,
+    tools: list[dict[str, Any]] | None = None,
 ) -> StreamResult:
     """Send one streamed chat completion and time it. `model` overrides the target's."""
     body: dict[str, Any] = {
         "messages": messages,
+        **({"tools": tools} if tools else {}),
         "max_tokens": max_tokens,
         "temperature": 0.0,
         "stream": True,
@@ -119,8 +122,9 @@ async def stream_chat(
         ttft = duration
     if usage is not None:
         tokens, prompt = int(usage["completion_tokens"]), usage.get("prompt_tokens")
+        cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens")
     else:
-        tokens, prompt = content_chunks, None
+        tokens, prompt, cached = content_chunks, None, None
     return StreamResult(
         ttft_s=ttft,
         duration_s=duration,
@@ -128,4 +132,5 @@ async def stream_chat(
         prompt_tokens=prompt,
         text="".join(text_parts),
         counted_from_usage=usage is not None,
+        cached_tokens=cached,
     )

@@ -37,6 +37,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--rows", default="1,2,4,8", help="K values")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--step-log", type=Path, help="the engine's step log (JSON lines)")
+    p.add_argument("--phases", action="store_true", help="where each K's time went")
+    p.add_argument("--variant", default="default", help="attention routing to try (extend_phases)")
     return p.parse_args(argv)
 
 
@@ -63,6 +65,13 @@ def main(argv: list[str]) -> int:
     vocab = loaded.model.args.vocab_size if hasattr(loaded.model, "args") else 32000
     trace = open_step_log(a.step_log, "extend") if a.step_log else None
     cache = PromptCache(64 << 30, None, 0)
+    phases = None
+    if a.phases or a.variant != "default":
+        from .extend_phases import Phases
+
+        phases = Phases(mx)
+        phases.install(a.variant)
+        phases.wrap_model(loaded.model)
     engine = Engine(loaded, batch=16, cache=cache, trace=trace)
     engine.start()
     engine.warmed.wait()
@@ -92,7 +101,9 @@ def main(argv: list[str]) -> int:
             assert done.acquire(timeout=600)
         return firsts
 
-    print(f"model {path} · device {mx.default_device()} · mlx {mx.__version__}")
+    print(
+        f"model {path} · device {mx.default_device()} · mlx {mx.__version__} · variant {a.variant}"
+    )
     print(
         f"prefix {a.prefix}, row i's history i x {a.history}, +{a.new} new tokens a row; "
         f"median of {a.repeats} (min-max)\n"
@@ -111,7 +122,11 @@ def main(argv: list[str]) -> int:
             hist = [prefix + fresh(i * a.history) for i in range(k)]
             run(hist)  # each session's history is cached (its previous turn)
             news = [h + fresh(a.new) for h in hist]
+            if phases is not None:
+                phases.reset()
             eng.append(max(run(news)))
+            if phases is not None and a.phases:
+                print(f"K={k}:\n{phases.table(eng[-1])}\n", flush=True)
             plain.append(_plain(loaded.model, hist, a.new, fresh, make_prompt_cache, mx))
         e, p = statistics.median(eng), statistics.median(plain)
         tok = k * a.new

@@ -10,6 +10,12 @@
 #   bash bench/h200.sh masks      # bench masks on the 8B shape: a 16k prefill by attention path
 #   bash bench/h200.sh group2     # (nvidia-h200-x2) bench group, 8B shape: 2 ranks over NCCL, one
 #                                 # GPU each, vs one GPU: decode @1/8/32, cold 8k TTFT, same text
+#   bash bench/h200.sh agents     # issue 33, 0.6B shape: K=1,4,8,16 agent sessions sharing a 6k
+#                                 # prefix, then 32 clients' 300-token prompts at once (~5 min)
+#   bash bench/h200.sh agents-8b  # the same on the 8B shape, K=4,8 and the burst (~7 min, with
+#                                 # the 8B build; ~4 min when it is already built)
+#   bash bench/h200.sh claude     # Claude-Code-shaped sessions, 8B shape: /v1/messages on mlxd,
+#                                 # the same content via chat on both servers (~4 min, built)
 # Results go to $OUT (the device tool brings them back).
 set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -53,5 +59,17 @@ group2)
   NCCL_NVLS_ENABLE=0 timeout 560 bash bench/gpu_run.sh group --shape qwen3-8b --backend nccl \
     --ranks 2 --tokens 256 --levels 1,8,32 --ttft-tokens 8192 --out "$out/group2-8b.md" 2>&1 | tail -20
   ;;
-*) echo "usage: $0 profile|small|large|large-conc|spec|ttft|masks|group2" >&2; exit 2 ;;
+agents)
+  timeout 560 bash bench/gpu_run.sh agents --shape qwen3-0.6b --levels 1,4,8,16 --prefix 6000 \
+    --out "$out/agents-0.6b" 2>&1 | grep -v tokenizer | tail -50
+  ;;
+agents-8b)
+  timeout 570 bash bench/gpu_run.sh agents --shape qwen3-8b --levels 4,8 --prefix 6000 \
+    --out "$out/agents-8b" 2>&1 | grep -v tokenizer | tail -30
+  ;;
+claude)
+  timeout 500 bash bench/gpu_run.sh claude --shape qwen3-8b --instructions 6000 \
+    --out "$out/claude-8b" 2>&1 | grep -v tokenizer | tail -25
+  ;;
+*) echo "usage: $0 profile|small|large|large-conc|spec|ttft|masks|group2|agents|agents-8b|claude" >&2; exit 2 ;;
 esac

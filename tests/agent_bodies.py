@@ -10,6 +10,10 @@ its freeform apply_patch, hosted tools, store false, stream true and a prompt_ca
 from __future__ import annotations
 
 REMINDER = "The user switched to plan mode: do not edit files."
+# Claude Code's first system block, as 2.1.197 sent it (its suffix is a fingerprint of the
+# session's first prompt: "Say hello." gave 1c0, "List the files." 8a5). Not in
+# CLAUDE_CODE_BODY: the worker takes it out before rendering (worker/chat/canonical.py).
+BILLING_HEADER = "x-anthropic-billing-header: cc_version=2.1.197.1c0; cc_entrypoint=sdk-cli;"
 
 CLAUDE_CODE_BODY = {
     "model": "smollm2-135m-instruct",

@@ -16,6 +16,9 @@ BIG_CALL = (
     '<tool_call>\\n\\{"name": "add", "arguments": \\{"a": ' + str(BIG) + "\\}\\}\\n</tool_call>"
 )
 FORCED = {"guided_regex": BIG_CALL}
+# Greedy, with room: sampled at the tiny model's default temperature, the regex can be spelled
+# in single characters, past 64 tokens (a stop on max_tokens instead of the call).
+GREEDY = {"temperature": 0, "max_tokens": 256}
 MSG = [{"role": "user", "content": "Add."}]
 
 
@@ -25,38 +28,35 @@ def test_a_big_integer_in_a_tool_call_reaches_every_client_with_its_digits(make_
     chat_tools = [{"type": "function", "function": {"name": "add", "parameters": ADD_PARAMS}}]
 
     whole = oai.chat.completions.create(
-        model="a", messages=MSG, tools=chat_tools, extra_body=FORCED
+        model="a", messages=MSG, tools=chat_tools, extra_body=FORCED, **GREEDY
     )
     assert json.loads(whole.choices[0].message.tool_calls[0].function.arguments) == {"a": BIG}
     chunks = list(
         oai.chat.completions.create(
-            model="a", messages=MSG, tools=chat_tools, stream=True, extra_body=FORCED
+            model="a", messages=MSG, tools=chat_tools, stream=True, extra_body=FORCED, **GREEDY
         )
     )
     deltas = [t for c in chunks if c.choices for t in c.choices[0].delta.tool_calls or []]
-    assert json.loads(deltas[0].function.arguments) == {"a": BIG}
+    assert json.loads("".join(t.function.arguments for t in deltas)) == {"a": BIG}
     assert chunks[-1].choices[0].finish_reason == "tool_calls"
 
     claude = anthropic.Anthropic(base_url=d.url, api_key="x", max_retries=0, timeout=60)
     tools = [{"name": "add", "input_schema": ADD_PARAMS}]
-    msg = claude.messages.create(
-        model="a", max_tokens=64, messages=MSG, tools=tools, extra_body=FORCED
-    )
+    # This SDK's create() has no temperature any more: it goes in the body.
+    greedy = {"max_tokens": 256, "extra_body": {**FORCED, "temperature": 0}}
+    msg = claude.messages.create(model="a", messages=MSG, tools=tools, **greedy)
     assert [b.input for b in msg.content if b.type == "tool_use"] == [{"a": BIG}]
-    with claude.messages.stream(
-        model="a", max_tokens=64, messages=MSG, tools=tools, extra_body=FORCED
-    ) as stream:
+    with claude.messages.stream(model="a", messages=MSG, tools=tools, **greedy) as stream:
         final = stream.get_final_message()
     assert final.stop_reason == "tool_use"
     assert [b.input for b in final.content if b.type == "tool_use"] == [{"a": BIG}]
 
     fn = [{"type": "function", "name": "add", "parameters": ADD_PARAMS}]
-    resp = oai.responses.create(model="a", input="Add.", tools=fn, extra_body=FORCED)
+    ropts = {"temperature": 0, "max_output_tokens": 256, "extra_body": FORCED}
+    resp = oai.responses.create(model="a", input="Add.", tools=fn, **ropts)
     call = next(i for i in resp.output if i.type == "function_call")
     assert json.loads(call.arguments) == {"a": BIG}
-    events = list(
-        oai.responses.create(model="a", input="Add.", tools=fn, stream=True, extra_body=FORCED)
-    )
+    events = list(oai.responses.create(model="a", input="Add.", tools=fn, stream=True, **ropts))
     assert events[-1].type == "response.completed"
     args = [e.arguments for e in events if e.type == "response.function_call_arguments.done"]
     assert [json.loads(a) for a in args] == [{"a": BIG}]
@@ -64,9 +64,10 @@ def test_a_big_integer_in_a_tool_call_reaches_every_client_with_its_digits(make_
     assert [i.type for i in stored.output] == ["function_call"]
 
     olla = ollama.Client(host=d.url, timeout=120, transport=ExtraBody(**FORCED))
-    answer = olla.chat(model="a", messages=MSG, tools=chat_tools)
+    opts = {"temperature": 0, "num_predict": 256}
+    answer = olla.chat(model="a", messages=MSG, tools=chat_tools, options=opts)
     assert answer.message.tool_calls[0].function.arguments == {"a": BIG}
-    parts = list(olla.chat(model="a", messages=MSG, tools=chat_tools, stream=True))
+    parts = list(olla.chat(model="a", messages=MSG, tools=chat_tools, stream=True, options=opts))
     assert parts[-1].done
     calls = [c for p in parts for c in p.message.tool_calls or []]
     assert calls[0].function.arguments == {"a": BIG}

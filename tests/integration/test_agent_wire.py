@@ -34,8 +34,7 @@ from mlxd.worker.api.openai import _tool_call
 from mlxd.worker.api.responses import _call_item
 from mlxd.worker.app import access_log
 from mlxd.worker.chat.events import RowProgress
-from mlxd.worker.chat.prompts import fit_max_tokens
-from mlxd.worker.chat.run import render_job
+from mlxd.worker.chat.prompts import fit_max_tokens, render_job
 from mlxd.worker.chat.tool_calls import ToolCall
 
 

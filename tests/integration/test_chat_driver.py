@@ -45,7 +45,7 @@ PATHS = {
 
 
 def _run(events, echo: str = ""):
-    async def gen():
+    async def gen(tool_parts=False):
         for ev in events:
             yield ev
 
@@ -125,7 +125,7 @@ def test_a_run_that_raises_ends_the_stream_with_the_error_event_and_terminator(
     call = ToolCall("call_1", "f", "{}")
     events = [Delta("text", "Hello"), ToolCalls([call])][:after]
 
-    async def gen():
+    async def gen(tool_parts=False):
         for ev in events:
             yield ev
         _raise(_Broken("Integer exceeds 64-bit range"))

@@ -124,3 +124,36 @@ def test_a_renamed_attribute_fails_loudly_instead_of_being_created(loaded):
     del cache._idx
     with pytest.raises(seam.SeamError, match="_idx"):
         seam.advance_write_index(cache)
+
+
+def test_rows_leaving_prefill_together_keep_their_kv_without_a_copy(loaded):
+    """All rows leave: the same cache objects move (no deep copy); some rows leave: mlx-lm's
+    own split, each half with its own rows. Either way the rows' keys are unchanged."""
+    from mlx_lm.models.cache import make_prompt_cache
+
+    seam.patch_prompt_split()
+    caches = []
+    for n in (7, 11):
+        c = make_prompt_cache(loaded.model)
+        loaded.model(mx.array([list(range(3, 3 + n))]), cache=c)
+        caches.append(c)
+
+    def made(caches):  # as BatchGenerator makes one: every per-row list filled
+        return PromptProcessingBatch(
+            loaded.model, [0, 1], caches, samplers=[None, None], logits_processors=[[], []]
+        )
+
+    batch = made(caches)
+    before = [batch.prompt_cache[0].extract(i).keys for i in (0, 1)]
+    whole = batch.prompt_cache
+    moved = batch.split([1, 0])
+    assert moved.prompt_cache is whole and moved.uids == [0, 1]
+    assert batch.uids == [] and batch.prompt_cache == [] and len(batch) == 0
+    after = [moved.prompt_cache[0].extract(i).keys for i in (0, 1)]
+    assert all(mx.array_equal(a, b).item() for a, b in zip(before, after, strict=True))
+
+    again = made(caches)
+    part = again.split([1])
+    assert part.uids == [1] and again.uids == [0]
+    assert part.prompt_cache is not again.prompt_cache
+    assert mx.array_equal(part.prompt_cache[0].extract(0).keys, before[1]).item()

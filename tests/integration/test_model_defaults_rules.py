@@ -5,6 +5,7 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 import pytest
+from agent_bodies import BILLING_HEADER
 
 from mlxd.shared.config import ConfigError
 from mlxd.shared.config_load import load_settings
@@ -57,6 +58,23 @@ def test_the_default_system_prompt_fills_only_a_conversation_without_one():
     assert prepare_messages(m, own) == own
     dev = [{"role": "developer", "content": "Be brief."}, user]
     assert prepare_messages(m, dev) == own  # a developer message counts as the request's own
+
+
+def test_attribution_lines_leave_before_the_default_system_prompt_is_chosen():
+    # A system prompt that held only Claude Code's attribution line is no system prompt:
+    # the model's default fills it, as for a client that sent none.
+    m = _model(system="Answer in French.")
+    user = {"role": "user", "content": "hi"}
+    only_line = [{"role": "system", "content": BILLING_HEADER}, user]
+    assert prepare_messages(m, only_line) == [
+        {"role": "system", "content": "Answer in French."},
+        user,
+    ]
+    with_text = [{"role": "system", "content": f"{BILLING_HEADER}\n\nBe brief."}, user]
+    assert prepare_messages(m, with_text) == [{"role": "system", "content": "Be brief."}, user]
+    # strip_attribution_lines = false: rendered as sent
+    assert prepare_messages(m, with_text, strip_attribution=False) == with_text
+    assert prepare_messages(m, only_line, strip_attribution=False) == only_line
 
 
 def test_request_values_win_over_the_models_defaults():

@@ -173,6 +173,7 @@ POINTS = {
     "after the opening events": ("delta", 1),
     "mid-text": ("delta", 3),
     "in a tool call": ("tool_calls", 1),
+    "amid a call's arguments": ("tool_part", 3),
     "at the end": ("done", 1),
 }
 
@@ -192,15 +193,18 @@ def _inject(monkeypatch, writer: type, method: str, nth: int) -> list[int]:
     return calls
 
 
+TOOL_POINTS = ("in a tool call", "amid a call's arguments")
+
+
 def _body(surface: str, point: str) -> dict:
     path, body, *_ = SURFACES[surface]
     body = {**body, "stream": True}
-    if point == "in a tool call":
+    if point in TOOL_POINTS:
         body["tools"] = [ADD]
         body["guided_regex"] = BIG_CALL.replace(BIG, "7")
     else:
         body["guided_regex"] = re.escape(TEXT)
-    if surface in ("messages", "responses") and point == "in a tool call":
+    if surface in ("messages", "responses") and point in TOOL_POINTS:
         body["tools"] = [
             {"name": "add", "input_schema": ADD["function"]["parameters"]}
             if surface == "messages"
@@ -213,7 +217,8 @@ CASES = [
     (surface, point)
     for surface, spec in SURFACES.items()
     for point in POINTS
-    if point != "in a tool call" or spec[4]
+    if point not in TOOL_POINTS
+    or (spec[4] and (point == "in a tool call" or spec[2].streams_tool_args))
 ]
 
 
@@ -294,11 +299,11 @@ def _big_call_arguments(surface: str, raw: bytes, stream: bool):
         chunks = [json.loads(d) for _, d in events[:-1]]
         assert chunks[-1]["choices"][0]["finish_reason"] == "tool_calls"
         deltas = [d for c in chunks for d in c["choices"][0]["delta"].get("tool_calls") or []]
-        return deltas[0]["function"]["arguments"]
+        return "".join(d["function"]["arguments"] for d in deltas)  # the call's fragments
     if surface == "messages":
         assert events[-1][0] == "message_stop"
         deltas = [json.loads(d) for n, d in events if n == "content_block_delta"]
-        return next(d["delta"]["partial_json"] for d in deltas if "partial_json" in d["delta"])
+        return json.loads("".join(d["delta"].get("partial_json", "") for d in deltas))
     assert events[-1][0] == "response.completed"
     done = [json.loads(d) for n, d in events if n == "response.function_call_arguments.done"]
     return done[0]["arguments"]

@@ -174,6 +174,10 @@ class Settings(BaseSettings):
     # A quiet stream (a long prefill) sends a protocol event this often, not just a comment:
     # coding agents' idle watchdogs count only events (docs/coding-agents.md).
     stream_heartbeat_s: float = Field(10.0, gt=0)
+    # Take Claude Code's per-session `x-anthropic-billing-header:` line out of system text
+    # before rendering: left in, each new session misses the prompt cache from its ~20th
+    # token (docs/coding-agents.md). False renders the text as sent.
+    strip_attribution_lines: bool = True
     # Test-only (undocumented): hold each chat request's first token back this long, to
     # stand for a slow prefill in tests/e2e/test_coding_agents.py.
     debug_prefill_delay_s: float = Field(0.0, ge=0)

@@ -49,6 +49,7 @@ SAME_AS_SETTINGS = (
     "prompt_cache_bytes",
     "ssd_cache_bytes",
     "stream_heartbeat_s",
+    "strip_attribution_lines",
     "debug_prefill_delay_s",
     "step_log",
     "log_level",
@@ -123,6 +124,7 @@ class WorkerSpec(SamplingFields):
     cache_idle_s: float = 300.0
     generation: int = 0  # the supervisor's slot generation; /health reports it back
     stream_heartbeat_s: float = 10.0  # a quiet stream's protocol event interval (sse.Heartbeat)
+    strip_attribution_lines: bool = True  # system text without them (worker/chat/canonical.py)
     debug_prefill_delay_s: float = 0.0  # test-only: hold the first token back this long
     step_log: Path | None = None  # one JSON line per engine step (worker/engine/steplog.py)
     log_level: str = "INFO"

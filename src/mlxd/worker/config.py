@@ -189,6 +189,14 @@ def _flag_parser(log_level: str) -> argparse.ArgumentParser:
         "a quiet stream sends a protocol event (not only a comment) this often",
     )
     p.add_argument(
+        "--strip-attribution-lines",
+        action=argparse.BooleanOptionalAction,
+        default=_default("strip_attribution_lines"),
+        help="take per-session attribution lines (Claude Code's x-anthropic-billing-header:)"
+        " out of system text before rendering, so new sessions share the prompt cache"
+        " (default on)",
+    )
+    p.add_argument(
         "--debug-prefill-delay-s",
         type=float,
         default=_default("debug_prefill_delay_s"),

@@ -31,10 +31,17 @@ from mlxd.shared.wire.anthropic_answers import (
 from mlxd.shared.wire.bodies import load_json, parse_model
 from mlxd.worker.api import sse
 from mlxd.worker.api.driver import Surface, Writer, serve
-from mlxd.worker.chat.events import Collected, Delta, Done, TokenUsage
+from mlxd.worker.chat.events import (
+    CallPart,
+    Collected,
+    Delta,
+    Done,
+    TokenUsage,
+    ToolCallArgs,
+    ToolCallStart,
+)
 from mlxd.worker.chat.output import REASONING
-from mlxd.worker.chat.prompts import prepare_messages
-from mlxd.worker.chat.run import render_job
+from mlxd.worker.chat.prompts import prepare_messages, render_job
 from mlxd.worker.chat.state import WorkerState
 from mlxd.worker.chat.tool_calls import ToolCall
 
@@ -58,6 +65,9 @@ def _event(ev) -> bytes:
 _HEARTBEAT = MessageDelta(delta=MessageDeltaBody(stop_reason=None), usage={"output_tokens": 0})
 
 
+TOOL_USE = "tool_use"  # the open block's kind while a call streams
+
+
 class MessagesWriter(Writer):
     """Message events; content blocks open and close as the output changes kind."""
 
@@ -65,7 +75,7 @@ class MessagesWriter(Writer):
         super().__init__(req, run, rid)
         self.model = req.model or run.m.model_id
         self.index = -1
-        self.kind: str | None = None  # the kind of the open text or thinking block
+        self.kind: str | None = None  # the kind of the open block (text, thinking, tool use)
         self.answered = False  # a text block or a tool call went out
 
     def open(self) -> bytes:
@@ -96,11 +106,29 @@ class MessagesWriter(Writer):
         delta = ThinkingDelta(thinking=d.text) if d.kind == REASONING else TextDelta(text=d.text)
         return out + _event(BlockDelta(index=self.index, delta=delta))
 
+    streams_tool_args = True
+
+    def tool_part(self, part: CallPart) -> bytes:
+        # As Anthropic streams tool_use: the block with an empty input, then partial JSON.
+        if isinstance(part, ToolCallStart):
+            self.answered = True
+            out = self._close()
+            self.index += 1
+            self.kind = TOOL_USE
+            block = ToolUseBlock(id=part.id, name=part.name, input={})
+            return out + _event(BlockStart(index=self.index, content_block=block))
+        if isinstance(part, ToolCallArgs):
+            delta = InputJsonDelta(partial_json=part.text)
+            return _event(BlockDelta(index=self.index, delta=delta))
+        return self._close()  # cut: its text follows in a text block
+
     def tool_calls(self, calls: list[ToolCall]) -> bytes:
         self.answered = self.answered or bool(calls)
         return b"".join(self._tool_use(c) for c in calls)
 
     def _tool_use(self, call: ToolCall) -> bytes:
+        if call.streamed:  # its block is open, its input sent
+            return self._close()
         out = self._close()
         self.index += 1
         block = ToolUseBlock(id=call.id, name=call.name, input={})
@@ -166,7 +194,8 @@ async def count_tokens(request: web.Request) -> web.Response:
     m, _ = state.ready()
     req = parse_model(CountTokensRequest, load_json(await request.read()))
     job = req.to_chat_job()
-    job.messages = prepare_messages(m, job.messages)  # the default system prompt counts too
+    # What a generation would render: the default system prompt counts, attribution lines not.
+    job.messages = prepare_messages(m, job.messages, state.config.strip_attribution_lines)
     prompt = render_job(m, job, state.config.enable_thinking)
     return web.Response(
         body=orjson.dumps(CountTokens(input_tokens=len(prompt.ids)).model_dump()),

@@ -32,7 +32,16 @@ from mlxd.shared.wire.responses import ResponsesRequest
 from mlxd.shared.wire.safe_json import dumps
 from mlxd.worker.api import sse
 from mlxd.worker.cache.keys import session_of
-from mlxd.worker.chat.events import Collected, Delta, Done, Keepalive, TokenUsage, ToolCalls
+from mlxd.worker.chat.events import (
+    CallPart,
+    Collected,
+    Delta,
+    Done,
+    Keepalive,
+    TokenUsage,
+    ToolCalls,
+    ToolCallStart,
+)
 from mlxd.worker.chat.run import ChatRun
 from mlxd.worker.chat.state import WorkerState
 from mlxd.worker.chat.tool_calls import ToolCall
@@ -62,8 +71,16 @@ class Writer:
     def delta(self, d: Delta) -> bytes:
         raise NotImplementedError
 
+    # Whether this surface streams a call's arguments as they are written (tool_part gets
+    # them); a surface that does not gets each call whole (tool_calls).
+    streams_tool_args = False
+
     def tool_calls(self, calls: list[ToolCall]) -> bytes:
         return b""  # a surface without tools never gets calls
+
+    def tool_part(self, part: CallPart) -> bytes:
+        """A call's start, its next arguments fragment, or its cut (streams_tool_args)."""
+        return b""
 
     def keepalive(self, heartbeat_due: bool) -> bytes:
         """A quiet tick; `heartbeat_due` when an agent's idle watchdog needs a real event."""
@@ -122,7 +139,7 @@ async def serve(request: web.Request, surface: Surface) -> web.StreamResponse:
                 headers=run.headers,
             )
         resp = await sse.open_stream(request, run.headers, writer.media_type)
-        heartbeat = sse.Heartbeat(state.config.stream_heartbeat_s)
+        heartbeat = sse.Heartbeat(state.config.stream_heartbeat_s, state.clock)
         async for data in stream_bytes(run, writer, heartbeat, request.path):
             await resp.write(data)
         return resp
@@ -162,17 +179,30 @@ async def _events_bytes(run, writer: Writer, heartbeat: sse.Heartbeat) -> AsyncI
     pending = sent = False  # the marker: owed since the first token, sent once
     if opening := writer.open():
         yield opening
-    async for ev in run.events():
+    async for ev in run.events(tool_parts=writer.streams_tool_args):
         if isinstance(ev, Keepalive):
             data = writer.keepalive(heartbeat.due())
         elif isinstance(ev, Done):
             usage = run.usage(ev)
             data = writer.error(ev.error, usage) if ev.error is not None else writer.done(ev, usage)
         else:
-            heartbeat.touch()
-            pending = pending or (not sent and (isinstance(ev, ToolCalls) or bool(ev.text)))
-            data = writer.delta(ev) if isinstance(ev, Delta) else writer.tool_calls(ev.calls)
+            pending = pending or (not sent and _generated(ev))
+            if isinstance(ev, Delta):
+                data = writer.delta(ev)
+            elif isinstance(ev, ToolCalls):
+                data = writer.tool_calls(ev.calls)
+            else:
+                data = writer.tool_part(ev)
+            if data:  # output a client parses: the heartbeat's interval starts again
+                heartbeat.touch()
         if pending and data:
             data, pending, sent = FIRST_TOKEN + data, False, True
         if data:
             yield data
+
+
+def _generated(ev: Delta | ToolCalls | CallPart) -> bool:
+    """Whether `ev` is generated output (the first-token marker goes in front of the first)."""
+    if isinstance(ev, Delta):
+        return bool(ev.text)
+    return isinstance(ev, ToolCalls | ToolCallStart)

@@ -50,7 +50,15 @@ class _OllamaWriter(Writer):
         self.t0 = time.monotonic_ns()
 
     def keepalive(self, heartbeat_due: bool) -> bytes:
-        return b""  # NDJSON has no comment line; Ollama sends nothing while a prompt is read
+        # NDJSON has no comment line, and Ollama sends nothing while a prompt is read; once
+        # tokens come (a tool call being written goes out whole), a quiet stream gets an
+        # empty line of output every heartbeat, which clients add as nothing.
+        if heartbeat_due and self.run.first_event_ns is not None:
+            return _line(self._empty())
+        return b""
+
+    def _empty(self) -> BaseModel:
+        raise NotImplementedError
 
     def error(self, err: MlxdError, usage: TokenUsage) -> bytes:
         return orjson.dumps(ollama_body(err)) + b"\n"
@@ -84,6 +92,9 @@ class ChatWriter(_OllamaWriter):
         lps = self._logprobs(d.logprobs)
         return _line(ChatAnswer(model=self.req.model, message=msg, logprobs=lps))
 
+    def _empty(self) -> ChatAnswer:
+        return ChatAnswer(model=self.req.model, message=MessageOut())
+
     def tool_calls(self, calls: list[ToolCall]) -> bytes:
         msg = MessageOut(tool_calls=[_tool_call(c) for c in calls])
         return _line(ChatAnswer(model=self.req.model, message=msg))
@@ -111,6 +122,9 @@ class GenerateWriter(_OllamaWriter):
         text = {"thinking": d.text} if d.kind == REASONING else {"response": d.text}
         answer = GenerateAnswer(model=self.req.model, logprobs=self._logprobs(d.logprobs), **text)
         return _line(answer)
+
+    def _empty(self) -> GenerateAnswer:
+        return GenerateAnswer(model=self.req.model, response="")
 
     def done(self, done: Done, usage: TokenUsage) -> bytes:
         return _line(self._final(GenerateAnswer(model=self.req.model), done.finish_reason, usage))

@@ -21,7 +21,15 @@ from mlxd.shared.wire.openai import (
 from mlxd.shared.wire.tools import custom_input
 from mlxd.worker.api import sse
 from mlxd.worker.api.driver import Surface, Writer, serve
-from mlxd.worker.chat.events import Collected, Delta, Done, TokenUsage
+from mlxd.worker.chat.events import (
+    CallPart,
+    Collected,
+    Delta,
+    Done,
+    TokenUsage,
+    ToolCallArgs,
+    ToolCallStart,
+)
 from mlxd.worker.chat.output import REASONING
 from mlxd.worker.chat.tool_calls import ToolCall
 from mlxd.worker.engine.step.logprobs import chat_logprobs
@@ -70,9 +78,24 @@ class ChatWriter(Writer):
         )
         return self._delta(delta, logprobs=lp)
 
+    streams_tool_args = True
+
+    def tool_part(self, part: CallPart) -> bytes:
+        # As OpenAI streams a call: id, type and name first, then `arguments` in fragments.
+        if isinstance(part, ToolCallStart):
+            function = {"name": part.name, "arguments": ""}
+            delta = {"index": part.index, "id": part.id, "type": "function", "function": function}
+        elif isinstance(part, ToolCallArgs):
+            delta = {"index": part.index, "function": {"arguments": part.text}}
+        else:  # a cut call's text follows as content: nothing to close
+            return b""
+        return self._delta(ChunkDelta(tool_calls=[delta]))
+
     def tool_calls(self, calls: list[ToolCall]) -> bytes:
-        deltas = [{"index": c.index, **_tool_call(c, self.run.job)} for c in calls]
-        return self._delta(ChunkDelta(tool_calls=deltas))
+        # A call that streamed is whole already: its fragments are its arguments
+        whole = [c for c in calls if not c.streamed]
+        deltas = [{"index": c.index, **_tool_call(c, self.run.job)} for c in whole]
+        return self._delta(ChunkDelta(tool_calls=deltas)) if deltas else b""
 
     def done(self, done: Done, usage: TokenUsage) -> bytes:
         out = self._delta(ChunkDelta(), finish=done.finish_reason)

@@ -27,7 +27,15 @@ from mlxd.shared.wire.responses import (
 from mlxd.shared.wire.tools import custom_input
 from mlxd.worker.api import sse
 from mlxd.worker.api.driver import Surface, Writer, serve
-from mlxd.worker.chat.events import Collected, Delta, Done, TokenUsage
+from mlxd.worker.chat.events import (
+    CallPart,
+    Collected,
+    Delta,
+    Done,
+    TokenUsage,
+    ToolCallArgs,
+    ToolCallStart,
+)
 from mlxd.worker.chat.output import REASONING
 from mlxd.worker.chat.tool_calls import ToolCall
 
@@ -88,6 +96,8 @@ class ResponsesWriter(Writer):
         self.seq = 0
         self.item: MessageItem | ReasoningItem | None = None  # the open one
         self.text: list[str] = []
+        self.call: FunctionCallItem | CustomToolCallItem | None = None  # a call streaming
+        self.args: list[str] = []  # its arguments so far
 
     def _emit(self, kind: str, **fields) -> bytes:
         ev = StreamEvent(type=kind, sequence_number=self.seq, **fields)
@@ -158,10 +168,42 @@ class ResponsesWriter(Writer):
             **extra,
         )
 
+    streams_tool_args = True
+
+    def tool_part(self, part: CallPart) -> bytes:
+        # As the API streams a function call: the item with empty arguments, then deltas.
+        if isinstance(part, ToolCallStart):
+            out = self._close()
+            item = _call_item(ToolCall(part.id, part.name, ""), self.run.job)
+            item.status = "in_progress"
+            self.response.output.append(item)
+            self.call, self.args = item, []
+            return out + self._emit(
+                "response.output_item.added", output_index=self.index, item=item.model_dump()
+            )
+        if self.call is None:
+            return b""
+        if isinstance(part, ToolCallArgs):
+            self.args.append(part.text)
+            at = {"item_id": self.call.id, "output_index": self.index}
+            return self._emit("response.function_call_arguments.delta", delta=part.text, **at)
+        return self._end_call("".join(self.args), "incomplete")  # cut: its text follows
+
+    def _end_call(self, arguments: str, status: str) -> bytes:
+        item, self.call = self.call, None
+        assert isinstance(item, FunctionCallItem)  # a custom tool's call is never streamed
+        item.arguments, item.status = arguments, status
+        at = {"item_id": item.id, "output_index": self.index}
+        return self._emit(
+            "response.function_call_arguments.done", arguments=arguments, name=item.name, **at
+        ) + self._emit("response.output_item.done", output_index=self.index, item=item.model_dump())
+
     def tool_calls(self, calls: list[ToolCall]) -> bytes:
         return b"".join(self._call(c) for c in calls)
 
     def _call(self, call: ToolCall) -> bytes:
+        if call.streamed and self.call is not None:  # its item is open, its arguments sent
+            return self._end_call(call.arguments, "completed")
         out = self._close()
         item = _call_item(call, self.run.job)
         self.response.output.append(item)
@@ -187,6 +229,8 @@ class ResponsesWriter(Writer):
         )
 
     def _close(self) -> bytes:
+        if self.call is not None:  # a call that streamed and got no end (the row failed)
+            return self._end_call("".join(self.args), "incomplete")
         item, self.item = self.item, None
         if item is None:
             return b""

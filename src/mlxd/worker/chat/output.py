@@ -16,11 +16,13 @@ from dataclasses import dataclass
 from mlxd.worker.engine.stops import held_tail_len
 
 TEXT, REASONING, TOOL = "text", "reasoning", "tool"
+TOOL_PART = "tool_part"  # a tool-call block's text so far, as it comes (tool_parts=True)
 
 
 @dataclass
 class Piece:
-    """A run of output of one kind; for TOOL, the whole text between the markers."""
+    """A run of output of one kind; for TOOL, the whole text between the markers (the
+    TOOL_PART pieces before it are that text in the pieces it came in)."""
 
     kind: str
     text: str
@@ -35,12 +37,14 @@ class OutputSplitter:
         tool: tuple[str, str] | None = None,
         in_reasoning: bool = False,
         think_first_only: bool = False,
+        tool_parts: bool = False,
     ):
         self._think = think
         # think_first_only: a reasoning block opens only before any answer text (an answer a
         # grammar constrains may spell one first; a marker later in it is its own text)
         self._think_first_only = think_first_only
         self._tool = tool
+        self._tool_parts = tool_parts  # also hand out a block's text as it comes
         self.state = REASONING if in_reasoning and think else TEXT
         self._buf = ""  # text not yet classified (may hold the start of a marker)
         self._ws = ""  # trailing whitespace held until we know it is not layout
@@ -103,6 +107,8 @@ class OutputSplitter:
             return
         if self.state == TOOL:
             self._tool_text += text
+            if self._tool_parts:
+                out.append(Piece(TOOL_PART, text))
             return
         text = self._ws + text
         self._ws = ""

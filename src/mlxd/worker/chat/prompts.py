@@ -7,10 +7,16 @@ import math
 from dataclasses import dataclass, replace
 from typing import Any
 
-from mlxd.shared.chat_job import DEVELOPER_MARK
+from mlxd.shared.chat_job import (
+    DEVELOPER_MARK,
+    ChatJob,
+    fold_system_messages,
+    late_system_indexes,
+)
 from mlxd.shared.errors import BadRequest
 from mlxd.shared.params import MAX_SEED, MIN_SEED, GenerationParams
 from mlxd.shared.sampling import resolve, sampling_of
+from mlxd.worker.chat.canonical import strip_attribution_lines
 from mlxd.worker.chat.tool_prompt import WARNING as TOOLS_AS_TEXT
 from mlxd.worker.chat.tool_prompt import template_renders_tools, with_tools_as_text
 from mlxd.worker.model.load import LoadedModel
@@ -63,10 +69,18 @@ def chat_prompt(
     return ChatPrompt(ids, text, kwargs, _ends_in_reasoning(m.tokenizer, text), warning)
 
 
-def prepare_messages(m: LoadedModel, messages: list[dict]) -> list[dict]:
+def prepare_messages(
+    m: LoadedModel, messages: list[dict], strip_attribution: bool = True
+) -> list[dict]:
     """The conversation as this model's template gets it: a `developer` message keeps its
     role where the template knows it, else it is a system message; a conversation without a
-    system or developer message starts with the model's default `system`, if it has one."""
+    system or developer message starts with the model's default `system`, if it has one.
+
+    Every surface's messages pass here before they are rendered: with `strip_attribution`
+    (the `strip_attribution_lines` setting), per-session attribution lines leave the system
+    text first (canonical.py), so a system message that held only that counts as absent."""
+    if strip_attribution:
+        messages = strip_attribution_lines(messages)
     native = "developer" in str(getattr(m.tokenizer, "chat_template", None) or "")
     out = []
     for msg in messages:
@@ -222,3 +236,32 @@ def resolve_params(
     if (p.top_k is None or p.top_k < 0) and not 0 <= sampling["top_k"] < m.vocab_size:
         sampling["top_k"] = 0  # a default outside the vocabulary would fail every unset request
     return replace(p, max_tokens=max_tokens, max_tokens_open=requested is None, **sampling)
+
+
+def render_job(m, job: ChatJob, enable_thinking: bool | None) -> ChatPrompt:
+    """Render `job` through the chat template, keeping every system message's text.
+
+    A system message after the first turn (Claude Code's mid-conversation reminders, a
+    Responses `developer` item) stays in place where the template renders it there; where
+    the template refuses it, or renders the conversation without its text, it is folded
+    into a user turn as a delimited note (`fold_system_messages`).
+    """
+    late = late_system_indexes(job.messages)
+    if late:
+        try:
+            prompt = chat_prompt(
+                m, job.messages, job.rendered_tools, job.template_kwargs, enable_thinking
+            )
+        except BadRequest:
+            prompt = None
+        if prompt is not None and all(
+            str(job.messages[i].get("content") or "").strip() in prompt.text for i in late
+        ):
+            return prompt
+        log.debug(
+            "folding %d later system message(s) into user turns: the template %s",
+            len(late),
+            "refused them" if prompt is None else "left their text out",
+        )
+        job.messages = fold_system_messages(job.messages)
+    return chat_prompt(m, job.messages, job.rendered_tools, job.template_kwargs, enable_thinking)

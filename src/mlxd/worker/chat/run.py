@@ -13,16 +13,18 @@ import time
 from collections.abc import AsyncIterator
 from dataclasses import replace
 
-from mlxd.shared.chat_job import ChatJob, fold_system_messages, late_system_indexes
-from mlxd.shared.errors import BadRequest, Unavailable
+from mlxd.shared.chat_job import ChatJob
+from mlxd.shared.errors import Unavailable
 from mlxd.shared.structured_output import GuidedSpec
 from mlxd.worker.cache.keys import make_cache_key, stable_boundary
 from mlxd.worker.chat.events import (
+    CallPart,
     ChatOutput,
     Collected,
     Delta,
     Done,
     Keepalive,
+    QuietTicks,
     RawOutput,
     RowProgress,
     TokenUsage,
@@ -32,10 +34,10 @@ from mlxd.worker.chat.generation import Generation
 from mlxd.worker.chat.output import REASONING
 from mlxd.worker.chat.prompts import (
     ChatPrompt,
-    chat_prompt,
     check_params,
     completion_prompt,
     prepare_messages,
+    render_job,
     resolve_params,
 )
 from mlxd.worker.chat.reply_ids import splice_replies
@@ -90,7 +92,7 @@ class ChatRun:
     async def _prepare_chat(self) -> None:
         m, job = self.m, self.job
         check_params(m, job.params)  # a bad parameter is a 400 before any grammar compiles
-        job.messages = prepare_messages(m, job.messages)
+        job.messages = prepare_messages(m, job.messages, self.state.config.strip_attribution_lines)
         spec = job.guided
         try:
             forced = forced_call_spec(m.tokenizer, job)
@@ -211,13 +213,19 @@ class ChatRun:
     def __exit__(self, *exc) -> None:
         self._generation().__exit__(*exc)
 
-    async def events(self) -> AsyncIterator[Delta | ToolCalls | Keepalive | Done]:
+    async def events(
+        self, tool_parts: bool = False
+    ) -> AsyncIterator[Delta | ToolCalls | CallPart | Keepalive | Done]:
+        """The run's output; `tool_parts`: a call's parts as it is written, too."""
         gen, output = self._generation(), self._output
         assert output is not None  # set by prepare() with the generation
+        ticks = QuietTicks(KEEPALIVE_S, self.state.clock)
         while True:
             ev = await gen.next(KEEPALIVE_S)
-            if ev is None:
+            if ev is None or ticks.due():
+                ticks.reset()
                 yield Keepalive()
+            if ev is None:
                 continue
             self.completion_tokens = ev.completion_tokens  # for the access log
             if self.first_event_ns is None:
@@ -227,7 +235,9 @@ class ChatRun:
                 return
             out, ending = output.feed(ev)
             for item in out:
-                yield item
+                if tool_parts or not isinstance(item, CallPart):
+                    ticks.reset()
+                    yield item
             if ending:
                 yield output.done(ev.finish_reason, ev.completion_tokens)
                 return
@@ -258,32 +268,3 @@ class ChatRun:
             calls=calls,
             logprobs=logprobs,
         )
-
-
-def render_job(m, job: ChatJob, enable_thinking: bool | None) -> ChatPrompt:
-    """Render `job` through the chat template, keeping every system message's text.
-
-    A system message after the first turn (Claude Code's mid-conversation reminders, a
-    Responses `developer` item) stays in place where the template renders it there; where
-    the template refuses it, or renders the conversation without its text, it is folded
-    into a user turn as a delimited note (`fold_system_messages`).
-    """
-    late = late_system_indexes(job.messages)
-    if late:
-        try:
-            prompt = chat_prompt(
-                m, job.messages, job.rendered_tools, job.template_kwargs, enable_thinking
-            )
-        except BadRequest:
-            prompt = None
-        if prompt is not None and all(
-            str(job.messages[i].get("content") or "").strip() in prompt.text for i in late
-        ):
-            return prompt
-        log.debug(
-            "folding %d later system message(s) into user turns: the template %s",
-            len(late),
-            "refused them" if prompt is None else "left their text out",
-        )
-        job.messages = fold_system_messages(job.messages)
-    return chat_prompt(m, job.messages, job.rendered_tools, job.template_kwargs, enable_thinking)

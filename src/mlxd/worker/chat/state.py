@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from mlxd.shared.errors import Unavailable
@@ -30,6 +32,7 @@ class WorkerState:
     cache_ns: str = ""
     counters: dict = field(default_factory=lambda: {"requests": 0, "errors_4xx": 0})
     facts: ModelFacts | None = None  # what the folder says: chat or embedding model, pooling
+    clock: Callable[[], float] = time.monotonic  # keep-alive ticks and heartbeats (tests fake it)
 
     def ready(self) -> tuple[LoadedModel, Engine]:
         """The model and engine, or a 503 while loading or draining."""

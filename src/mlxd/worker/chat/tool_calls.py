@@ -31,6 +31,7 @@ class ToolCall:
     name: str
     arguments: str
     index: int = 0
+    streamed: bool = False  # its start and arguments went out as written (events.py)
 
     @property
     def input(self) -> dict:
@@ -99,6 +100,12 @@ def parse_block(
             )
         )
     return calls
+
+
+def streamable(tokenizer) -> bool:
+    """Whether this model's calls are JSON in tags, the format whose arguments stream as
+    they are written (tool_stream.py); other formats' calls go out whole."""
+    return not _native(tokenizer) or _json_in_tags(tokenizer)
 
 
 def forced_call_spec(tokenizer, job: ChatJob) -> GuidedSpec | None:

@@ -44,7 +44,7 @@ from mlxd.worker.engine.sched.planner import PlanConfig
 from mlxd.worker.engine.sched.schedule import Scheduler
 from mlxd.worker.engine.stats import engine_stats
 from mlxd.worker.engine.step.decode import Clock, SpecConfig
-from mlxd.worker.engine.step.generator import decode_batch, make_generator
+from mlxd.worker.engine.step.generator import decode_batch, make_generator, step
 from mlxd.worker.engine.trace import StepTrace
 from mlxd.worker.engine.warmup import timed_warm_up
 from mlxd.worker.kv.budget import KvBudget
@@ -311,7 +311,7 @@ class Engine:
         try:
             gen = batch.generator()
             with gen.stats() as st:
-                prompt_responses, responses = gen.next()
+                prompt_responses, responses = step(gen, self.trimmable)
         except Exception as exc:  # the batch state is now unusable: rebuild it
             log.exception(
                 "engine step failed (rows %s)", ", ".join(r.sub.rid for r in batch.rows.values())

@@ -198,6 +198,7 @@ def load_model(
     `group` (an mx.distributed.Group), only this rank's shard is loaded (worker/group/)."""
     route_on_cuda(device_memory_bytes())  # small prefills: no cuDNN graph build (attention.py)
     causal_when_unpadded()  # fused causal kernels for unpadded prompt batches (attention.py)
+    seam.patch_prompt_split()  # rows leaving prefill together: their KV is not copied
     # return_config=True gives the 3-tuple; mlx-lm annotates load() as either shape
     model, tokenizer, config = load(  # type: ignore[misc]
         str(path), return_config=True, lazy=group is not None

@@ -31,3 +31,13 @@ def make_generator(
 def decode_batch(gen: BatchGenerator) -> DecodeBatch:
     """The generator's decode batch (for log-probability requests and the profile clock)."""
     return seam.decode_batch_of(gen)
+
+
+def step(gen: BatchGenerator, hand_over_early: bool) -> tuple[list, list]:
+    """One step of the generator: (prompt responses, decode responses). `hand_over_early`
+    (trimmable caches): rows whose prefill ended in this step go to the decode batch in it
+    (mlx_lm_seam.hand_over_prompted), a step sooner than mlx-lm's own order."""
+    prompt_responses, responses = gen.next()
+    if hand_over_early:
+        prompt_responses = [*prompt_responses, *seam.hand_over_prompted(gen)]
+    return prompt_responses, responses
