@@ -20,7 +20,7 @@ class SlowStore:
         self.gate = threading.Event()
         self.written: list[tuple[int, ...]] = []
 
-    def write(self, ns, tokens, arrays, meta, session, queued_at=None):
+    def write(self, ns, tokens, arrays, meta, session, queued_at=None, replies=()):
         self.gate.wait(30)
         self.written.append(tokens)
         return True

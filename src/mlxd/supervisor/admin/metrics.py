@@ -45,6 +45,7 @@ CACHE_EVENTS = (  # (event label, key in the worker's /stats)
     ("ssd_error", "cache_ssd_errors"),
     ("ssd_rejected", "cache_ssd_rejected"),
     ("write_failed", "cache_write_failed"),
+    ("reply_splice", "cache_reply_splices"),
 )
 # Why entries were written to the SSD tier: a session's, reused, or only by a drain or flush.
 SSD_WRITE_REASONS = ("session", "reused", "drain")

@@ -22,6 +22,8 @@ import numpy as np
 import orjson
 import safetensors.numpy as stnp
 
+from mlxd.worker.cache.replies import Reply
+
 FORMAT_VERSION = 1
 DATA_SUFFIX = ".safetensors"
 META_SUFFIX = ".json"
@@ -49,6 +51,7 @@ class SsdEntry:
     sha256: str
     session: str | None
     last_used: float
+    replies: tuple[Reply, ...] = ()  # the generated ids among `tokens` (replies.py)
 
 
 def entry_key(ns: str, tokens: tuple[int, ...]) -> str:
@@ -167,6 +170,7 @@ def encode_entry(
     arrays: dict[str, np.ndarray],
     meta: dict[str, str],
     session: str | None,
+    replies: tuple[Reply, ...] = (),
 ) -> tuple[list, bytes, int, str]:
     """An entry as (data file parts, sidecar bytes, data bytes, SHA-256 of the data)."""
     tensors = {**arrays, TOKENS_TENSOR: np.asarray(tokens, dtype=np.uint32)}
@@ -184,6 +188,8 @@ def encode_entry(
         "session": session,
         "format": FORMAT_VERSION,
     }
+    if replies:  # optional: a sidecar without it (an older one) is an entry without replies
+        info["replies"] = [[r.at, list(r.ids)] for r in replies]
     return parts, orjson.dumps(info), size, digest
 
 
@@ -221,7 +227,25 @@ def entry_from_meta(key: str, meta, data_bytes: int, mtime: float) -> SsdEntry:
         meta["sha256"],
         session if isinstance(session, str) else None,
         mtime,
+        _replies(meta.get("replies"), len(tokens)),
     )
+
+
+def _replies(raw, n_tokens: int) -> tuple[Reply, ...]:
+    """The sidecar's replies; none when they do not add up (the entry itself stays)."""
+    if not isinstance(raw, list):
+        return ()
+    out = []
+    for item in raw:
+        if not (isinstance(item, list) and len(item) == 2 and type(item[0]) is int):
+            return ()
+        at, ids = item
+        if not 0 < at < n_tokens or not isinstance(ids, list):
+            return ()
+        if not all(type(t) is int and 0 <= t < 2**32 for t in ids):
+            return ()
+        out.append(Reply(at, tuple(ids)))
+    return tuple(out)
 
 
 def read_entry(folder: Path, key: str) -> SsdEntry:

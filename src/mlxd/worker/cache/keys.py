@@ -23,6 +23,7 @@ class CacheKey:
     session: str | None = None
     boundary: int = 0
     restored: tuple | None = None
+    replies: tuple = ()  # earlier replies' generated ids in the prompt (replies.py)
 
 
 def session_of(request: web.Request, body: BaseModel) -> str | None:

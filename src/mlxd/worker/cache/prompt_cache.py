@@ -23,6 +23,7 @@ from mlxd.worker.cache.format import Layout, LayoutMismatch, check_layout
 from mlxd.worker.cache.kv_arrays import from_numpy, layout_quant, storable, to_numpy
 from mlxd.worker.cache.quiet_log import QuietLog
 from mlxd.worker.cache.ram import EARN_TOKENS, Entry, RamCache, compact, usable_length, view
+from mlxd.worker.cache.replies import Reply, clip
 from mlxd.worker.cache.ssd import SsdEntry, SsdStore
 from mlxd.worker.cache.trie import common_prefix
 from mlxd.worker.cache.writer import CacheWriter, WriteJob
@@ -64,6 +65,7 @@ class PromptCache:
         self.demotions = 0
         self.unsupported = 0
         self.ssd_hits = 0
+        self.reply_splices = 0  # prompts that got a reply's generated ids back (replies.py)
         self.written = dict.fromkeys(WRITE_REASONS, 0)  # entries that landed on the SSD, by why
         self._quiet = QuietLog(log)
 
@@ -104,6 +106,14 @@ class PromptCache:
             return None
         e, n = self.ssd.best(ns, prompt)
         return e if e is not None and n - self.ram.peek(ns, prompt) >= self.earn_tokens else None
+
+    def near(self, ns: str, prompt: list[int], limit: int = 4) -> list[tuple[tuple, tuple]]:
+        """(tokens, replies) of up to `limit` entries with replies sharing a prefix with
+        `prompt`, RAM's first, then the SSD tier's."""
+        out = [(e.tokens, e.replies) for e in self.ram.near(ns, prompt, limit)]
+        if self.ssd is not None and len(out) < limit:
+            out += [(e.tokens, e.replies) for e in self.ssd.near(ns, prompt, limit - len(out))]
+        return out
 
     def read_ssd(self, e: SsdEntry) -> dict[str, np.ndarray] | None:
         return self.ssd.read(e) if self.ssd is not None else None
@@ -149,7 +159,7 @@ class PromptCache:
         check_layout(arrays, layout, len(e.tokens))  # again: the arrays may be shared
         layers = from_numpy(arrays, layout_quant(layout))
         self.ssd_hits += 1
-        if self.ram.insert(ns, e.tokens, layers, e.session, persisted=True) is None:
+        if self.ram.insert(ns, e.tokens, layers, e.session, True, replies=e.replies) is None:
             # Too large to keep in RAM: serve this request straight from the restore.
             n = usable_length(
                 len(e.tokens), common_prefix(e.tokens, prompt), len(prompt), True, False
@@ -164,16 +174,21 @@ class PromptCache:
         layers: list,
         session: str | None = None,
         cached: int = 0,
+        replies: tuple[Reply, ...] = (),
     ) -> None:
         """Keep a row's state. `cached` of its prompt tokens came from the cache: at least
-        `earn_tokens` is a real reuse, which earns the entry its SSD write."""
+        `earn_tokens` is a real reuse, which earns the entry its SSD write. `replies`: the
+        generated ids among `tokens`, for the next turn to splice back (replies.py)."""
         if self.ram.cap_bytes <= 0 and self.ssd is None:
             return
         layers = compact(layers)
         hits = int(cached >= self.earn_tokens)
-        if self.ram.insert(ns, tokens, layers, session, hits=hits) is None and self.ssd is not None:
+        replies = clip(replies, len(tokens))
+        inserted = self.ram.insert(ns, tokens, layers, session, hits=hits, replies=replies)
+        if inserted is None and self.ssd is not None:
             # Too large for RAM (or RAM disabled): straight to the SSD tier, if it earned that.
-            e = Entry(ns, tokens, layers, sum(c.nbytes for c in layers), session, hits=hits)
+            nbytes = sum(c.nbytes for c in layers)
+            e = Entry(ns, tokens, layers, nbytes, session, hits=hits, replies=replies)
             if e.earned:
                 self._enqueue(e)
 
@@ -238,7 +253,8 @@ class PromptCache:
         try:
             arrays, meta, keep = to_numpy(e.layers)
             e.queued = True
-            writer.put(WriteJob(e.ns, e.tokens, arrays, meta, e.session, keep, done), block)
+            job = WriteJob(e.ns, e.tokens, arrays, meta, e.session, keep, done, replies=e.replies)
+            writer.put(job, block)
         except Exception as exc:  # runs on the engine thread: a hand-off may cost the entry only
             e.queued = False
             writer.failed += 1
@@ -256,6 +272,7 @@ class PromptCache:
             "cache_hit_tokens": r.stats["hit_tokens"],
             "cache_spills": self.spills,
             "cache_demotions": self.demotions,
+            "cache_reply_splices": self.reply_splices,
         }
         if self.ssd is not None:
             s, w = self.ssd.stats, self.writer

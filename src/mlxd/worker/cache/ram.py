@@ -25,6 +25,7 @@ from mlx_lm.models.cache import (
     trim_prompt_cache,
 )
 
+from mlxd.worker.cache.replies import Reply
 from mlxd.worker.cache.trie import TokenTrie
 
 # A reuse at least this long saves a real prefill: it earns an entry its SSD write, and an SSD
@@ -47,6 +48,7 @@ class Entry:
     queued: bool = False  # a write to the SSD tier is pending
     ram_only: bool = False  # a cache type the SSD tier cannot hold
     hits: int = 0  # reuses of at least EARN_TOKENS, its own or those of prefixes it replaced
+    replies: tuple[Reply, ...] = ()  # the generated ids among its tokens (replies.py)
 
     @property
     def key(self) -> tuple[str, tuple[int, ...]]:
@@ -172,6 +174,12 @@ class RamCache:
                 best, best_n = e, n
         return best, best_n
 
+    def near(self, ns: str, prompt: list[int], limit: int) -> list[Entry]:
+        """Entries with replies that share a prefix with `prompt` (replies.py splices them)."""
+        with self._lock:
+            trie = self._tries.get(ns)
+            return trie.around(prompt, limit, lambda e: bool(e.replies)) if trie else []
+
     def peek(self, ns: str, prompt: list[int]) -> int:
         return self.best(ns, prompt)[1]
 
@@ -199,6 +207,7 @@ class RamCache:
         session: str | None = None,
         persisted: bool = False,
         hits: int = 0,
+        replies: tuple[Reply, ...] = (),
     ) -> Entry | None:
         """Store a compact cache for `tokens`; strict prefixes a trimmable entry covers go.
 
@@ -207,7 +216,9 @@ class RamCache:
         nbytes = sum(c.nbytes for c in layers)
         if self.cap_bytes <= 0 or nbytes > self.cap_bytes or not tokens:
             return None
-        entry = Entry(ns, tokens, layers, nbytes, session, persisted=persisted, hits=hits)
+        entry = Entry(
+            ns, tokens, layers, nbytes, session, persisted=persisted, hits=hits, replies=replies
+        )
         with self._lock:
             trie = self._tries.setdefault(ns, TokenTrie())
             old = trie.insert(tokens, entry)
@@ -216,6 +227,7 @@ class RamCache:
                 entry.persisted = entry.persisted or old.persisted
                 entry.session = entry.session or old.session
                 entry.hits += old.hits
+                entry.replies = entry.replies or old.replies
             self._lru[entry.key] = entry
             self.nbytes += nbytes
             covered = trie.prefixes_of(tokens) if entry.trimmable else []

@@ -169,6 +169,10 @@ class SsdStore:
         """The entry covering most of `prompt`, and how many tokens it covers."""
         return self.index.best(ns, prompt)
 
+    def near(self, ns: str, prompt: list[int], limit: int) -> list[SsdEntry]:
+        """Entries with replies sharing a prefix with `prompt` (replies.py)."""
+        return self.index.near(ns, prompt, limit)
+
     def drop_session(self, session: str) -> int:
         with self._lock:
             # Writes queued for it before now must not land; later use of the id starts afresh.
@@ -229,6 +233,7 @@ class SsdStore:
         meta: dict[str, str],
         session: str | None,
         queued_at: float | None = None,
+        replies: tuple = (),
     ) -> bool | None:
         """Persist one entry atomically, then keep the folder under its byte cap.
 
@@ -238,7 +243,7 @@ class SsdStore:
             self.stats["write_skipped"] += 1
             return False
         key = entry_key(ns, tokens)
-        parts, sidecar, size, digest = encode_entry(ns, tokens, arrays, meta, session)
+        parts, sidecar, size, digest = encode_entry(ns, tokens, arrays, meta, session, replies)
         if size > self.cap_bytes:
             self.stats["write_skipped"] += 1
             return False
@@ -257,7 +262,8 @@ class SsdStore:
             if closed_at is not None and (queued_at is None or queued_at <= closed_at):
                 self._delete_files(key)  # the session was closed while this write was queued
                 return None
-            self.index.add(SsdEntry(key, ns, tokens, size, digest, session, time.time()))
+            e = SsdEntry(key, ns, tokens, size, digest, session, time.time(), replies)
+            self.index.add(e)
         self.stats["writes"] += 1
         self._enforce_cap()
         return True

@@ -72,6 +72,12 @@ class SsdIndex:
             best, n = m.longer[1], min(m.common, len(prompt) - 1)
         return (best, n) if n > 0 else (None, 0)
 
+    def near(self, ns: str, prompt: list[int], limit: int) -> list[SsdEntry]:
+        """Up to `limit` entries with replies sharing a prefix with `prompt`."""
+        with self._lock:
+            trie = self._tries.get(ns)
+            return trie.around(prompt, limit, lambda e: bool(e.replies)) if trie else []
+
     def of_session(self, session: str) -> list[SsdEntry]:
         with self._lock:
             return [e for e in self._entries.values() if e.session == session]

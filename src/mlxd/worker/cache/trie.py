@@ -97,6 +97,35 @@ class TokenTrie(Generic[V]):
             stack.extend(v for k, v in n.items() if k != _END)
         return None
 
+    def around(self, prompt, limit: int, want=lambda v: True) -> list[V]:
+        """Up to `limit` values passing `want` near `prompt`: the longest entry that is a
+        prefix of it, then entries that leave the prompt's path, those that leave it last
+        first (they share the most with it). Entries that share nothing are never near."""
+        path, shorter = [self._root], None
+        for t in prompt:
+            if _END in path[-1]:
+                shorter = path[-1][_END]
+            nxt = path[-1].get(t)
+            if nxt is None:
+                break
+            path.append(nxt)
+        else:
+            if _END in path[-1]:
+                shorter = path[-1][_END]
+        out = [shorter[1]] if shorter is not None and want(shorter[1]) else []
+        for depth in range(len(path) - 1, 0, -1):  # the root's other branches share nothing
+            on_path = prompt[depth] if depth < len(prompt) else None
+            stack = [v for k, v in path[depth].items() if k != _END and k != on_path]
+            while stack and len(out) < limit:
+                n = stack.pop()
+                end = n.get(_END)
+                if end is not None and want(end[1]):
+                    out.append(end[1])
+                stack.extend(v for k, v in n.items() if k != _END)
+            if len(out) >= limit:
+                break
+        return out[:limit]
+
     def prefixes_of(self, tokens: tuple[int, ...]) -> list[tuple[tuple[int, ...], V]]:
         """Entries that are strict prefixes of `tokens`."""
         out, node = [], self._root

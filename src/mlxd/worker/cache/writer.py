@@ -32,6 +32,7 @@ class WriteJob:
     keepalive: object  # the MLX arrays behind `arrays`: they must outlive the write
     on_done: Callable[[bool], None]
     queued_at: float = field(default_factory=time.monotonic)
+    replies: tuple = ()  # the generated ids among `tokens` (replies.py)
 
 
 class CacheWriter:
@@ -86,7 +87,13 @@ class CacheWriter:
             ok: bool | None = False
             try:
                 ok = self.store.write(
-                    job.ns, job.tokens, job.arrays, job.meta, job.session, job.queued_at
+                    job.ns,
+                    job.tokens,
+                    job.arrays,
+                    job.meta,
+                    job.session,
+                    job.queued_at,
+                    job.replies,
                 )
             except Exception as exc:  # an unexpected array (dtype, shape): that entry only
                 self._quiet.warn("SSD prompt cache write", exc)

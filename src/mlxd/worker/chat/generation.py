@@ -81,6 +81,7 @@ class Generation:
             self._sub.session = cache_key.session
             self._sub.boundary = cache_key.boundary
             self._sub.restored = cache_key.restored
+            self._sub.replies = cache_key.replies
         self.done = False
         self.prompt_tokens = len(prompt)
         # Test-only slow prefill (settings: debug_prefill_delay_s): the first event waits.

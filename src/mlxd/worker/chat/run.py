@@ -40,6 +40,7 @@ from mlxd.worker.chat.prompts import (
     render_job,
     resolve_params,
 )
+from mlxd.worker.chat.reply_ids import splice_replies
 from mlxd.worker.chat.state import WorkerState
 from mlxd.worker.chat.think_budget import think_budget
 from mlxd.worker.chat.tool_calls import ToolCall, forced_call_spec
@@ -116,7 +117,9 @@ class ChatRun:
         self.prompt = render_job(m, job, self.state.config.enable_thinking)
         if self.prompt.warning:  # tools described as text: the template has no format
             job.warnings.append(self.prompt.warning)
-        ids = self.prompt.ids
+        # The replies it re-sends get the ids the model generated back (cache/replies.py).
+        spliced = splice_replies(self.state, m.tokenizer, job.messages, self.prompt.ids)
+        ids = spliced.ids
         params = resolve_params(m, job.params, len(ids), job.surface)
         # The engine cuts stop strings itself; when the API must name the one that matched,
         # they are cut here instead (the row is then cancelled as the block ends).
@@ -138,9 +141,12 @@ class ChatRun:
         boundary = (
             0
             if self.engine.trimmable
-            else stable_boundary(m.tokenizer, job.messages, self.prompt.kwargs, ids)
+            else spliced.shift(
+                stable_boundary(m.tokenizer, job.messages, self.prompt.kwargs, self.prompt.ids)
+            )
         )
         key = await make_cache_key(self.state, ids, job.session, boundary)
+        key.replies = spliced.replies
         self.gen = Generation(
             self.engine, self.rid, ids, params, processors=processors, cache_key=key
         )

@@ -13,6 +13,7 @@ from mlx_lm.generate import BatchGenerator, StopSequences
 
 from mlxd.shared.errors import MlxdError
 from mlxd.worker.cache.prompt_cache import PromptCache
+from mlxd.worker.cache.replies import Reply
 from mlxd.worker.engine.recovery import Broken, generation_failed
 from mlxd.worker.engine.rows import Event, FirstTokens, Row, Submission
 
@@ -135,9 +136,13 @@ class Batch:
     def store(self, row: Row, tokens, layers) -> None:
         # A row cancelled before its prefill holds only what it was given from the cache.
         if self.cache is not None and layers and len(tokens) > row.sub.prompt_cached:
-            self.cache.store(
-                row.sub.ns, tuple(tokens), layers, row.sub.session, cached=row.sub.prompt_cached
-            )
+            sub = row.sub
+            # The entry remembers the ids this row generated (and those its prompt got back
+            # from earlier turns): the next turn re-sends them as text (cache/replies.py).
+            replies = sub.replies
+            if row.tokens:
+                replies += (Reply(len(sub.prompt), tuple(row.tokens)),)
+            self.cache.store(sub.ns, tuple(tokens), layers, sub.session, sub.prompt_cached, replies)
 
     def snapshot(self, prompt_responses) -> None:
         """Non-trimmable caches: keep the state at each prompt segment's end."""

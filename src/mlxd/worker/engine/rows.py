@@ -46,6 +46,7 @@ class Submission:
     session: str | None = None  # session affinity for the prompt cache
     boundary: int = 0  # stable prompt boundary (multi-turn snapshot point), 0: none
     restored: tuple | None = None  # (SsdEntry, arrays) read from the SSD tier for this prompt
+    replies: tuple = ()  # earlier replies' generated ids in `prompt` (cache/replies.py)
     # Extra per-row logits processors (e.g. a grammar), run after penalties and bias.
     processors: list = field(default_factory=list)
     cancelled: bool = False
