@@ -64,8 +64,9 @@ agents)
     --out "$out/agents-0.6b" 2>&1 | grep -v tokenizer | tail -50
   ;;
 agents-8b)
-  timeout 570 bash bench/gpu_run.sh agents --shape qwen3-8b --levels 4,8 --prefix 6000 \
-    --out "$out/agents-8b" 2>&1 | grep -v tokenizer | tail -30
+  MLXD_STEP_LOG="$out/steps-agents-8b.jsonl" timeout 570 bash bench/gpu_run.sh agents \
+    --shape qwen3-8b --levels 4,8 --prefix 6000 --out "$out/agents-8b" 2>&1 \
+    | grep -v tokenizer | tail -30
   ;;
 claude)
   timeout 500 bash bench/gpu_run.sh claude --shape qwen3-8b --instructions 6000 \
