@@ -61,6 +61,14 @@ def test_text_without_the_line_at_a_line_start_is_left_byte_for_byte(text):
     assert strip_attribution(text) == text
 
 
+def test_a_line_of_fields_glued_without_spaces_is_read_once():
+    # A client's text reaches the patterns: `ab=ab=… ;` can be split into fields in
+    # exponentially many ways: a looser pattern took a second on 13 of them, here 50,000.
+    glued = "ab=" * 50_000 + " ;"
+    assert strip_attribution(f"{H}{glued}\nB") == f"{glued}\nB"
+    assert strip_attribution(f"{H} {glued}\nB") == f"{glued}\nB"
+
+
 def test_two_sessions_system_texts_become_the_same():
     first, second = (strip_attribution(f"{h}\n\n{PROMPT}") for h in (H, OTHER_SESSION))
     assert first == second == PROMPT
