@@ -200,7 +200,13 @@ class ScrapeCollector:
             "Time from joining the batch to the first token (prefill and shared steps)",
             labels=["model"],
         )
+        preempted = CounterMetricFamily(
+            "mlxd_engine_preemptions",
+            "Rows taken out of the batch for want of KV budget, resumed later with the same output",
+            labels=["model"],
+        )
         for model, st in sorted(self.workers.items()):
+            preempted.add_metric([model], _num(st, "preemptions"))
             first = _num(st, "first_tokens")
             queue.add_metric([model], first, _num(st, "queue_wait_s"))
             admitted.add_metric([model], first, _num(st, "admitted_to_first_token_s"))
@@ -220,7 +226,7 @@ class ScrapeCollector:
             for event, key in CACHE_EVENTS:
                 events.add_metric([model, event], _num(st, key))
         yield from (prompt, gen, hits, misses, size, hit_tokens, entries, events)
-        yield from (ssd_bytes, ssd_writes, drafted, accepted, queue, admitted)
+        yield from (ssd_bytes, ssd_writes, drafted, accepted, queue, admitted, preempted)
 
 
 def _num(stats: dict, key: str) -> float:
