@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import time
-
 from aiohttp import web
 from pydantic import BaseModel
 
 from mlxd.shared.wire.safe_json import dumps
+from mlxd.worker.chat.events import QuietTicks
 
 SSE_HEADERS = {
     "Content-Type": "text/event-stream",
@@ -38,7 +37,7 @@ def data(body: BaseModel | dict, event: str | None = None) -> bytes:
     return head + b"data: " + payload + b"\n\n"
 
 
-class Heartbeat:
+class Heartbeat(QuietTicks):
     """When a quiet stream is due a protocol event rather than a comment or a `ping`.
 
     Coding-agent clients run an idle watchdog that only counts parsed events: Claude Code
@@ -48,20 +47,6 @@ class Heartbeat:
     few seconds (chat/run.py's KEEPALIVE_S), so the interval is rounded up to the next tick.
     """
 
+    # Timer wake-ups run a little early or late: without the slack, a tick that lands a hair
+    # before the interval would double the gap between events.
     SLACK_S = 0.5
-
-    def __init__(self, interval_s: float, clock=time.monotonic):
-        self.interval_s = interval_s
-        self._clock = clock
-        self._last = clock()
-
-    def touch(self) -> None:
-        self._last = self._clock()
-
-    def due(self) -> bool:
-        # Timer wake-ups run a little early or late: without the slack, a tick that lands
-        # a hair before the interval would double the gap between events.
-        if self._clock() - self._last < self.interval_s - self.SLACK_S:
-            return False
-        self.touch()
-        return True

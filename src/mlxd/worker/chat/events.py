@@ -10,6 +10,7 @@ through as the engine made it.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 
 from mlxd.shared.chat_job import ChatJob
@@ -70,22 +71,25 @@ class Keepalive:
 
 
 class QuietTicks:
-    """When a run owes its stream a Keepalive although the engine is busy: `interval_s`
-    passed since the run last yielded anything (a call held until its block ends, or an
-    Ollama stream that gets calls whole, yields nothing while tokens come)."""
+    """When a stream owes its client something: `interval_s` passed since it last had output
+    (`touch()`); `due()` says so once and starts the interval again. The run owes a Keepalive
+    although the engine is busy (a call held until its block ends, or an Ollama stream that
+    gets calls whole, yields nothing while tokens come); api/sse.Heartbeat, a protocol event."""
 
-    def __init__(self, interval_s: float, clock):
+    SLACK_S = 0.0  # how early a tick may land and still count (sse.Heartbeat's wake-ups)
+
+    def __init__(self, interval_s: float, clock=time.monotonic):
         self.interval_s = interval_s
         self._clock = clock
         self._last = clock()
 
-    def reset(self) -> None:
+    def touch(self) -> None:
         self._last = self._clock()
 
     def due(self) -> bool:
-        if self._clock() - self._last < self.interval_s:
+        if self._clock() - self._last < self.interval_s - self.SLACK_S:
             return False
-        self.reset()
+        self.touch()
         return True
 
 

@@ -223,7 +223,7 @@ class ChatRun:
         while True:
             ev = await gen.next(KEEPALIVE_S)
             if ev is None or ticks.due():
-                ticks.reset()
+                ticks.touch()
                 yield Keepalive()
             if ev is None:
                 continue
@@ -236,7 +236,7 @@ class ChatRun:
             out, ending = output.feed(ev)
             for item in out:
                 if tool_parts or not isinstance(item, CallPart):
-                    ticks.reset()
+                    ticks.touch()
                     yield item
             if ending:
                 yield output.done(ev.finish_reason, ev.completion_tokens)

@@ -51,21 +51,31 @@ class Batch:
         self._by_sub[id(row.sub)] = row
 
     def resume(self, row: Row) -> None:
-        """Put `row` into a fresh batch where it was: prompt plus the tokens already sent."""
+        """Put `row` into a fresh batch where it was (a failed step's rebuild): prompt plus
+        the tokens already sent, prefilled again."""
+        self.reinsert(row)
+        row.resumed = True
+
+    def reinsert(self, row: Row, layers: list | None = None, cached: int = 0) -> None:
+        """Insert `row` again as prompt plus the tokens it sent, its first `cached` positions
+        from `layers` (a prompt-cache prefix; None: all prefilled again). Its next token is
+        the one it would have written; raises on an MLX error (this row only)."""
+        seq = [*row.sub.prompt, *row.tokens]
         max_tokens = row.sub.params.max_tokens
         assert max_tokens is not None  # resolve_params fixed it before the submission
         assert self.eos is not None  # set with the generator
-        left = max_tokens - row.generated
         row.uid = self.generator().insert_segments(
-            [[list(row.sub.prompt) + row.tokens]],
-            max_tokens=[max(1, left)],
+            [[seq[cached:]]],
+            max_tokens=[max(1, max_tokens - row.generated)],
+            # mlx-lm fills a None entry with fresh caches (its own default)
+            caches=[layers],  # type: ignore[list-item]
+            all_tokens=[seq[:cached]],
             samplers=[row.sampler],
             logits_processors=[row.processors],
             stop_sequences=[self.eos],
         )[0]
-        row.resumed = True
-        row.pos, row.todo, row.started = 0, len(row.sub.prompt) + len(row.tokens) - 1, False
-        self.rows[row.uid] = row
+        row.pos, row.todo, row.started = cached, len(seq) - cached - 1, False
+        self.add(row)
 
     def park(self, row: Row) -> None:
         """Take `row` out to resume later (a preemption): its KV, prompt and tokens so far,

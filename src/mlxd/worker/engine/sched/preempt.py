@@ -44,24 +44,8 @@ def park(batch: Batch, row: Row) -> None:
 def resume(batch: Batch, row: Row) -> Row:
     """Insert a parked `row` into the batch again: prompt plus the tokens it sent, from the
     prompt cache's longest prefix of them. Raises on an MLX error (this row only)."""
-    sub = row.sub
-    seq = [*sub.prompt, *row.tokens]
     layers, n = None, 0
     if batch.cache is not None:
-        layers, n, _ = batch.cache.fetch(sub.ns, seq)
-    max_tokens = sub.params.max_tokens
-    assert max_tokens is not None  # resolve_params fixed it before the submission
-    assert batch.eos is not None  # set with the generator
-    row.uid = batch.generator().insert_segments(
-        [[seq[n:]]],
-        max_tokens=[max(1, max_tokens - row.generated)],
-        # mlx-lm fills a None entry with fresh caches (its own default)
-        caches=[layers],  # type: ignore[list-item]
-        all_tokens=[seq[:n]],
-        samplers=[row.sampler],
-        logits_processors=[row.processors],
-        stop_sequences=[batch.eos],
-    )[0]
-    row.pos, row.todo, row.started = n, len(seq) - n - 1, False
-    batch.add(row)
+        layers, n, _ = batch.cache.fetch(row.sub.ns, [*row.sub.prompt, *row.tokens])
+    batch.reinsert(row, layers, n)
     return row
