@@ -12,19 +12,15 @@ from __future__ import annotations
 import asyncio
 import json
 import re
-from pathlib import Path
 
 import orjson
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
+from inproc import stop_engine, worker_state
 
 from mlxd.shared.wire.first_token import FIRST_TOKEN
-from mlxd.shared.worker_spec import WorkerSpec
 from mlxd.worker.api import anthropic, completions, ollama, openai, responses
 from mlxd.worker.app import build_app
-from mlxd.worker.chat.state import WorkerState
-from mlxd.worker.engine.loop import Engine
-from mlxd.worker.model.load import load_model
 
 ADD = {
     "type": "function",
@@ -49,25 +45,14 @@ class Boom(RuntimeError):
 def worker(tiny_model_dir):
     """The worker's app on one event loop for the module (the engine's rows and the grammar
     compiler's children belong to the loop that started them)."""
-    loaded = load_model(tiny_model_dir, "tiny")
-    engine = Engine(loaded, batch=4)
-    engine.start()
-    spec = WorkerSpec(
-        model_path=tiny_model_dir,
-        model_id="tiny",
-        socket=Path("/nonexistent/never-bound.sock"),
-        prompt_cache_bytes=0,
-        warmup=False,
-    )
-    state = WorkerState(config=spec, loaded=loaded, engine=engine, started=True)
+    state = worker_state(tiny_model_dir)
     loop = asyncio.new_event_loop()
     client = TestClient(TestServer(build_app(state), host="127.0.0.1"), loop=loop)
     loop.run_until_complete(client.start_server())
     yield loop, client
     loop.run_until_complete(client.close())
     loop.close()
-    engine.stop()
-    assert engine.join(10)
+    stop_engine(state)
 
 
 def _post(worker, path: str, body: dict) -> tuple[int, bytes]:

@@ -12,20 +12,16 @@ import asyncio
 import json
 import re
 import threading
-from pathlib import Path
 
 import anthropic
 import httpx
 import openai
 import pytest
 from aiohttp.test_utils import TestServer
+from inproc import stop_engine, worker_state
 
 from mlxd.shared.wire.first_token import FIRST_TOKEN
-from mlxd.shared.worker_spec import WorkerSpec
 from mlxd.worker.app import build_app
-from mlxd.worker.chat.state import WorkerState
-from mlxd.worker.engine.loop import Engine
-from mlxd.worker.model.load import load_model
 
 NOTE = "bring an umbrella, a coat and boots"
 PARAMS = {
@@ -68,19 +64,8 @@ class SteppingClock:
 @pytest.fixture(scope="module")
 def served(tiny_model_dir):
     """(base URL, clock): the worker's app on 127.0.0.1, its event loop in a thread."""
-    loaded = load_model(tiny_model_dir, "tiny")
-    engine = Engine(loaded, batch=4)
-    engine.start()
-    spec = WorkerSpec(
-        model_path=tiny_model_dir,
-        model_id="tiny",
-        socket=Path("/nonexistent/never-bound.sock"),
-        prompt_cache_bytes=0,
-        warmup=False,
-        stream_heartbeat_s=HEARTBEAT_S,
-    )
     clock = SteppingClock()
-    state = WorkerState(config=spec, loaded=loaded, engine=engine, started=True, clock=clock)
+    state = worker_state(tiny_model_dir, clock, stream_heartbeat_s=HEARTBEAT_S)
     loop = asyncio.new_event_loop()
     thread = threading.Thread(target=loop.run_forever, daemon=True)
     thread.start()
@@ -91,8 +76,7 @@ def served(tiny_model_dir):
     loop.call_soon_threadsafe(loop.stop)
     thread.join(HANG_S)
     loop.close()
-    engine.stop()
-    assert engine.join(10)
+    stop_engine(state)
 
 
 @pytest.fixture
