@@ -26,8 +26,9 @@ from mlxd.shared.errors import MlxdError, Unavailable
 from mlxd.worker.cache.prompt_cache import PromptCache
 from mlxd.worker.engine.batch import Batch
 from mlxd.worker.engine.emit import emit
+from mlxd.worker.engine.figures import EngineFigures
 from mlxd.worker.engine.recovery import is_out_of_memory, rebuild
-from mlxd.worker.engine.rows import Event, FirstTokens, Row, Submission
+from mlxd.worker.engine.rows import Event, Row, Submission
 from mlxd.worker.engine.sched.inbox import (
     Cancel,
     CloseSession,
@@ -42,7 +43,6 @@ from mlxd.worker.engine.sched.inbox import (
 from mlxd.worker.engine.sched.memplan import MemoryPlan
 from mlxd.worker.engine.sched.planner import PlanConfig
 from mlxd.worker.engine.sched.schedule import Scheduler
-from mlxd.worker.engine.stats import engine_stats
 from mlxd.worker.engine.step.decode import Clock, SpecConfig
 from mlxd.worker.engine.step.generator import decode_batch, make_generator, step
 from mlxd.worker.engine.trace import StepTrace
@@ -60,7 +60,7 @@ UPKEEP_IDLE_S = 1.0
 UPKEEP_BUSY_S = 30.0
 
 
-class Engine:
+class Engine(EngineFigures):
     """Owns the model's BatchGenerator on a dedicated thread.
 
     `plan` sizes the prefill chunks; `kv_budget_bytes` (None: no bound but `batch`) bounds
@@ -178,58 +178,6 @@ class Engine:
     def join(self, timeout_s: float | None = None) -> bool:
         self._thread.join(timeout_s)
         return not self._thread.is_alive()
-
-    @property
-    def active_rows(self) -> int:
-        return len(self._batch)
-
-    @property
-    def queued_rows(self) -> int:
-        """Rows not in the batch yet: on their way to the engine thread, or waiting for room."""
-        return self._inbox.queued + len(self._sched)
-
-    @property
-    def cancellations(self) -> int:
-        return self._batch.cancellations
-
-    @property
-    def requests_done(self) -> int:
-        return self._batch.requests_done
-
-    @property
-    def preemptions(self) -> int:
-        """Rows taken out of the batch for want of KV budget, to resume later (preempt.py)."""
-        return self._sched.preemptions
-
-    @property
-    def recoveries(self) -> int:
-        """Failed steps after which the batch state was rebuilt."""
-        return self._batch.recoveries
-
-    @property
-    def totals(self) -> BatchStats:
-        """Prompt and generation tokens and the seconds they took, since start."""
-        return self._totals
-
-    @property
-    def first_tokens(self) -> FirstTokens:
-        return self._batch.first_tokens
-
-    @property
-    def kv_budget(self) -> KvBudget | None:
-        return self._sched.budget
-
-    def rows_in_flight(self) -> list[Row]:
-        """The rows in the batch now (one C-level copy: safe beside the engine thread)."""
-        return list(self._batch.rows.values())
-
-    def kv_reserved(self) -> int:
-        """Bytes the KV budget counts for the rows in flight (any thread)."""
-        return self._sched.kv_reserved()
-
-    def stats(self) -> dict:
-        """What /stats reports of the engine (stats.py)."""
-        return engine_stats(self)
 
     # -- the engine thread ----------------------------------------------------------------
     def _run(self) -> None:
