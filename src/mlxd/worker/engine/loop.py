@@ -49,6 +49,7 @@ from mlxd.worker.engine.trace import StepTrace
 from mlxd.worker.engine.warmup import timed_warm_up
 from mlxd.worker.kv.budget import KvBudget
 from mlxd.worker.model.load import LoadedModel, apply_wired_limit
+from mlxd.worker.model.prefill_check import padded_prefill_agrees
 
 log = logging.getLogger("mlxd.worker.engine.loop")
 
@@ -100,6 +101,7 @@ class Engine(EngineFigures):
             loaded.kv_bytes_per_token, kv_budget_bytes, batch, loaded.context_limit, why
         )
         self._sched = Scheduler(self._batch, batch, self.plan, budget)
+        self._sched.serial_prefill = not padded_prefill_agrees(loaded.model)
         self.dead: str | None = None  # why the engine thread stopped unexpectedly
         self._gone = False  # the thread made its last take from the inbox (stopped or dead)
         self.closing = False  # a drain passed its deadline: admit nothing more

@@ -54,6 +54,9 @@ class Scheduler:
         # A worker group's ranks must admit alike: a row one rank fails to admit ends the
         # engine (and the group restarts) rather than leave that rank a row short.
         self.lockstep = False
+        # One row prefilling at a time, for a model whose layers ignore a prefill's padding
+        # (model/prefill_check.py): rows then never share a padded prefill forward.
+        self.serial_prefill = False
 
     def __len__(self) -> int:
         return len(self.waiting)
@@ -102,6 +105,8 @@ class Scheduler:
             self.oom_divisor = 1  # a fresh start for the next rows
         self.grow()  # the running rows' next blocks come before new rows
         while self.waiting and self._room_for(self.waiting[0]):
+            if self.serial_prefill and self._prefilling():
+                break
             sub = self.waiting.popleft()
             if sub.cancelled:  # its Cancel command is still in the inbox: answer it here
                 self._cancelled(sub)
@@ -156,6 +161,9 @@ class Scheduler:
         if growth.over:
             names = [rows[uid].sub.rid for uid in growth.over]
             log.warning("KV budget: %s grew past it (no row could be preempted)", names)
+
+    def _prefilling(self) -> bool:
+        return any(r.todo > 0 for r in self.batch.rows.values())
 
     def _room_for(self, sub: Submission) -> bool:
         rows = self.batch.rows.values()
