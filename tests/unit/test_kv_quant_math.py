@@ -62,22 +62,19 @@ def test_fit_rows_follow_the_plan_for_each_scheme():
     ] == [16]
 
 
-def test_a_quantized_entry_packs_checks_and_unpacks():
+def test_a_quantized_entry_is_checked_against_its_bits_and_group():
     n, group = 5, 64
 
-    def side(dim=128, bits=8):
-        return (
-            np.zeros((1, 2, n, dim * bits // 32), np.uint32),
-            np.ones((1, 2, n, dim // group), np.uint16),  # bfloat16 scales travel as uint16
-            np.ones((1, 2, n, dim // group), np.uint16),
-        )
+    def side(name, dim=128, bits=8):
+        return {
+            name: np.zeros((1, 2, n, dim * bits // 32), np.uint32),
+            name + ".scales": np.ones((1, 2, n, dim // group), np.uint16),  # bf16 bits
+            name + ".biases": np.ones((1, 2, n, dim // group), np.uint16),
+        }
 
-    arrays, meta = cache_format.pack_kv([(side(), side()), (side(), side())], "mlx.core.bfloat16")
-    assert sorted(arrays)[:3] == ["0.k", "0.k.biases", "0.k.scales"] and meta["layers"] == "2"
+    arrays = {**side("0.k"), **side("0.v"), **side("1.k"), **side("1.v")}
     layout = ((2, 128, 2, 128, "uint16", 8, group),) * 2
     cache_format.check_layout(arrays, layout, n)
-    pairs, bf16 = cache_format.unpack_kv(arrays)
-    assert bf16 and len(pairs) == 2 and len(pairs[0][0]) == 3
     with pytest.raises(cache_format.LayoutMismatch):  # the 4-bit model's layout
         cache_format.check_layout(arrays, ((2, 128, 2, 128, "uint16", 4, group),) * 2, n)
     with pytest.raises(cache_format.LayoutMismatch):  # a float model's

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from mlxd.worker.cache import format as cache_format
+from mlxd.worker.cache import kinds as cache_kinds
 from mlxd.worker.cache.layout import safe_name, ssd_folder
 from mlxd.worker.cache.ssd import SsdStore
 from mlxd.worker.cache.ssd_leftovers import STALE_S
@@ -271,12 +272,31 @@ def test_old_layout_folder_moves_under_the_model_id(tmp_path):
     assert ssd_folder(tmp_path, "other", "fp0") == tmp_path / "other" / "fp0"  # starts empty
 
 
-def test_the_format_names_each_layers_tensors_and_flags_bfloat16_bits(tmp_path):
-    k, v = np.zeros((1, 1, 2, 4), np.uint16), np.ones((1, 1, 2, 4), np.uint16)
-    packed, meta = cache_format.pack_kv([(k, v), (k, v)], "mlx.core.bfloat16")
-    assert sorted(packed) == ["0.k", "0.v", "1.k", "1.v"] and meta["layers"] == "2"
-    pairs, bf16 = cache_format.unpack_kv(packed)
-    assert bf16 and len(pairs) == 2 and pairs[1][1] is v
-    assert not cache_format.unpack_kv(arrays())[1]  # float32 tensors are what they say
+def test_each_layer_kind_names_its_tensors_and_a_window_or_state_must_match(tmp_path):
+    rot = ("rotating", 1, 4, 1, 4, "uint16", 8, 0)
+    layout = ((1, 4, 1, 4, "uint16"), rot, ("arrays", ((3, 6), "float32")))
+    n = 12  # past the window of 8: the window holds 8 positions
+    arrays = {
+        "0.k": np.zeros((1, 1, n, 4), np.uint16),
+        "0.v": np.zeros((1, 1, n, 4), np.uint16),
+        "1.k": np.zeros((1, 1, 8, 4), np.uint16),
+        "1.v": np.zeros((1, 1, 8, 4), np.uint16),
+        "1.rot": np.array([n, 0, 8, 4], np.int64),
+        "2.a0": np.zeros((1, 3, 6), np.float32),
+    }
+    cache_format.check_layout(arrays, layout, n)
+    assert [cache_kinds.kind(x) for x in layout] == ["kv", "rotating", "arrays"]
+    assert not cache_kinds.trims(layout) and cache_kinds.trims(layout[:1])
+    bad = [
+        {**arrays, "1.rot": np.array([n - 1, 0, 8, 4], np.int64)},  # made for other tokens
+        {**arrays, "1.rot": np.array([n, 0, 16, 4], np.int64)},  # another window
+        {**arrays, "2.a0": np.zeros((1, 3, 7), np.float32)},  # another state size
+        {**arrays, "1.k": np.zeros((1, 1, 9, 4), np.uint16)},  # K and V of two lengths
+        {k: v for k, v in arrays.items() if k != "2.a0"},
+        {**arrays, "3.a0": np.zeros((1, 3, 6), np.float32)},
+    ]
+    for b in bad:
+        with pytest.raises(cache_format.LayoutMismatch):
+            cache_format.check_layout(b, layout, n)
     data, sidecar = cache_format.entry_paths(tmp_path, "abc")
     assert (data.name, sidecar.name) == ("abc.safetensors", "abc.json")

@@ -1,8 +1,8 @@
 """The SSD tier's bytes on disk: one safetensors file and one JSON sidecar per entry.
 
-`<key>.safetensors` holds the KV arrays (`<layer>.k`, `<layer>.v`, bfloat16 stored as uint16;
-a quantized KV adds `.scales` and `.biases` beside each, the packed values being uint32)
-and the token ids (`__tokens__`); `<key>.json` holds the namespace, token ids, byte size,
+`<key>.safetensors` holds each cache layer's tensors, named by kind (kinds.py: `<layer>.k` and
+`<layer>.v` for attention KV, a window's `.rot`, a recurrent state's `.a<j>`; bfloat16 stored
+as uint16) and the token ids (`__tokens__`); `<key>.json` holds the namespace, token ids, byte size,
 SHA-256, session and format version. The key is a hash of namespace and token ids, so a renamed
 file does not index. Both files are written atomically (a temporary file, fsync, rename, fsync
 of the folder). Everything a format change touches is here; FORMAT_VERSION is also part of the
@@ -22,6 +22,7 @@ import numpy as np
 import orjson
 import safetensors.numpy as stnp
 
+from mlxd.worker.cache.kinds import LayoutMismatch, check_layer
 from mlxd.worker.cache.replies import Reply
 
 FORMAT_VERSION = 1
@@ -29,15 +30,8 @@ DATA_SUFFIX = ".safetensors"
 META_SUFFIX = ".json"
 TMP_SUFFIX = ".tmp"  # `<file>.<pid>.tmp`: a write in progress, or one a crash left behind
 TOKENS_TENSOR = "__tokens__"
-BF16_STORED = "uint16"  # NumPy has no bfloat16: its bits travel as uint16
-# Per layer: key heads, key dim, value heads, value dim, stored dtype (see kv_layout); a
-# quantized KV adds bits and group size (the dtype is then its scales' and biases').
+# One tuple per cache layer, by kind (kinds.py; kv_arrays.kv_layout makes it).
 Layout = tuple[tuple, ...]
-QUANT_PARTS = ("", ".scales", ".biases")  # a quantized K or V: packed values, scales, biases
-
-
-class LayoutMismatch(ValueError):
-    """An entry whose arrays do not fit the model as loaded."""
 
 
 @dataclass(eq=False)
@@ -74,60 +68,11 @@ def entry_paths(folder: Path, key: str) -> tuple[Path, Path]:
 
 
 # -- the tensors ------------------------------------------------------------------------------
-def pack_kv(pairs: list[tuple], dtype: str) -> tuple[dict, dict]:
-    """(tensors, file metadata) for the (keys, values) of each layer, in layer order; a
-    quantized K or V is a (packed, scales, biases) triple."""
-    arrays = {}
-    for i, (k, v) in enumerate(pairs):
-        for side, x in (("k", k), ("v", v)):
-            for suffix, part in zip(QUANT_PARTS, x) if isinstance(x, tuple) else [("", x)]:
-                arrays[f"{i}.{side}{suffix}"] = part
-    return arrays, {"dtype": dtype, "layers": str(len(pairs))}
-
-
-def unpack_kv(arrays: dict[str, np.ndarray]) -> tuple[list[tuple], bool]:
-    """((keys, values) per layer, whether they hold bfloat16 bits) of an entry's tensors;
-    quantized ones as (packed, scales, biases) triples (their scales hold the float bits)."""
-    n = sum(1 for name in arrays if name.endswith((".k", ".v"))) // 2
-    if "0.k.scales" not in arrays:
-        pairs = [(arrays[f"{i}.k"], arrays[f"{i}.v"]) for i in range(n)]
-        return pairs, pairs[0][0].dtype.name == BF16_STORED
-
-    def triple(i: int, side: str) -> tuple:
-        return tuple(arrays[f"{i}.{side}{suffix}"] for suffix in QUANT_PARTS)
-
-    qpairs = [(triple(i, "k"), triple(i, "v")) for i in range(n)]
-    return qpairs, qpairs[0][0][1].dtype.name == BF16_STORED
-
-
-def _expected(layer: tuple, n_tokens: int) -> dict[str, tuple[tuple[int, ...], str]]:
-    """The tensors of one layer of `n_tokens` as (shape, dtype), by name suffix."""
-    kh, kd, vh, vd, dtype, *quant = layer
-    if not quant:
-        return {"k": ((1, kh, n_tokens, kd), dtype), "v": ((1, vh, n_tokens, vd), dtype)}
-    bits, group = quant
-    out: dict[str, tuple[tuple[int, ...], str]] = {}
-    for side, heads, dim in (("k", kh, kd), ("v", vh, vd)):
-        out[side] = ((1, heads, n_tokens, dim * bits // 32), "uint32")
-        for suffix in QUANT_PARTS[1:]:
-            out[side + suffix] = ((1, heads, n_tokens, dim // group), dtype)
-    return out
-
-
 def check_layout(arrays: dict[str, np.ndarray], layout: Layout, n_tokens: int) -> None:
-    """Raise LayoutMismatch unless `arrays` are exactly this model's KV for `n_tokens`."""
-    per_layer = len(_expected(layout[0], 1)) if layout else 2
-    if len(arrays) != per_layer * len(layout):
+    """Raise LayoutMismatch unless `arrays` are exactly this model's caches for `n_tokens`."""
+    counted = sum(check_layer(i, layer, arrays, n_tokens) for i, layer in enumerate(layout))
+    if len(arrays) != counted:
         raise LayoutMismatch(f"{len(arrays)} arrays for a model of {len(layout)} layers")
-    for i, layer in enumerate(layout):
-        for suffix, (shape, dtype) in _expected(layer, n_tokens).items():
-            a = arrays.get(f"{i}.{suffix}")
-            if a is None:
-                raise LayoutMismatch(f"layer {i} is missing {suffix}")
-            if a.shape != shape:
-                raise LayoutMismatch(f"layer {i} has {suffix} of shape {a.shape}")
-            if a.dtype.name != dtype:
-                raise LayoutMismatch(f"layer {i} holds {a.dtype.name}, the model makes {dtype}")
 
 
 _ST_DTYPES = {
@@ -136,6 +81,7 @@ _ST_DTYPES = {
     "uint16": "U16",
     "uint32": "U32",
     "int32": "I32",
+    "int64": "I64",
     "uint8": "U8",
     "int8": "I8",
 }

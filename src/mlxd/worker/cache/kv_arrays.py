@@ -1,112 +1,141 @@
-"""MLX KV caches to and from the NumPy arrays the SSD format stores (zero-copy one way), and
-the layout of the KV a model makes (what every stored entry is checked against).
+"""MLX caches to and from the NumPy arrays the SSD format stores (zero-copy one way), and the
+layout of the caches a model makes (what every stored entry is checked against).
 
-Plain KVCache layers and quantized ones (kvquant.py: packed values, scales, biases) travel;
-bfloat16 travels as its uint16 bits (NumPy has no bfloat16).
+Attention KV (plain or quantized), sliding windows and recurrent states travel, one tensor
+set per layer as kinds.py names them; bfloat16 travels as its uint16 bits.
 """
 
 from __future__ import annotations
 
+from typing import Any
+
 import mlx.core as mx
 import numpy as np
-from mlx_lm.models.cache import KVCache, QuantizedKVCache, make_prompt_cache
+from mlx_lm.models.cache import (
+    ArraysCache,
+    KVCache,
+    QuantizedKVCache,
+    RotatingKVCache,
+    make_prompt_cache,
+)
 
-from mlxd.worker.cache.format import BF16_STORED, Layout, pack_kv, unpack_kv
+from mlxd.worker.cache.format import Layout
+from mlxd.worker.cache.kinds import ARRAYS, BF16_STORED, QUANT_PARTS, ROTATING, kind
 from mlxd.worker.kv.quant import QuantizedRowCache
 
 
+def _known(c) -> bool:
+    return type(c) in (KVCache, RotatingKVCache, ArraysCache) or isinstance(c, QuantizedKVCache)
+
+
 def storable(layers: list) -> bool:
-    """Whether the SSD tier can hold these layers (plain or quantized KV, all one kind)."""
-    return bool(layers) and (
-        all(type(c) is KVCache for c in layers)
-        or all(isinstance(c, QuantizedKVCache) for c in layers)
-    )
+    """Whether the SSD tier can hold these layers: attention KV (plain or quantized, not
+    both), sliding windows and recurrent states."""
+    quant = [isinstance(c, QuantizedKVCache) for c in layers]
+    return bool(layers) and all(_known(c) for c in layers) and (all(quant) or not any(quant))
 
 
 def _bits_view(a: mx.array) -> mx.array:
     return a.view(mx.uint16) if a.dtype == mx.bfloat16 else a
 
 
+def _parts(i: int, c: Any) -> dict[str, mx.array]:
+    """Layer `i`'s tensors (MLX, before evaluation) by name."""
+    if type(c) is RotatingKVCache:
+        keys, values, *window = c.state  # offset, keep, window, write index: all public here
+        rot = mx.array(window, dtype=mx.int64)
+        return {f"{i}.k": keys, f"{i}.v": values, f"{i}.rot": rot}
+    if type(c) is ArraysCache:
+        return {f"{i}.a{j}": x for j, x in enumerate(c.state[0])}
+    if isinstance(c, QuantizedKVCache):
+        keys, values, offset, *_ = c.state
+        return {
+            f"{i}.{side}{suffix}": x[..., :offset, :]
+            for side, triple in (("k", keys), ("v", values))
+            for suffix, x in zip(QUANT_PARTS, triple)
+        }
+    return {f"{i}.k": c.keys[..., : c.offset, :], f"{i}.v": c.values[..., : c.offset, :]}
+
+
 def to_numpy(layers: list) -> tuple[dict[str, np.ndarray], dict[str, str], list]:
-    """Zero-copy NumPy views of KV layers, as the SSD format names and stores them, and the
-    evaluated MLX arrays behind them (they must outlive the views)."""
-    keep: list = []
-    quant = isinstance(layers[0], QuantizedKVCache)
-    for c in layers:
-        for a in (c.keys, c.values):
-            if quant:
-                keep.extend(_bits_view(x[..., : c.offset, :]) for x in a)
-            else:
-                keep.append(_bits_view(a[..., : c.offset, :]))
+    """Zero-copy NumPy views of cache layers, as the SSD format names and stores them, and
+    the evaluated MLX arrays behind them (they must outlive the views)."""
+    named = {n: _bits_view(a) for i, c in enumerate(layers) for n, a in _parts(i, c).items()}
+    keep: list = [mx.contiguous(a) for a in named.values()]
     mx.eval(keep)
-    views = [np.asarray(memoryview(a)) for a in keep]
-    sides: list[tuple[np.ndarray, ...]] | list[np.ndarray]
-    if quant:
-        sides = [tuple(views[i : i + 3]) for i in range(0, len(views), 3)]
-        dtype = str(layers[0].keys[1].dtype)
-    else:
-        sides, dtype = views, str(layers[0].keys.dtype)
-    arrays, meta = pack_kv(list(zip(sides[::2], sides[1::2])), dtype)
-    return arrays, meta, keep
+    arrays = {n: np.asarray(memoryview(a)) for n, a in zip(named, keep)}
+    return arrays, {"layers": str(len(layers))}, keep
 
 
-def _mx(a: np.ndarray, bf16: bool) -> mx.array:
+def _mx(a: np.ndarray, dtype: str) -> mx.array:
     x = mx.array(a)
-    return x.view(mx.bfloat16) if bf16 and x.dtype == mx.uint16 else x
+    return x.view(mx.bfloat16) if dtype == BF16_STORED else x
 
 
-def from_numpy(arrays: dict[str, np.ndarray], quant: tuple[int, int] | None = None) -> list:
-    """KV cache layers holding an SSD entry's arrays, evaluated; `quant` (bits, group size)
-    for a quantized entry."""
-    layers: list = []
-    pairs, bf16 = unpack_kv(arrays)
-    for k, v in pairs:
-        # Through mlx-lm's `state` setters: they assign what the attributes hold (mlx-lm's
-        # __init__ sets them to None, so they read as None-typed).
-        if quant is not None and isinstance(k, tuple):
-            bits, group = quant
-            qc = QuantizedRowCache(group_size=group, bits=bits)
-            qkeys = tuple(_mx(x, bf16) for x in k)
-            qc.state = (qkeys, tuple(_mx(x, bf16) for x in v), qkeys[0].shape[2], group, bits)
-            layers.append(qc)
-        else:
-            c = KVCache()
-            keys = _mx(k, bf16)
-            c.state = (keys, _mx(v, bf16), keys.shape[2])
-            layers.append(c)
-    mx.eval([(c.keys, c.values) for c in layers])
+def from_numpy(arrays: dict[str, np.ndarray], layout: Layout) -> list:
+    """Cache layers holding an SSD entry's arrays (checked against `layout`), evaluated."""
+    layers = [_layer(i, layer, arrays) for i, layer in enumerate(layout)]
+    mx.eval([c.state for c in layers])
     return layers
 
 
+def _layer(i: int, layer: tuple, arrays: dict[str, np.ndarray]) -> Any:
+    """Layer `i` of an entry. Through mlx-lm's `state` setters: they assign what the
+    attributes hold (mlx-lm's __init__ sets them to None, so they read as None-typed)."""
+    k = kind(layer)
+    if k == ARRAYS:
+        a = ArraysCache(size=len(layer) - 1)
+        slots = [_mx(arrays[f"{i}.a{j}"], d) for j, (_, d) in enumerate(layer[1:])]
+        a.state = (slots, None, None)  # its states, no batch padding nor lengths
+        return a
+    if k == "quant":
+        dtype, bits, group = layer[4], layer[5], layer[6]
+        q = QuantizedRowCache(group_size=group, bits=bits)
+        qk, qv = (
+            tuple(_mx(arrays[f"{i}.{side}{s}"], dtype if s else "") for s in QUANT_PARTS)
+            for side in "kv"
+        )
+        q.state = (qk, qv, qk[0].shape[2], group, bits)
+        return q
+    dtype = layer[5] if k == ROTATING else layer[4]
+    keys, values = _mx(arrays[f"{i}.k"], dtype), _mx(arrays[f"{i}.v"], dtype)
+    if k == ROTATING:
+        window, keep = layer[6], layer[7]
+        r = RotatingKVCache(max_size=window, keep=keep)
+        offset, _, _, at = (int(x) for x in arrays[f"{i}.rot"])
+        r.state = (keys, values, offset, keep, window, at)
+        return r
+    c = KVCache()
+    c.state = (keys, values, keys.shape[2])
+    return c
+
+
+def _layer_layout(c: Any) -> tuple:
+    if type(c) is ArraysCache:
+        return (ARRAYS, *((tuple(x.shape[1:]), _stored(x.dtype)) for x in c.state[0]))
+    if isinstance(c, QuantizedKVCache):
+        (k, ks, _), (v, _, _), *_ = c.state  # (keys, values, offset, group size, bits)
+        per = 32 // c.bits  # packed uint32 values hold 32 / bits elements each
+        return (k.shape[1], k.shape[3] * per, v.shape[1], v.shape[3] * per, _stored(ks.dtype),
+                c.bits, c.group_size)  # fmt: skip
+    k, v = c.keys, c.values
+    shape = (k.shape[1], k.shape[3], v.shape[1], v.shape[3], _stored(k.dtype))
+    return (ROTATING, *shape, c.max_size, c.keep) if type(c) is RotatingKVCache else shape
+
+
+def _stored(dtype) -> str:
+    """The dtype a file holds for `dtype` (bfloat16's bits as uint16)."""
+    return BF16_STORED if dtype == mx.bfloat16 else str(dtype).rsplit(".", 1)[-1]
+
+
 def kv_layout(model) -> Layout | None:
-    """Per-layer (key heads, key dim, value heads, value dim, stored dtype) of the KV this
-    model makes, from one token through a fresh cache, plus (bits, group size) when it is
-    quantized; None when its caches are neither all plain KVCache nor all quantized (the
-    kinds the SSD tier holds)."""
+    """Per-layer layout (kinds.py) of the caches this model makes, from one token through a
+    fresh set; None when one of them is of a kind the SSD tier cannot hold."""
     caches = make_prompt_cache(model)
     if not storable(caches):
         return None
     model(mx.array([[0]]), cache=caches)
-    mx.eval([(c.keys, c.values) for c in caches])
-    out: list[tuple] = []
-    for c in caches:
-        if isinstance(c, QuantizedKVCache):
-            (k, ks, _), (v, _, _), *_ = c.state  # (keys, values, offset, group size, bits)
-            # Packed values are uint32 holding 32 / bits elements each: the dims they stand for.
-            per = 32 // c.bits
-            kd, vd, dtype = k.shape[3] * per, v.shape[3] * per, ks.dtype
-            quant: tuple = (c.bits, c.group_size)
-        else:
-            k, v = c.keys, c.values
-            kd, vd, dtype, quant = k.shape[3], v.shape[3], k.dtype, ()
-        # bfloat16 travels as uint16 (NumPy has no bfloat16): what the file holds is checked.
-        stored = BF16_STORED if dtype == mx.bfloat16 else str(dtype).rsplit(".", 1)[-1]
-        out.append((k.shape[1], kd, v.shape[1], vd, stored, *quant))
-    return tuple(out)
-
-
-def layout_quant(layout: Layout | None) -> tuple[int, int] | None:
-    """(bits, group size) of a quantized layout, else None."""
-    if not layout or len(layout[0]) != 7:
-        return None
-    return int(layout[0][5]), int(layout[0][6])
+    mx.eval([c.state for c in caches])
+    if any(type(c) is ArraysCache and any(x is None for x in c.state[0]) for c in caches):
+        return None  # a state slot one token leaves empty: nothing to check entries against
+    return tuple(_layer_layout(c) for c in caches)

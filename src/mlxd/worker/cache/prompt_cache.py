@@ -20,7 +20,8 @@ from pathlib import Path
 import numpy as np
 
 from mlxd.worker.cache.format import Layout, LayoutMismatch, check_layout
-from mlxd.worker.cache.kv_arrays import from_numpy, layout_quant, storable, to_numpy
+from mlxd.worker.cache.kinds import trims
+from mlxd.worker.cache.kv_arrays import from_numpy, storable, to_numpy
 from mlxd.worker.cache.quiet_log import QuietLog
 from mlxd.worker.cache.ram import EARN_TOKENS, Entry, RamCache, compact, usable_length, view
 from mlxd.worker.cache.replies import Reply, clip
@@ -157,13 +158,12 @@ class PromptCache:
         if layout is None:
             raise LayoutMismatch("no layout to check the entry against")
         check_layout(arrays, layout, len(e.tokens))  # again: the arrays may be shared
-        layers = from_numpy(arrays, layout_quant(layout))
+        layers = from_numpy(arrays, layout)
         self.ssd_hits += 1
         if self.ram.insert(ns, e.tokens, layers, e.session, True, replies=e.replies) is None:
             # Too large to keep in RAM: serve this request straight from the restore.
-            n = usable_length(
-                len(e.tokens), common_prefix(e.tokens, prompt), len(prompt), True, False
-            )
+            common = common_prefix(e.tokens, prompt)
+            n = usable_length(len(e.tokens), common, len(prompt), trims(layout), False)
             return view(layers, n, len(e.tokens)), n, "ssd"
         return None
 
@@ -235,8 +235,8 @@ class PromptCache:
         writer = self.writer
         assert writer is not None  # ssd_writable: there is an SSD tier, so its writer
         if not storable(e.layers):
-            # Only plain and quantized KV caches travel to the SSD tier for now: other
-            # entries stay in RAM (never demoted) and are not queued again.
+            # Kinds the SSD tier cannot hold (kv_arrays.storable) stay in RAM (never
+            # demoted) and are not queued again.
             if not e.ram_only:
                 self.unsupported += 1
             e.ram_only = True

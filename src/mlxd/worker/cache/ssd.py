@@ -34,6 +34,7 @@ from mlxd.worker.cache.format import (
     read_entry,
     write_entry,
 )
+from mlxd.worker.cache.kinds import trims
 from mlxd.worker.cache.quiet_log import QuietLog
 from mlxd.worker.cache.ssd_index import SsdIndex
 from mlxd.worker.cache.ssd_leftovers import Leftovers, is_temporary
@@ -167,7 +168,8 @@ class SsdStore:
 
     def best(self, ns: str, prompt: list[int]) -> tuple[SsdEntry | None, int]:
         """The entry covering most of `prompt`, and how many tokens it covers."""
-        return self.index.best(ns, prompt)
+        exact = self.layout is not None and not trims(self.layout)
+        return self.index.best(ns, prompt, exact)
 
     def near(self, ns: str, prompt: list[int], limit: int) -> list[SsdEntry]:
         """Entries with replies sharing a prefix with `prompt` (replies.py)."""

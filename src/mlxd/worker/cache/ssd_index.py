@@ -54,11 +54,12 @@ class SsdIndex:
             self._tries[e.ns].remove(e.tokens)
             return True
 
-    def best(self, ns: str, prompt: list[int]) -> tuple[SsdEntry | None, int]:
+    def best(self, ns: str, prompt: list[int], exact: bool = False) -> tuple[SsdEntry | None, int]:
         """The entry covering most of `prompt`, and how many tokens it covers.
 
-        SSD entries hold plain KV caches, which trim: a longer entry that shares a prefix with
-        the prompt serves that prefix. One prompt token always stays to be computed.
+        Attention KV trims: a longer entry that shares a prefix with the prompt serves that
+        prefix. One prompt token always stays to be computed. `exact`: the entries are
+        snapshots (windows, recurrent states) that serve only a prompt extending them whole.
         """
         with self._lock:
             trie = self._tries.get(ns)
@@ -66,6 +67,10 @@ class SsdIndex:
         if m is None:
             return None, 0
         best, n = None, 0
+        if exact:
+            if m.shorter is not None and len(m.shorter[0]) < len(prompt):
+                return m.shorter[1], len(m.shorter[0])
+            return None, 0
         if m.shorter is not None:
             best, n = m.shorter[1], min(len(m.shorter[0]), len(prompt) - 1)
         if m.longer is not None and min(m.common, len(prompt) - 1) > n:

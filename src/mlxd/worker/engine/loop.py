@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterable
 import mlx.core as mx
 from mlx_lm.generate import BatchGenerator, StopSequences
 from mlx_lm.generate_utils import BatchStats
-from mlx_lm.models.cache import can_trim_prompt_cache, make_prompt_cache
+from mlx_lm.models.cache import make_prompt_cache
 
 from mlxd.shared.errors import MlxdError, Unavailable
 from mlxd.worker.cache.prompt_cache import PromptCache
@@ -48,6 +48,7 @@ from mlxd.worker.engine.step.generator import decode_batch, make_generator, step
 from mlxd.worker.engine.trace import StepTrace
 from mlxd.worker.engine.warmup import timed_warm_up
 from mlxd.worker.kv.budget import KvBudget
+from mlxd.worker.kv.layers import attention_only
 from mlxd.worker.model.load import LoadedModel, apply_wired_limit
 from mlxd.worker.model.prefill_check import padded_prefill_agrees
 
@@ -90,7 +91,7 @@ class Engine(EngineFigures):
         self.spec = spec  # speculative decoding of a lone row (None: off)
         self.compile_decode = compile_decode  # the decode forward compiled (engine/compiled.py)
         self.cache = cache
-        self.trimmable = can_trim_prompt_cache(make_prompt_cache(loaded.model))
+        self.trimmable = attention_only(make_prompt_cache(loaded.model))
         self.batch_size = batch
         self.plan = plan or PlanConfig()
         self._inbox = Inbox()

@@ -16,7 +16,9 @@ import logging
 
 import mlx.core as mx
 from mlx_lm.generate import BatchGenerator, generate_step
-from mlx_lm.models.cache import KVCache, QuantizedKVCache, make_prompt_cache
+from mlx_lm.models.cache import make_prompt_cache
+
+from mlxd.worker.kv.layers import attention_only
 
 log = logging.getLogger("mlxd.worker.model")
 
@@ -28,14 +30,9 @@ PROBE_PROMPTS = ([11, 12, 13, 14], list(range(20, 31)))
 MAX_MEAN_DIFF = 0.25
 
 
-def needs_probe(caches: list) -> bool:
-    """Layers other than attention KV (recurrent states, windows, lists of caches)."""
-    return not all(type(c) is KVCache or isinstance(c, QuantizedKVCache) for c in caches)
-
-
 def padded_prefill_agrees(model) -> bool:
     """Whether rows prefilled together get the first-token logits each gets alone."""
-    if not needs_probe(make_prompt_cache(model)):
+    if attention_only(make_prompt_cache(model)):
         return True
     alone = [next(generate_step(mx.array(p), model, max_tokens=1))[1] for p in PROBE_PROMPTS]
     gen = BatchGenerator(model, max_tokens=1)
