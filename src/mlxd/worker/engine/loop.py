@@ -53,6 +53,10 @@ from mlxd.worker.model.load import LoadedModel, apply_wired_limit
 from mlxd.worker.model.prefill_check import padded_prefill_agrees
 
 log = logging.getLogger("mlxd.worker.engine.loop")
+SPEC_OFF = (
+    "speculative decoding is off for this model: a rejected draft is undone by cutting the"
+    " KV back, which its sliding-window or recurrent layers cannot do"
+)
 
 # Clients hear this; why the thread stopped is in the log and in /health (`dead`).
 ENGINE_STOPPED = "The engine of this worker stopped; the worker log has the details"
@@ -88,10 +92,13 @@ class Engine(EngineFigures):
         compile_decode: bool = False,
     ):
         self.m = loaded
-        self.spec = spec  # speculative decoding of a lone row (None: off)
         self.compile_decode = compile_decode  # the decode forward compiled (engine/compiled.py)
         self.cache = cache
         self.trimmable = attention_only(make_prompt_cache(loaded.model))
+        if spec is not None and not self.trimmable:
+            log.warning(SPEC_OFF)
+            spec = None
+        self.spec = spec  # speculative decoding of a lone row (None: off)
         self.batch_size = batch
         self.plan = plan or PlanConfig()
         self._inbox = Inbox()
