@@ -50,13 +50,13 @@ def make_cache(tmp_path):
 
     yield make
     for c in made:
-        assert c.flush(30)
+        assert c.writes.flush(30)
 
 
 def settle(cache: PromptCache) -> dict:
     """Write-behind well after the quiet period, then wait for the writer: the stats."""
-    cache.maintain(time.monotonic() + 3600)
-    assert cache.flush(30)
+    cache.writes.maintain(time.monotonic() + 3600)
+    assert cache.writes.flush(30)
     return cache.stats()
 
 
@@ -78,7 +78,7 @@ def test_unique_prompts_are_not_written_after_their_quiet_time(make_cache):
         store(cache, p, cached=n, seed=i)
     s = settle(cache)
     assert s["cache_ssd_writes"] == 0 and s["cache_ssd_written_bytes"] == 0
-    assert files(cache) == [] and cache.write_tally() == (0, 0)
+    assert files(cache) == [] and cache.writes.tally() == (0, 0)
     assert s["cache_ram_entries"] == 6
 
 
@@ -136,7 +136,7 @@ def test_an_earned_entry_evicted_from_ram_is_spilled(make_cache):
     cache = make_cache(ram_bytes=entry_bytes(300))
     store(cache, prompt(0), session="s-1")
     store(cache, prompt(1), session="s-1", seed=1)  # evicts the first: it goes to the SSD
-    assert cache.flush(30)
+    assert cache.writes.flush(30)
     s = cache.stats()
     assert s["cache_ram_evictions"] == 1 and s["cache_spills"] == 1
     assert s["cache_ssd_writes"] == 1
@@ -146,10 +146,10 @@ def test_an_earned_entry_evicted_from_ram_is_spilled(make_cache):
 def test_an_entry_too_big_for_ram_goes_to_the_ssd_only_if_earned(make_cache):
     cache = make_cache(ram_bytes=entry_bytes(100))
     store(cache, prompt(0))
-    assert cache.flush(30) and cache.stats()["cache_ssd_writes"] == 0
+    assert cache.writes.flush(30) and cache.stats()["cache_ssd_writes"] == 0
     store(cache, prompt(1), cached=EARN_TOKENS, seed=1)
     store(cache, prompt(2), session="s-2", seed=2)
-    assert cache.flush(30)
+    assert cache.writes.flush(30)
     s = cache.stats()
     assert s["cache_ssd_writes"] == 2 and s["cache_ram_entries"] == 0
     assert s["cache_ssd_written_reused"] == s["cache_ssd_written_session"] == 1
@@ -160,12 +160,12 @@ def test_persist_all_writes_every_ram_entry_earned_or_not(make_cache):
     for i in range(3):
         store(cache, prompt(i), seed=i)
     store(cache, prompt(3), session="s-3", seed=3)
-    assert cache.persist_all() == 4
-    assert cache.flush(30)
+    assert cache.writes.persist_all() == 4
+    assert cache.writes.flush(30)
     s = cache.stats()
     assert s["cache_ssd_writes"] == 4 and s["cache_ssd_entries"] == 4
     assert s["cache_ssd_written_drain"] == 3 and s["cache_ssd_written_session"] == 1
-    assert cache.persist_all() == 0  # nothing left to write
+    assert cache.writes.persist_all() == 0  # nothing left to write
     for i in range(4):
         assert cache.ssd.best("", list(prompt(i)))[1] == 299
 
@@ -178,8 +178,8 @@ def test_bytes_written_are_the_bytes_of_the_files_written(make_cache):
     s = settle(cache)
     assert s["cache_ssd_writes"] == 1
     assert s["cache_ssd_written_bytes"] == sum(p.stat().st_size for p in files(cache)) > 0
-    cache.persist_all()
-    assert cache.flush(30)
+    cache.writes.persist_all()
+    assert cache.writes.flush(30)
     on_disk = files(cache)
     assert len(on_disk) == 6  # a data file and a sidecar per entry
     assert cache.stats()["cache_ssd_written_bytes"] == sum(p.stat().st_size for p in on_disk)

@@ -52,7 +52,7 @@ def run_follower(cfg: WorkerSpec) -> int:
     while not engine.join(1.0):
         pass
     if cache is not None:  # a drain's writes land before the process goes
-        cache.flush(FLUSH_S)
+        cache.writes.flush(FLUSH_S)
     if engine.dead is not None:
         log.error("engine stopped: %s", engine.dead)
         return EXIT_CRASH

@@ -79,6 +79,10 @@ class Lifecycle:
         """A STOPPED slot for `entry`; a hot reload makes one per generation (own socket)."""
         return ModelSlot.create(self.settings, entry, generation, now=self.clock())
 
+    def route(self, slot: ModelSlot) -> None:
+        """Send `slot.id`'s requests to `slot` from now on (a hot reload's switch, reload.py)."""
+        self.slots[slot.id] = slot
+
     def signal_room(self) -> None:
         """Wake loads waiting for room: a lease ended, a worker exited, a waiter left."""
         self.room.set()
@@ -292,35 +296,3 @@ class Lifecycle:
         slot.crashes.clear()
         slot.restarts = 0
         return True
-
-    async def hot_swap(self, old: ModelSlot, new: ModelSlot) -> None:
-        """Start `new` (generation n+1) beside `old`, route to it, then drain and stop `old`."""
-        self.incoming.add(new)
-        try:
-            await self.load_slot(new)
-        except BaseException as exc:
-            if new.process is not None and new.process.returncode is None:
-                new.process.kill()
-            if isinstance(exc, Exception):
-                why = new.last_error or str(exc)
-                raise Unavailable(
-                    f"Reload of '{old.id}' failed ({why}); the old worker keeps serving"
-                ) from None
-            raise
-        finally:
-            self.incoming.discard(new)
-        new.last_used = old.last_used
-        new.requested_keep_alive_s = old.requested_keep_alive_s
-        self.retired.add(old)
-        self.slots[old.id] = new  # routing switches here; requests holding `old` finish on it
-        log.info(
-            "model=%s hot swap: generation %d is serving, draining generation %d",
-            old.id,
-            new.generation,
-            old.generation,
-        )
-        try:
-            await self.unload_slot(old, "hot reload")
-            await self.wait_settled(old)
-        finally:
-            self.retired.discard(old)

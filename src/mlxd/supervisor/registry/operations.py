@@ -19,6 +19,7 @@ from mlxd.shared.errors import MlxdError
 from mlxd.supervisor.catalog.discovery import ModelEntry
 from mlxd.supervisor.lifecycle.admission import residents
 from mlxd.supervisor.lifecycle.owner import Lifecycle
+from mlxd.supervisor.lifecycle.reload import hot_swap
 from mlxd.supervisor.lifecycle.slot import ModelSlot
 from mlxd.supervisor.lifecycle.states import State
 from mlxd.supervisor.policy.eviction import DoesNotFit, plan_eviction
@@ -107,7 +108,7 @@ class ModelOps:
                 await self._start(entry)
                 lc.counters.reloads += 1
                 return "reloaded cold"
-            await lc.hot_swap(slot, new)
+            await hot_swap(lc, slot, new)
             lc.counters.reloads += 1
             return "reloaded"
 

@@ -104,18 +104,18 @@ async def persist(state: WorkerState) -> dict:
     cache = state.prompt_cache
     if cache is None or cache.ssd is None or state.engine is None:
         return {"cache_persisted": False}
-    written0, failed0 = cache.write_tally()
+    written0, failed0 = cache.writes.tally()
     try:
         queued = state.engine.persist_cache()
         await asyncio.to_thread(queued.wait, 30.0)
-        durable = await asyncio.to_thread(cache.flush, 120.0)
+        durable = await asyncio.to_thread(cache.writes.flush, 120.0)
     except Exception:  # the cache is an optimisation: a drain still answers
         log.exception("persisting the prompt cache failed")
         durable = False
-    written, failed = cache.write_tally()
+    written, failed = cache.writes.tally()
     failed -= failed0
     return {
-        "cache_persisted": durable and failed == 0 and cache.ssd_writable,
+        "cache_persisted": durable and failed == 0 and cache.writes.writable,
         "cache_entries_written": written - written0,
         "cache_entries_failed": failed,
         "cache_ssd_entries": len(cache.ssd),

@@ -1,48 +1,32 @@
 """The prompt cache: a RAM tier on the engine thread, backed by an SSD tier that outlives us.
 
-Before a drain only entries that earned it reach the SSD: a session's (`session_id`, ...), or
-one reused for real (a prefix of at least `earn_tokens` served from it or from a prefix it
-replaced, so turn N+1 of a conversation inherits turn N's hit). They go through the writer
-after a quiet period (write-behind) or when RAM evicts them (spill); other evicted entries are
-dropped, so a run of unique prompts writes nothing. Drain, flush and shutdown write every RAM
-entry. Persisted entries idle long enough leave RAM (demotion). A RAM miss that an SSD entry
-covers by at least `earn_tokens` more is served by restoring that entry, read and verified off
-the engine thread (shapes against the model's layout included); a restore that still fails
-drops that entry and the request runs as a miss.
+Which entries reach the SSD, and when, is the write policy's (write_policy.py). A RAM miss
+that an SSD entry covers by at least `earn_tokens` more is served by restoring that entry, read
+and verified off the engine thread (shapes against the model's layout included); a restore that
+still fails drops that entry and the request runs as a miss.
 """
 
 from __future__ import annotations
 
 import logging
-import time
 from pathlib import Path
 
 import numpy as np
 
 from mlxd.worker.cache.format import Layout, LayoutMismatch, check_layout
 from mlxd.worker.cache.kinds import trims
-from mlxd.worker.cache.kv_arrays import from_numpy, storable, to_numpy
-from mlxd.worker.cache.quiet_log import QuietLog
+from mlxd.worker.cache.kv_arrays import from_numpy
 from mlxd.worker.cache.ram import EARN_TOKENS, Entry, RamCache, compact, usable_length, view
 from mlxd.worker.cache.replies import Reply, clip
 from mlxd.worker.cache.ssd import SsdEntry, SsdStore
 from mlxd.worker.cache.trie import common_prefix
-from mlxd.worker.cache.writer import CacheWriter, WriteJob
+from mlxd.worker.cache.write_policy import WritePolicy
 
 log = logging.getLogger("mlxd.worker.cache")
 
-WRITE_REASONS = ("session", "reused", "drain")
-
-
-def write_reason(e: Entry) -> str:
-    """Why an entry is on its way to the SSD tier, as the stats count it."""
-    if e.session is not None:
-        return "session"
-    return "reused" if e.hits else "drain"  # the rest only a drain, flush or shutdown writes
-
 
 class PromptCache:
-    """Both tiers and the policy between them."""
+    """Both tiers: lookup, restore and store; `writes`, the policy between them."""
 
     def __init__(
         self,
@@ -57,18 +41,20 @@ class PromptCache:
         earn_tokens: int = EARN_TOKENS,
     ):
         self.earn_tokens = earn_tokens
-        self.ram = RamCache(ram_bytes, on_evict=self._spill, earn_tokens=earn_tokens)
+        # RAM's evictions go to the write policy: a spill to the SSD if earned.
+        self.ram = RamCache(
+            ram_bytes, on_evict=lambda e: self.writes.spill(e), earn_tokens=earn_tokens
+        )
         self.ssd = SsdStore(ssd_dir, ssd_bytes, layout) if ssd_dir is not None else None
-        self.writer = CacheWriter(self.ssd, max_queued_writes) if self.ssd is not None else None
-        self.quiet_s = quiet_s
-        self.idle_s = idle_s
-        self.spills = 0
-        self.demotions = 0
-        self.unsupported = 0
+        self.writes = WritePolicy(
+            self.ram,
+            self.ssd,
+            quiet_s=quiet_s,
+            idle_s=idle_s,
+            max_queued_writes=max_queued_writes,
+        )
         self.ssd_hits = 0
         self.reply_splices = 0  # prompts that got a reply's generated ids back (replies.py)
-        self.written = dict.fromkeys(WRITE_REASONS, 0)  # entries that landed on the SSD, by why
-        self._quiet = QuietLog(log)
 
     def start(self) -> None:
         """Scan the SSD tier (it may turn itself off) and start its writer. Never raises."""
@@ -96,8 +82,9 @@ class PromptCache:
                 left.removed,
                 len(left.waiting),
             )
-        assert self.writer is not None  # made together with the SSD tier
-        self.writer.start()  # also when off: queued writes then resolve at once, as failed
+        writer = self.writes.writer
+        assert writer is not None  # made together with the SSD tier
+        writer.start()  # also when off: queued writes then resolve at once, as failed
 
     # -- any thread -------------------------------------------------------------------------
     def ssd_candidate(self, ns: str, prompt: list[int]) -> SsdEntry | None:
@@ -118,19 +105,6 @@ class PromptCache:
 
     def read_ssd(self, e: SsdEntry) -> dict[str, np.ndarray] | None:
         return self.ssd.read(e) if self.ssd is not None else None
-
-    def flush(self, timeout_s: float = 60.0) -> bool:
-        return self.writer.flush(timeout_s) if self.writer is not None else True
-
-    @property
-    def ssd_writable(self) -> bool:
-        """Whether entries can reach the SSD at all (a tier that is on and not read-only)."""
-        return self.ssd is not None and self.ssd.disabled is None and not self.ssd.read_only
-
-    def write_tally(self) -> tuple[int, int]:
-        """(writes landed, writes failed) so far: a drain reports the difference it made."""
-        w = self.writer
-        return (w.written, w.failed) if w is not None else (0, 0)
 
     # -- engine thread ----------------------------------------------------------------------
     def fetch(
@@ -190,31 +164,7 @@ class PromptCache:
             nbytes = sum(c.nbytes for c in layers)
             e = Entry(ns, tokens, layers, nbytes, session, hits=hits, replies=replies)
             if e.earned:
-                self._enqueue(e)
-
-    def maintain(self, now: float | None = None) -> None:
-        """Write-behind of settled entries that earned it, and demotion of idle ones."""
-        if self.ssd is None:
-            return
-        self.ssd.sweep_leftovers()
-        now = time.monotonic() if now is None else now
-        for e in self.ram.entries():
-            if e.ram_only:
-                continue
-            if e.earned and not e.persisted and not e.queued and now - e.created >= self.quiet_s:
-                self._enqueue(e)
-            elif e.persisted and now - e.last_used >= self.idle_s:
-                self.ram.drop(e)
-                self.demotions += 1
-
-    def persist_all(self) -> int:
-        """Queue every RAM entry not yet on the SSD, earned or not (drain, flush, shutdown)."""
-        n = 0
-        for e in self.ram.entries():
-            if not e.persisted and not e.queued and not e.ram_only:
-                self._enqueue(e, block=True)  # a drain must not drop writes
-                n += 1
-        return n
+                self.writes.enqueue(e)
 
     def close_session(self, session: str) -> int:
         n = self.ram.drop_session(session)
@@ -222,46 +172,8 @@ class PromptCache:
             n += self.ssd.drop_session(session)
         return n
 
-    def _spill(self, e: Entry) -> None:
-        if not e.earned:  # evicted from RAM without having earned the SSD: dropped
-            return
-        if self.ssd is not None and not e.persisted and not e.queued and not e.ram_only:
-            self.spills += 1
-            self._enqueue(e)
-
-    def _enqueue(self, e: Entry, block: bool = False) -> None:
-        if not self.ssd_writable:
-            return  # no array copies for a tier that cannot take them
-        writer = self.writer
-        assert writer is not None  # ssd_writable: there is an SSD tier, so its writer
-        if not storable(e.layers):
-            # Kinds the SSD tier cannot hold (kv_arrays.storable) stay in RAM (never
-            # demoted) and are not queued again.
-            if not e.ram_only:
-                self.unsupported += 1
-            e.ram_only = True
-            return
-
-        reason = write_reason(e)
-
-        def done(ok: bool, e=e) -> None:  # on the writer thread, the only one counting
-            e.queued = False
-            e.persisted = ok
-            if ok:
-                self.written[reason] += 1
-
-        try:
-            arrays, meta, keep = to_numpy(e.layers)
-            e.queued = True
-            job = WriteJob(e.ns, e.tokens, arrays, meta, e.session, keep, done, replies=e.replies)
-            writer.put(job, block)
-        except Exception as exc:  # runs on the engine thread: a hand-off may cost the entry only
-            e.queued = False
-            writer.failed += 1
-            self._quiet.warn("SSD prompt cache hand-off to the writer", exc)
-
     def stats(self) -> dict:
-        r = self.ram
+        r, writes = self.ram, self.writes
         out = {
             "cache_ram_entries": len(r),
             "cache_ram_bytes": r.nbytes,
@@ -270,12 +182,12 @@ class PromptCache:
             "cache_ram_misses": r.stats["misses"],
             "cache_ram_evictions": r.stats["evictions"],
             "cache_hit_tokens": r.stats["hit_tokens"],
-            "cache_spills": self.spills,
-            "cache_demotions": self.demotions,
+            "cache_spills": writes.spills,
+            "cache_demotions": writes.demotions,
             "cache_reply_splices": self.reply_splices,
         }
         if self.ssd is not None:
-            s, w = self.ssd.stats, self.writer
+            s, w = self.ssd.stats, writes.writer
             assert w is not None  # made together with the SSD tier
             out.update(
                 {
@@ -286,7 +198,7 @@ class PromptCache:
                     "cache_ssd_restores": s["restores"],
                     "cache_ssd_writes": s["writes"],
                     "cache_ssd_written_bytes": s["bytes_written"],
-                    **{f"cache_ssd_written_{r}": n for r, n in self.written.items()},
+                    **{f"cache_ssd_written_{r}": n for r, n in writes.written.items()},
                     "cache_ssd_corrupt": s["corrupt"],
                     "cache_ssd_leftovers_removed": self.ssd.leftovers.removed,
                     "cache_ssd_evictions": s["evictions"],

@@ -261,7 +261,7 @@ class Engine(EngineFigures):
             return last_s
         now = time.monotonic()
         try:
-            self.cache.maintain(now)
+            self.cache.writes.maintain(now)
         except Exception:  # the cache is an optimisation: never a reason to stop
             log.exception("prompt-cache upkeep failed")
         return now
@@ -336,7 +336,7 @@ class Engine(EngineFigures):
                     self._batch.drop(sub)
             case PersistCache(done):
                 if self.cache is not None:
-                    self.cache.persist_all()
+                    self.cache.writes.persist_all()
                 done.set()
             case CloseSession(session, done):
                 if self.cache is not None:

@@ -1,0 +1,134 @@
+"""The SSD write policy: which RAM entries reach the SSD tier, and when.
+
+Before a drain only entries that earned it reach the SSD: a session's (`session_id`, ...), or
+one reused for real (a prefix of at least `earn_tokens` served from it or from a prefix it
+replaced, so turn N+1 of a conversation inherits turn N's hit). They go through the writer
+after a quiet period (write-behind) or when RAM evicts them (spill); other evicted entries are
+dropped, so a run of unique prompts writes nothing. Drain, flush and shutdown write every RAM
+entry. Persisted entries idle long enough leave RAM (demotion).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+from mlxd.worker.cache.kv_arrays import storable, to_numpy
+from mlxd.worker.cache.quiet_log import QuietLog
+from mlxd.worker.cache.ram import Entry, RamCache
+from mlxd.worker.cache.ssd import SsdStore
+from mlxd.worker.cache.writer import CacheWriter, WriteJob
+
+log = logging.getLogger("mlxd.worker.cache")
+
+WRITE_REASONS = ("session", "reused", "drain")
+
+
+def write_reason(e: Entry) -> str:
+    """Why an entry is on its way to the SSD tier, as the stats count it."""
+    if e.session is not None:
+        return "session"
+    return "reused" if e.hits else "drain"  # the rest only a drain, flush or shutdown writes
+
+
+class WritePolicy:
+    """Hands RAM entries to the SSD tier's writer: write-behind, spill, drain; and demotes."""
+
+    def __init__(
+        self,
+        ram: RamCache,
+        ssd: SsdStore | None,
+        *,
+        quiet_s: float,
+        idle_s: float,
+        max_queued_writes: int,
+    ):
+        self.ram = ram
+        self.ssd = ssd
+        self.writer = CacheWriter(ssd, max_queued_writes) if ssd is not None else None
+        self.quiet_s = quiet_s
+        self.idle_s = idle_s
+        self.spills = 0
+        self.demotions = 0
+        self.unsupported = 0
+        self.written = dict.fromkeys(WRITE_REASONS, 0)  # entries that landed on the SSD, by why
+        self._quiet = QuietLog(log)
+
+    # -- any thread -------------------------------------------------------------------------
+    def flush(self, timeout_s: float = 60.0) -> bool:
+        return self.writer.flush(timeout_s) if self.writer is not None else True
+
+    @property
+    def writable(self) -> bool:
+        """Whether entries can reach the SSD at all (a tier that is on and not read-only)."""
+        return self.ssd is not None and self.ssd.disabled is None and not self.ssd.read_only
+
+    def tally(self) -> tuple[int, int]:
+        """(writes landed, writes failed) so far: a drain reports the difference it made."""
+        w = self.writer
+        return (w.written, w.failed) if w is not None else (0, 0)
+
+    # -- engine thread ----------------------------------------------------------------------
+    def maintain(self, now: float | None = None) -> None:
+        """Write-behind of settled entries that earned it, and demotion of idle ones."""
+        if self.ssd is None:
+            return
+        self.ssd.sweep_leftovers()
+        now = time.monotonic() if now is None else now
+        for e in self.ram.entries():
+            if e.ram_only:
+                continue
+            if e.earned and not e.persisted and not e.queued and now - e.created >= self.quiet_s:
+                self.enqueue(e)
+            elif e.persisted and now - e.last_used >= self.idle_s:
+                self.ram.drop(e)
+                self.demotions += 1
+
+    def persist_all(self) -> int:
+        """Queue every RAM entry not yet on the SSD, earned or not (drain, flush, shutdown)."""
+        n = 0
+        for e in self.ram.entries():
+            if not e.persisted and not e.queued and not e.ram_only:
+                self.enqueue(e, block=True)  # a drain must not drop writes
+                n += 1
+        return n
+
+    def spill(self, e: Entry) -> None:
+        """RAM evicted `e`: to the SSD tier if it earned that, else dropped."""
+        if not e.earned:  # evicted from RAM without having earned the SSD: dropped
+            return
+        if self.ssd is not None and not e.persisted and not e.queued and not e.ram_only:
+            self.spills += 1
+            self.enqueue(e)
+
+    def enqueue(self, e: Entry, block: bool = False) -> None:
+        """Hand `e`'s arrays to the writer (`block`: wait for room, not drop the oldest write)."""
+        if not self.writable:
+            return  # no array copies for a tier that cannot take them
+        writer = self.writer
+        assert writer is not None  # writable: there is an SSD tier, so its writer
+        if not storable(e.layers):
+            # Kinds the SSD tier cannot hold (kv_arrays.storable) stay in RAM (never
+            # demoted) and are not queued again.
+            if not e.ram_only:
+                self.unsupported += 1
+            e.ram_only = True
+            return
+
+        reason = write_reason(e)
+
+        def done(ok: bool, e=e) -> None:  # on the writer thread, the only one counting
+            e.queued = False
+            e.persisted = ok
+            if ok:
+                self.written[reason] += 1
+
+        try:
+            arrays, meta, keep = to_numpy(e.layers)
+            e.queued = True
+            job = WriteJob(e.ns, e.tokens, arrays, meta, e.session, keep, done, replies=e.replies)
+            writer.put(job, block)
+        except Exception as exc:  # runs on the engine thread: a hand-off may cost the entry only
+            e.queued = False
+            writer.failed += 1
+            self._quiet.warn("SSD prompt cache hand-off to the writer", exc)
