@@ -154,7 +154,7 @@ FAMILIES: dict[str, dict] = {
         "num_experts_per_tok": 2,
         "kv_lora_rank": 64,
         "q_lora_rank": 96,
-        "qk_rope_head_dim": 16,
+        "qk_rope_head_dim": 32,
         "v_head_dim": 32,
         "qk_nope_head_dim": 32,
         "first_k_dense_replace": 1,

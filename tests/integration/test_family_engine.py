@@ -9,12 +9,15 @@ import threading
 import mlx.core as mx
 import pytest
 from families import FAMILIES, build_family_model
+from family_support import ATTENTION_ONLY, NO_QUANTIZED_READ, PREFILL_ONE_AT_A_TIME
 from mlx_lm.generate import generate_step
 
 from mlxd.shared.params import GenerationParams
+from mlxd.worker.engine.draft_model import spec_config
 from mlxd.worker.engine.loop import Engine
 from mlxd.worker.engine.rows import Submission
 from mlxd.worker.engine.sched.planner import PlanConfig
+from mlxd.worker.kv.quant import apply_kv_scheme
 from mlxd.worker.model.load import load_model
 from mlxd.worker.model.prefill_check import padded_prefill_agrees
 
@@ -77,4 +80,42 @@ def test_only_a_model_whose_layers_ignore_padding_is_prefilled_one_row_at_a_time
     `_ssm` drops the cache's lengths); the rest may share a prefill forward. The batched test
     above then holds for nemotron_h only because its rows prefill one at a time."""
     name, loaded = family
-    assert padded_prefill_agrees(loaded.model) == (name != "nemotron_h")
+    assert padded_prefill_agrees(loaded.model) == (name not in PREFILL_ONE_AT_A_TIME)
+
+
+def test_kv_bits_and_speculation_are_on_where_the_table_says_and_refused_elsewhere(family):
+    """docs/model-families.md (tests/family_support.py): attention-only families speculate and
+    quantize their KV (serving rows with it), but for MLA, whose attention cannot read it;
+    the others refuse kv_bits at load, naming their cache kinds, and turn speculation off."""
+    name, loaded = family
+    allowed = name in ATTENTION_ONLY
+    engine = Engine(loaded, batch=2, warmup=False, spec=spec_config("ngram", 3, None))
+    assert (engine.spec is not None) == allowed, name
+    if name in NO_QUANTIZED_READ:
+        with pytest.raises(ValueError, match="cannot read a quantized KV"):
+            apply_kv_scheme(loaded.model, 8, group_size=32)
+        assert "make_cache" not in vars(loaded.model)  # the model as it was
+    elif allowed:
+        try:
+            assert apply_kv_scheme(loaded.model, 8, group_size=32).bits == 8
+            quantized = Engine(loaded, batch=2, warmup=False)
+            events, done = [], threading.Event()
+
+            def sink(ev):
+                events.append(ev)
+                if ev.finish_reason is not None:
+                    done.set()
+
+            params = GenerationParams(max_tokens=TOKENS, temperature=0.0)
+            quantized.start()
+            try:
+                quantized.submit(Submission("q", list(range(10, 60)), params, sink))
+                assert done.wait(60), name
+            finally:
+                quantized.stop()
+            assert events[-1].finish_reason in ("length", "stop"), (name, events[-1])
+        finally:
+            vars(loaded.model).pop("make_cache", None)  # the shared model's float caches again
+    else:
+        with pytest.raises(ValueError, match="kv_bits needs plain KV caches"):
+            apply_kv_scheme(loaded.model, 8)

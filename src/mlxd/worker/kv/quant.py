@@ -58,6 +58,13 @@ def apply_kv_scheme(model, bits: int | None, group_size: int = 64) -> KvScheme:
     scheme = KvScheme(bits, group_size)
     n = len(caches)
     model.make_cache = lambda: [scheme.row_cache() for _ in range(n)]
+    try:  # some attention reads the cache's arrays itself (DeepSeek's MLA): one token tells
+        mx.eval(model(mx.array([[0]]), cache=make_prompt_cache(model)))
+    except Exception as exc:
+        del model.make_cache
+        raise ValueError(
+            f"kv_bits: this model's attention cannot read a quantized KV ({exc})"
+        ) from exc
     return scheme
 
 
