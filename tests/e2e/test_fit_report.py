@@ -40,6 +40,15 @@ def fit(d, model: str):
     return d.http.get("/admin/fit", params={"model": model})
 
 
+def loaded_fit(d, model: str) -> tuple[dict, dict]:
+    """The fit report of `model` once a request loaded it, and its worker's /stats."""
+    body = {"model": model, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+    assert d.http.post("/v1/chat/completions", json=body).is_success
+    report = fit(d, model).json()
+    with uds_client(d.home / "run" / f"{model}.sock", 10) as c:
+        return report, c.get("/stats").json()
+
+
 def test_fit_of_an_unloaded_model_follows_the_memory_plan(daemon):
     r = fit(daemon, "b")
     assert r.status_code == 200
@@ -66,11 +75,7 @@ def test_fit_of_an_unloaded_model_follows_the_memory_plan(daemon):
 
 
 def test_fit_of_a_loaded_quantized_model_matches_its_worker(daemon):
-    body = {"model": "a", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
-    assert daemon.http.post("/v1/chat/completions", json=body).is_success
-    report = fit(daemon, "a").json()
-    with uds_client(daemon.home / "run" / "a.sock", 10) as c:
-        stats = c.get("/stats").json()
+    report, stats = loaded_fit(daemon, "a")
     loaded = report["loaded"]
     assert report["kv_bits"] == 8 and loaded["state"] == "ready" and loaded["kv_bits"] == 8
     eight = next(s for s in report["schemes"] if s["kv_bits"] == 8)
@@ -121,11 +126,7 @@ def test_fit_of_a_sliding_window_model_counts_its_windows_not_the_context(daemon
 
 
 def test_a_loaded_sliding_window_models_report_is_its_workers_measured_cost(daemon):
-    body = {"model": "g", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
-    assert daemon.http.post("/v1/chat/completions", json=body).is_success
-    report = fit(daemon, "g").json()
-    with uds_client(daemon.home / "run" / "g.sock", 10) as c:
-        stats = c.get("/stats").json()
+    report, stats = loaded_fit(daemon, "g")
     (scheme,) = report["schemes"]
     assert scheme["measured"] and stats["kv_window"] == scheme["window"] == WINDOW
     assert stats["kv_windowed_bytes_per_token"] == scheme["windowed_bytes_per_token"] > 0
