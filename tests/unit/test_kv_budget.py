@@ -3,10 +3,11 @@
 import pytest
 
 from mlxd.shared.errors import PayloadTooLarge
+from mlxd.shared.kv_config import kv_bytes_per_token
 from mlxd.shared.params import GenerationParams
 from mlxd.worker.engine.rows import Submission
 from mlxd.worker.engine.sched.preempt import resumable
-from mlxd.worker.kv.budget import RESERVED_OUTPUT_TOKENS, KvBudget, kv_bytes_per_token, row_tokens
+from mlxd.worker.kv.budget import RESERVED_OUTPUT_TOKENS, KvBudget, KvCost, row_tokens
 from mlxd.worker.kv.reserve import (
     BLOCK,
     Held,
@@ -43,14 +44,14 @@ def test_rows_count_their_prompt_and_all_the_output_they_may_write():
 
 
 def test_one_long_row_makes_every_row_beside_it_long():
-    b = KvBudget(bytes_per_token=10, budget_bytes=10**9, max_rows=32)
+    b = KvBudget(KvCost(10), budget_bytes=10**9, max_rows=32)
     assert b.footprint([]) == 0
     assert b.footprint([1]) == 256 * 10  # BatchKVCache grows 256 positions at a time
     assert b.footprint([100, 30_000, 5]) == 3 * 30_208 * 10
 
 
 def test_admission_holds_rows_and_bytes():
-    b = KvBudget(bytes_per_token=1, budget_bytes=1024, max_rows=3)
+    b = KvBudget(KvCost(1), budget_bytes=1024, max_rows=3)
     assert b.admits([200], 300)  # 2 x 512
     assert not b.admits([200, 200], 600)  # 3 x 768 > 1024
     assert not b.admits([1, 1, 1], 1)  # the row count
@@ -58,7 +59,7 @@ def test_admission_holds_rows_and_bytes():
 
 
 def test_a_row_that_never_fits_alone_is_refused_with_the_numbers():
-    b = KvBudget(bytes_per_token=4096, budget_bytes=4096 * 700, max_rows=4)
+    b = KvBudget(KvCost(4096), budget_bytes=4096 * 700, max_rows=4)
     b.check_alone(400, 8)  # 408 -> 512 positions: fits
     with pytest.raises(PayloadTooLarge) as exc:
         b.check_alone(900, 8)
@@ -92,7 +93,7 @@ def held(key, order, reserved, filled, full=10_000, resumable=True):
 
 
 def test_rows_grow_without_preemption_while_the_budget_holds_them():
-    b = KvBudget(bytes_per_token=1, budget_bytes=3 * 768, max_rows=8)
+    b = KvBudget(KvCost(1), budget_bytes=3 * 768, max_rows=8)
     rows = [held("a", 0, 512, 512), held("b", 1, 512, 300), held("c", 2, 256, 100)]
     g = plan_growth(rows, b)
     assert g.reserved == {"a": 768, "b": 512, "c": 256} and not g.preempt and not g.over
@@ -100,28 +101,28 @@ def test_rows_grow_without_preemption_while_the_budget_holds_them():
 
 def test_the_newest_rows_are_preempted_when_a_block_is_short():
     # Three rows at 512 fill the budget; "a" crossing its reservation needs 768 for all.
-    b = KvBudget(bytes_per_token=1, budget_bytes=3 * 512, max_rows=8)
+    b = KvBudget(KvCost(1), budget_bytes=3 * 512, max_rows=8)
     rows = [held("c", 2, 512, 200), held("a", 0, 512, 512), held("b", 1, 512, 400)]
     g = plan_growth(rows, b)
     assert g.preempt == ["c"]  # the newest by admission order, not the last listed
     assert g.reserved == {"a": 768, "b": 512}
     # Tighter: both newer rows go, newest first; the oldest keeps running.
-    b = KvBudget(bytes_per_token=1, budget_bytes=2 * 512, max_rows=8)
+    b = KvBudget(KvCost(1), budget_bytes=2 * 512, max_rows=8)
     g = plan_growth(rows, b)
     assert g.preempt == ["c", "b"] and g.reserved == {"a": 768}
 
 
 def test_a_newer_row_that_needs_a_block_preempts_itself_first():
-    b = KvBudget(bytes_per_token=1, budget_bytes=2 * 512, max_rows=8)
+    b = KvBudget(KvCost(1), budget_bytes=2 * 512, max_rows=8)
     g = plan_growth([held("old", 0, 512, 100), held("new", 1, 512, 512)], b)
     assert g.preempt == ["new"] and g.reserved == {"old": 512}
 
 
 def test_the_oldest_a_lone_row_and_rows_that_cannot_resume_are_never_preempted():
-    b = KvBudget(bytes_per_token=1, budget_bytes=512, max_rows=8)
+    b = KvBudget(KvCost(1), budget_bytes=512, max_rows=8)
     g = plan_growth([held("lone", 0, 512, 512)], b)
     assert not g.preempt and g.over == ["lone"] and g.reserved == {"lone": 768}
-    b = KvBudget(bytes_per_token=1, budget_bytes=2 * 512, max_rows=8)
+    b = KvBudget(KvCost(1), budget_bytes=2 * 512, max_rows=8)
     rows = [held("old", 0, 512, 512), held("grammar", 1, 512, 10, resumable=False)]
     g = plan_growth(rows, b)
     assert not g.preempt and g.over == ["old"]

@@ -9,7 +9,8 @@ import pytest
 from mlxd.shared.config import ConfigError
 from mlxd.shared.config_load import load_settings
 from mlxd.shared.fit import dtype_bytes_of, fit_schemes
-from mlxd.shared.kv_math import KvShape, kv_bytes_per_token, max_context, max_rows
+from mlxd.shared.kv_config import KvLayer, KvLayout, kv_bytes_per_token
+from mlxd.shared.kv_math import max_context, max_rows
 from mlxd.shared.memory_plan import plan_memory
 from mlxd.worker.cache import format as cache_format
 from mlxd.worker.cache.layout import fingerprint
@@ -49,14 +50,15 @@ def test_fit_rows_follow_the_plan_for_each_scheme():
         weights_bytes=15 * GiB,
         prompt_cache_bytes=8 * GiB,
     )
-    shape = KvShape.of_config(LLAMA_8B)
-    rows = fit_schemes(shape, plan, dtype_bytes=2, context=32768)
+    layout = KvLayout.of_config(LLAMA_8B)
+    assert layout is not None
+    rows = fit_schemes(layout, plan, dtype_bytes=2, context=32768)
     assert [r.kv_bits for r in rows] == [16, 8, 4]
     assert [r.max_batch_at_context for r in rows] == [3, 7, 13]  # operations.md's example
     assert [r.fits_context for r in rows] == [True, True, True]
     assert all(r.max_context_at_batch_1 == 32768 for r in rows)  # capped at the context
     # A group size that does not divide the head dim has no quantized rows.
-    odd = KvShape(4, 2, 96)
+    odd = KvLayout((KvLayer(2, 96, 96),) * 4)
     assert [
         r.kv_bits for r in fit_schemes(odd, plan, dtype_bytes=2, context=4096, group_size=64)
     ] == [16]

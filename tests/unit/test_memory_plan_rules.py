@@ -4,9 +4,10 @@ budget; an allocation failure is told apart from other step failures (issue 18).
 import pytest
 
 from mlxd.shared.errors import PayloadTooLarge
+from mlxd.shared.kv_config import kv_bytes_per_token
 from mlxd.worker.engine.recovery import generation_failed, is_out_of_memory
 from mlxd.worker.engine.sched.memplan import plan_memory
-from mlxd.worker.kv.budget import KvBudget, kv_bytes_per_token
+from mlxd.worker.kv.budget import KvBudget, KvCost
 
 GiB = 1024**3
 MiB = 1024**2
@@ -27,7 +28,7 @@ def test_the_worked_example_of_the_docs():
     assert plan.kv_budget_bytes == 48 * GiB - 15 * GiB - 8 * GiB - int(9.6 * GiB)
     bpt = kv_bytes_per_token(LLAMA_8B, 2)
     assert bpt == 128 * 1024
-    budget = KvBudget.of(bpt, plan.kv_budget_bytes, 32, 32768, plan.explain())
+    budget = KvBudget.of(KvCost(bpt), plan.kv_budget_bytes, 32, 32768, plan.explain())
     assert budget is not None
     assert budget.admits([32768, 32768], 32768) and not budget.admits([32768] * 3, 32768)
     assert budget.admits([8192] * 14, 8192)
@@ -73,7 +74,7 @@ def test_a_plan_with_no_room_left_refuses_every_row_with_its_numbers():
         machine_bytes=16 * GiB, share_bytes=None, weights_bytes=14 * GiB, prompt_cache_bytes=GiB
     )
     assert plan.kv_budget_bytes == 0 and plan.kv_source == "plan"
-    budget = KvBudget.of(1024, plan.kv_budget_bytes, 8, 4096, plan.explain())
+    budget = KvBudget.of(KvCost(1024), plan.kv_budget_bytes, 8, 4096, plan.explain())
     with pytest.raises(PayloadTooLarge) as exc:
         budget.check_alone(10, 5)
     msg = exc.value.message

@@ -2,14 +2,17 @@
 
 Pure (no MLX): the supervisor runs it from the model folder's config.json and its settings
 (supervisor/admin/fit.py). The plan is the worker's own (shared/memory_plan.py) for the model
-alone under the memory budget; each scheme (the float dtype, 8-bit, 4-bit) then gives its
-bytes per token (shared/kv_math.py), the longest row that fits at batch 1 and the most rows
-that fit at the model's whole context (the `batch` setting may allow fewer).
+alone under the memory budget; each scheme (the float dtype, 8-bit, 4-bit) then gives what a
+row holds (shared/kv_config.py: per token, per token of a sliding window, per row of recurrent
+state), the longest row that fits at batch 1 and the most rows that fit at the model's whole
+context (the `batch` setting may allow fewer). A running worker's scheme counts what the
+worker measured from its own caches instead.
 """
 
 from __future__ import annotations
 
-from mlxd.shared.kv_math import KV_BITS, KvShape, max_context, max_rows
+from mlxd.shared.kv_config import KvLayout
+from mlxd.shared.kv_math import KV_BITS, KvCost
 from mlxd.shared.memory_plan import MemoryPlan
 from mlxd.shared.wire.admin import FitScheme
 
@@ -26,27 +29,46 @@ def dtype_bytes_of(config: dict) -> int:
 
 
 def fit_schemes(
-    shape: KvShape,
+    layout: KvLayout,
     plan: MemoryPlan,
     *,
     dtype_bytes: int,
     context: int,
     group_size: int = 64,
+    measured: dict[int, KvCost] | None = None,
 ) -> list[FitScheme]:
-    """One row per KV scheme: its bytes per token and what the plan's KV budget holds."""
+    """One row per KV scheme: what a row holds and what the plan's KV budget holds.
+    `measured`: a running worker's own cost, by its scheme's bits (16: float)."""
     rows = []
+    quantizable = layout.quantizable and not any(d % group_size for d in layout.dims())
     for bits in (None, *sorted(KV_BITS, reverse=True)):
-        if bits is not None and shape.head_dim % group_size:
-            continue  # this group size cannot quantize these heads (the worker refuses it)
-        bpt = shape.bytes_per_token(dtype_bytes, bits, group_size)
-        longest = max_context(plan.kv_budget_bytes, bpt)
+        if bits is not None and not quantizable:
+            continue  # windows, states or heads the group cannot divide: the worker refuses
+        name = FLOAT_BITS if bits is None else bits
+        cost = (measured or {}).get(name)
         rows.append(
-            FitScheme(
-                kv_bits=FLOAT_BITS if bits is None else bits,
-                bytes_per_token=bpt,
-                max_context_at_batch_1=min(longest, context),
-                max_batch_at_context=max_rows(plan.kv_budget_bytes, bpt, context),
-                fits_context=longest >= context,
+            _scheme(
+                name,
+                cost or layout.cost(dtype_bytes, bits, group_size),
+                plan,
+                context,
+                measured=cost is not None,
             )
         )
     return rows
+
+
+def _scheme(bits: int, cost: KvCost, plan: MemoryPlan, context: int, measured: bool) -> FitScheme:
+    longest = cost.max_context(plan.kv_budget_bytes)
+    return FitScheme(
+        kv_bits=bits,
+        bytes_per_token=cost.per_token,
+        windowed_bytes_per_token=cost.windowed_per_token,
+        window=cost.window,
+        state_bytes_per_row=cost.per_row,
+        bytes_at_context=cost.row_bytes(context),
+        measured=measured,
+        max_context_at_batch_1=min(longest, context),
+        max_batch_at_context=cost.max_rows(plan.kv_budget_bytes, context),
+        fits_context=longest >= context,
+    )

@@ -171,7 +171,12 @@ class FitScheme(BaseModel):
     """What one KV scheme makes room for, in GET /admin/fit."""
 
     kv_bits: int  # 16: the model's own float KV (see kv_dtype_bytes); 8 or 4: quantized
-    bytes_per_token: int  # K and V over all layers
+    bytes_per_token: int  # K and V over the full-attention layers
+    windowed_bytes_per_token: int = 0  # over the sliding-window layers, up to `window` tokens
+    window: int = 0  # their window, in tokens (0: none)
+    state_bytes_per_row: int = 0  # the recurrent layers' fixed state, per row
+    bytes_at_context: int = 0  # what one row of the whole context holds (unpadded)
+    measured: bool = False  # the running worker's own figures, from its caches
     max_context_at_batch_1: int  # the longest row (prompt + output), at most the context
     max_batch_at_context: int  # rows of the whole context at once (the `batch` setting caps)
     fits_context: bool  # one row of the whole context fits
@@ -187,7 +192,10 @@ class FitLoaded(BaseModel):
     memory_bytes: int | None = None  # the worker's resident set size
     memory_limit_bytes: int | None = None  # its memory plan's limit (worker /stats)
     kv_bits: int | None = None  # its KV scheme (16: float)
-    kv_bytes_per_token: int | None = None
+    kv_bytes_per_token: int | None = None  # full-attention layers (measured, as below)
+    kv_windowed_bytes_per_token: int | None = None
+    kv_window: int | None = None
+    kv_state_bytes_per_row: int | None = None
     kv_budget_bytes: int | None = None
     kv_reserved_bytes: int | None = None  # what the rows in flight are counted at
     rows_active: int | None = None
@@ -204,8 +212,11 @@ class FitReport(BaseModel):
     kv_group_size: int
     kv_dtype_bytes: int  # bytes of the float K and V (and of the scales when quantized)
     layers: int
-    kv_heads: int
-    head_dim: int
+    kv_heads: int  # of a full-attention layer (1 for an MLA latent)
+    head_dim: int  # its K head dim (the latent's rank for MLA)
+    attention_layers: int = 0  # layers whose KV grows with every token
+    window_layers: int = 0  # sliding-window layers (FitScheme.window)
+    state_layers: int = 0  # recurrent layers (a fixed state per row)
     machine_memory_bytes: int
     budget_bytes: int  # the supervisor's memory budget
     free_bytes: int  # the budget less what the other running models hold now

@@ -1,11 +1,12 @@
 """GET /admin/fit?model=ID: what fits of a model on this machine, per KV scheme, and its worker.
 
 Runs the worker's memory plan (shared/memory_plan.py) from what the supervisor knows without
-MLX: the model folder's config.json (layers, KV heads, head dim, dtype), its weight files, the
-settings (budget, prompt-cache cap, context_limit, kv_bits) and the machine's RAM. A running
-worker's own figures (its /stats: KV dtype, bytes per token, budget, reservations) are added
-under `loaded`, and its float width is the one the report uses (a CPU worker computes in
-float32 whatever the folder says).
+MLX: the model folder's config.json (its layers' caches per family, shared/kv_config.py;
+dtype), its weight files, the settings (budget, prompt-cache cap, context_limit, kv_bits) and
+the machine's RAM. A running worker's own figures (its /stats: KV dtype, the KV cost it
+measured from its caches, budget, reservations) are added under `loaded`; its float width is
+the one the report uses (a CPU worker computes in float32 whatever the folder says) and its
+measured cost replaces the config's for its scheme.
 """
 
 from __future__ import annotations
@@ -18,7 +19,8 @@ from aiohttp import web
 
 from mlxd.shared.errors import BadRequest
 from mlxd.shared.fit import FLOAT_BITS, dtype_bytes_of, fit_schemes
-from mlxd.shared.kv_math import KvShape
+from mlxd.shared.kv_config import KvLayer, KvLayout
+from mlxd.shared.kv_math import KvCost
 from mlxd.shared.memory_plan import plan_memory
 from mlxd.shared.wire.admin import FitLoaded, FitReport
 from mlxd.supervisor.admin.views import worker_rss_bytes
@@ -62,6 +64,9 @@ def _loaded(slot: ModelSlot, stats: dict) -> FitLoaded:
         memory_limit_bytes=stats.get("memory_limit_bytes"),
         kv_bits=FLOAT_BITS if stats and bits is None else bits,
         kv_bytes_per_token=stats.get("kv_bytes_per_token"),
+        kv_windowed_bytes_per_token=stats.get("kv_windowed_bytes_per_token"),
+        kv_window=stats.get("kv_window"),
+        kv_state_bytes_per_row=stats.get("kv_state_bytes_per_row"),
         kv_budget_bytes=stats.get("kv_budget_bytes"),
         kv_reserved_bytes=memory.kv_reserved_bytes,
         rows_active=stats.get("rows_active"),
@@ -77,8 +82,8 @@ async def fit_report(reg: Registry, model: str, machine_bytes: int) -> FitReport
         config = json.loads((entry.path / "config.json").read_text())
     except (OSError, ValueError):
         config = {}
-    shape = KvShape.of_config(config)
-    if shape is None or facts.type == "embedding":
+    layout = KvLayout.of_config(config)
+    if layout is None or facts.type == "embedding":
         raise BadRequest(
             f"The model '{entry.id}' has no KV cache to plan (an embedding model, or a"
             " config.json without layer and head counts)",
@@ -89,6 +94,9 @@ async def fit_report(reg: Registry, model: str, machine_bytes: int) -> FitReport
     running = slot is not None and slot.state in RUNNING
     stats = await _worker_stats(reg, slot) if running and slot is not None else {}
     dtype_bytes = int(stats.get("kv_dtype_bytes") or dtype_bytes_of(config))
+    measured = KvCost.of_report(stats)
+    full, windowed, state = layout.counts()
+    first = next(iter(layout.attention), KvLayer())  # a Mamba-only model has none
     others = sum(
         s.footprint_bytes for s in lc.slots.values() if s.state in RUNNING and s.id != entry.id
     )
@@ -107,9 +115,12 @@ async def fit_report(reg: Registry, model: str, machine_bytes: int) -> FitReport
         kv_bits=ms.kv_bits or FLOAT_BITS,
         kv_group_size=ms.kv_group_size,
         kv_dtype_bytes=dtype_bytes,
-        layers=shape.layers,
-        kv_heads=shape.kv_heads,
-        head_dim=shape.head_dim,
+        layers=len(layout.layers),
+        kv_heads=first.kv_heads,
+        head_dim=first.k_dim,
+        attention_layers=full,
+        window_layers=windowed,
+        state_layers=state,
         machine_memory_bytes=machine_bytes,
         budget_bytes=lc.budget_bytes,
         free_bytes=max(0, lc.budget_bytes - others),
@@ -118,11 +129,12 @@ async def fit_report(reg: Registry, model: str, machine_bytes: int) -> FitReport
         headroom_bytes=plan.headroom_bytes,
         kv_budget_bytes=plan.kv_budget_bytes,
         schemes=fit_schemes(
-            shape,
+            layout,
             plan,
             dtype_bytes=dtype_bytes,
             context=context,
             group_size=ms.kv_group_size,
+            measured={stats.get("kv_bits") or FLOAT_BITS: measured} if measured else None,
         ),
         loaded=_loaded(slot, stats) if running and slot is not None else None,
     )

@@ -47,7 +47,7 @@ def make_engine(
     # A busy step never prefills more than an idle one.
     budget_tokens = min(cfg.prefill_budget or default_budget, idle)
     plan = PlanConfig(idle, budget_tokens, min(MIN_CHUNK, budget_tokens))
-    bpt = loaded.kv_bytes_per_token
+    cost = loaded.kv_cost
     mem = plan_memory(
         machine_bytes=device_memory_bytes(),
         share_bytes=cfg.memory_limit_bytes,
@@ -61,13 +61,13 @@ def make_engine(
     # The setting's 0 means no KV bound; a plan that leaves 0 refuses every row (a 413).
     budget = None if mem.kv_source != "plan" and not mem.kv_budget_bytes else mem.kv_budget_bytes
     log.info(
-        "batch=%d prefill_step=%d prefill_budget=%d kv_budget=%s (%s bytes per token; %s) "
+        "batch=%d prefill_step=%d prefill_budget=%d kv_budget=%s (%s; %s) "
         "memory_limit=%s warmup=%s",
         cfg.batch,
         plan.idle_chunk,
         plan.step_budget,
         "none" if budget is None else format_size(budget),
-        bpt,
+        "no KV" if cost is None else cost.describe(),
         mem.explain(),
         format_size(mem.total_bytes),
         cfg.warmup,

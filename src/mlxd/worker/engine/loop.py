@@ -105,9 +105,7 @@ class Engine(EngineFigures):
         self._batch = Batch(cache, self.trimmable)
         self.memory_plan = memory_plan  # where the KV budget came from (/stats reports it)
         why = memory_plan.explain() if memory_plan else "kv_budget_bytes"
-        budget = KvBudget.of(
-            loaded.kv_bytes_per_token, kv_budget_bytes, batch, loaded.context_limit, why
-        )
+        budget = KvBudget.of(loaded.kv_cost, kv_budget_bytes, batch, loaded.context_limit, why)
         self._sched = Scheduler(self._batch, batch, self.plan, budget)
         self._sched.serial_prefill = not padded_prefill_agrees(loaded.model)
         self.dead: str | None = None  # why the engine thread stopped unexpectedly

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 
 import mlx.core as mx
 
-from mlxd.shared.kv_math import footprint
+from mlxd.shared.kv_math import KvCost
 from mlxd.shared.wire.memory import ModelMemory
 
 if TYPE_CHECKING:
@@ -29,7 +29,7 @@ def engine_stats(engine: Engine) -> dict:
         "kv_reserved_bytes": engine.kv_reserved(),
         "kv_bits": engine.m.kv.bits,  # None: the model's float dtype
         "kv_group_size": engine.m.kv.group_size,
-        "kv_bytes_per_token": engine.m.kv_bytes_per_token,
+        **kv_cost_report(engine.m.kv_cost),
         "kv_dtype_bytes": engine.m.kv_dtype_bytes,
         "warmup_s": None if engine.warmup_s is None else round(engine.warmup_s, 3),
         "prompt_tokens": t.prompt_tokens,
@@ -68,13 +68,20 @@ def model_memory(engine: Engine) -> ModelMemory:
     rows = engine.rows_in_flight()
     # Positions in the cache now (a resumed row's pos runs over its tokens too: capped).
     filled = [min(r.pos, len(r.sub.prompt)) + r.generated for r in rows]
-    bpt = engine.m.kv_bytes_per_token or 0
+    cost = engine.m.kv_cost or KvCost(0)
     return ModelMemory(
         weights_bytes=plan.weights_bytes if plan else engine.m.weights_bytes,
         prompt_cache_bytes=engine.cache.ram.nbytes if engine.cache else 0,
         kv_reserved_bytes=engine.kv_reserved(),
-        kv_in_use_bytes=footprint(len(rows), max(filled, default=0), bpt),
+        kv_in_use_bytes=cost.footprint(len(rows), max(filled, default=0)),
     )
+
+
+def kv_cost_report(cost: KvCost | None) -> dict:
+    """What a row's caches hold (measured at load: worker/kv/cost.py), as /stats names it."""
+    if cost is None:
+        return {"kv_bytes_per_token": None}
+    return cost.report()
 
 
 def memory_report(engine: Engine) -> dict:

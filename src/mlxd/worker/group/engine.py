@@ -214,7 +214,7 @@ class FollowerEngine(Lockstep, Engine):
         if self.cache is not None:  # the same cap: the same evictions as rank 0's
             self.cache.ram.cap_bytes = hello.cache_ram_bytes
         self._sched.budget = KvBudget.of(
-            m.kv_bytes_per_token,
+            m.kv_cost,
             hello.kv_budget_bytes,
             self.batch_size,
             m.context_limit,

@@ -1,11 +1,12 @@
 """KV-cache admission: rows join the batch only while the KV bytes they would hold fit a budget.
 
-Pure (no MLX; the arithmetic is shared/kv_math.py). The estimate follows how mlx-lm's
-BatchKVCache (and our quantized one) holds a batch: every row at the length of the longest one
-(left padding), rounded up to the cache's 256-token growth step. So one 30k-token row makes
-every row beside it hold 30k positions, and admission checks that padded total, not the sum of
-the rows' own lengths. A row's whole length is its prompt plus the
-whole output it may produce (its max_tokens, already clamped to the context's room): what
+Pure (no MLX; the arithmetic is shared/kv_math.py, the cost per row is measured at load,
+kv/cost.py). The estimate follows how mlx-lm's BatchKVCache (and our quantized one) holds a
+batch: every row at the length of the longest one (left padding), rounded up to the cache's
+256-token growth step; sliding-window layers at most their window, recurrent states once per
+row. So one 30k-token row makes every row beside it hold 30k positions, and admission checks
+that padded total, not the sum of the rows' own lengths. A row's whole length is its prompt
+plus the whole output it may produce (its max_tokens, already clamped to the context's room): what
 `check_alone` refuses beyond, and what a row that cannot be preempted is counted at; other
 rows are counted block by block as they grow (reserve.py).
 The budget itself comes from the worker's memory plan (memplan.py) or the setting.
@@ -17,15 +18,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from mlxd.shared.errors import PayloadTooLarge
-from mlxd.shared.kv_math import (
-    KV_STEP,
-    RESERVED_OUTPUT_TOKENS,
-    footprint,
-    kv_bytes_per_token,
-    max_context,
-    padded,
-    row_tokens,
-)
+from mlxd.shared.kv_math import KV_STEP, RESERVED_OUTPUT_TOKENS, KvCost, padded, row_tokens
 from mlxd.shared.sizes import format_size
 
 MiB = 1024 * 1024
@@ -35,7 +28,7 @@ __all__ = [
     "KV_STEP",
     "RESERVED_OUTPUT_TOKENS",
     "KvBudget",
-    "kv_bytes_per_token",
+    "KvCost",
     "padded",
     "row_tokens",
 ]
@@ -43,9 +36,9 @@ __all__ = [
 
 @dataclass(frozen=True)
 class KvBudget:
-    """`budget_bytes` of KV for at most `max_rows` rows of `bytes_per_token` each."""
+    """`budget_bytes` of KV for at most `max_rows` rows, each holding what `cost` says."""
 
-    bytes_per_token: int
+    cost: KvCost
     budget_bytes: int
     max_rows: int
     context_limit: int | None = None  # what a row without max_tokens may reach
@@ -54,16 +47,16 @@ class KvBudget:
     @classmethod
     def of(
         cls,
-        bytes_per_token: int | None,
+        cost: KvCost | None,
         budget_bytes: int | None,
         max_rows: int,
         context_limit: int | None = None,
         why: str = "kv_budget_bytes",
     ):
         """A budget, or None (rows bounded by their count only) when either is unknown."""
-        if not bytes_per_token or budget_bytes is None:
+        if cost is None or budget_bytes is None:
             return None
-        return cls(bytes_per_token, budget_bytes, max_rows, context_limit, why)
+        return cls(cost, budget_bytes, max_rows, context_limit, why)
 
     def tokens(self, prompt_len: int, max_tokens: int | None) -> int:
         """Positions a row of this prompt and budget is counted at (row_tokens)."""
@@ -71,7 +64,7 @@ class KvBudget:
 
     def footprint(self, lengths: Sequence[int]) -> int:
         """Bytes a batch of rows of these lengths (in positions) holds, padded."""
-        return footprint(len(lengths), max(lengths, default=0), self.bytes_per_token)
+        return self.cost.footprint(len(lengths), max(lengths, default=0))
 
     def admits(self, running: Sequence[int], new: int) -> bool:
         """Whether a row of `new` positions may join rows of `running` positions now."""
@@ -81,7 +74,7 @@ class KvBudget:
 
     def output_room(self, prompt_len: int) -> int:
         """The most output tokens a row of this prompt may write and still fit alone."""
-        return max_context(self.budget_bytes, self.bytes_per_token) - prompt_len
+        return self.cost.max_context(self.budget_bytes) - prompt_len
 
     def check_alone(self, prompt_len: int, max_tokens: int | None) -> None:
         """Raise a 413 naming the numbers when this row would not fit even alone."""
@@ -91,8 +84,8 @@ class KvBudget:
             return
         raise PayloadTooLarge(
             f"This request needs about {format_size(need)} of KV cache ({prompt_len} prompt "
-            f"tokens + {n - prompt_len} reserved for output, {self.bytes_per_token} bytes per "
-            f"token); this worker's KV budget is {format_size(self.budget_bytes)} "
+            f"tokens + {n - prompt_len} reserved for output; {self.cost.describe()}); this "
+            f"worker's KV budget is {format_size(self.budget_bytes)} "
             f"({self.why}). Send a shorter prompt or a smaller max_tokens",
             code="kv_budget_exceeded",
         )

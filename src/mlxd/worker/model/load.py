@@ -15,10 +15,11 @@ from mlx.utils import tree_flatten
 from mlx_lm import load
 
 from mlxd.shared.config import is_template_text
-from mlxd.shared.kv_math import kv_bytes_per_token
+from mlxd.shared.kv_math import KvCost
 from mlxd.shared.sampling import SamplingDefaults, resolve_defaults
 from mlxd.shared.worker_spec import MODEL_DEFAULT_FIELDS, WorkerSpec
 from mlxd.worker.dist.shard import shard_model
+from mlxd.worker.kv.cost import row_cost
 from mlxd.worker.kv.quant import KvScheme, apply_kv_scheme
 from mlxd.worker.model import mlx_lm_seam as seam
 from mlxd.worker.model.attention import causal_when_unpadded, route_on_cuda
@@ -39,6 +40,8 @@ class LoadedModel:
     context_limit: int
     defaults: SamplingDefaults
     kv: KvScheme = KvScheme()  # how its KV is held (kv_bits; kvquant.py)
+    # What a row's caches hold (kv/cost.py: measured at load; None: no KV to plan)
+    kv_cost: KvCost | None = None
     # grammar/processor.py's vocabulary, built on a first structured-output request (typed
     # object: this room sits below grammar/ and cannot name its class)
     guided_vocab: object | None = field(default=None, repr=False, compare=False)
@@ -74,13 +77,11 @@ class LoadedModel:
         """Bytes the model's parameters hold (quantized weights at their packed size)."""
         return sum(v.nbytes for _, v in _parameters(self.model))
 
-    @cached_property
+    @property
     def kv_bytes_per_token(self) -> int | None:
-        """K and V bytes one token of a row holds, in its KV scheme (None: the config does
-        not say)."""
-        return kv_bytes_per_token(
-            self.config, self.kv_dtype_bytes, self.kv.bits, self.kv.group_size
-        )
+        """Full-attention K and V bytes one token of a row adds, in its KV scheme (windows
+        and recurrent states: kv_cost)."""
+        return None if self.kv_cost is None else self.kv_cost.per_token
 
     @cached_property
     def kv_dtype_bytes(self) -> int:
@@ -223,6 +224,8 @@ def load_model(
         kv=kv,
     )
     _ = loaded.max_token_bytes  # read the vocabulary now, not on the first request
+    # Measured here, once: /stats reads it from the event loop's thread.
+    loaded.kv_cost = row_cost(model, config, loaded.kv_dtype_bytes, kv.bits, kv.group_size)
     return loaded
 
 
