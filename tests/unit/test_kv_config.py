@@ -127,6 +127,7 @@ def test_an_mla_model_holds_its_latent_and_rope_key_not_per_head_k_and_v():
     assert cost(DEEPSEEK_V3) == KvCost(61 * (512 + 64) * BF16)
     layout = KvLayout.of_config(DEEPSEEK_V3)
     assert layout is not None and layout.dims() == {512, 64}
+    assert not layout.quantizable  # its attention reads no quantized KV: no 8/4-bit rows
 
 
 def test_deepseek_v2_caches_k_and_v_of_different_head_dims():

@@ -77,6 +77,7 @@ class KvLayout:
     """Every layer's cache, as the model's mlx-lm class makes them."""
 
     layers: tuple[KvLayer, ...]
+    latent: bool = False  # MLA's compressed latent: its attention reads no quantized KV
 
     @classmethod
     def of_config(cls, config: dict) -> KvLayout | None:
@@ -86,7 +87,9 @@ class KvLayout:
         try:
             kinds = _layer_kinds(cfg)
             attention = _attention(cfg)
-            return cls(tuple(_layer(kind, attention, cfg) for kind in kinds))
+            latent = bool(cfg.get("kv_lora_rank") and cfg.get("qk_rope_head_dim"))
+            latent = latent and cfg.get("model_type") not in FULL_HEAD_MLA
+            return cls(tuple(_layer(kind, attention, cfg) for kind in kinds), latent)
         except (KeyError, TypeError, ValueError, ZeroDivisionError):
             return None
 
@@ -110,8 +113,9 @@ class KvLayout:
 
     @property
     def quantizable(self) -> bool:
-        """Whether kv_bits can apply: every layer plain full attention (worker/kv/quant.py)."""
-        return all(x.kv_heads and not x.window for x in self.layers)
+        """Whether kv_bits can apply: every layer plain full attention, not an MLA latent
+        (worker/kv/quant.py refuses those)."""
+        return not self.latent and all(x.kv_heads and not x.window for x in self.layers)
 
     def dims(self) -> set[int]:
         """The K and V head dims (a quantization group must divide each)."""
