@@ -17,7 +17,7 @@ from mlxd.worker.engine.draft_model import spec_config
 from mlxd.worker.engine.loop import Engine
 from mlxd.worker.engine.rows import Submission
 from mlxd.worker.engine.sched.planner import PlanConfig
-from mlxd.worker.kv.quant import apply_kv_scheme
+from mlxd.worker.kv.scheme import apply_kv_scheme
 from mlxd.worker.model.load import load_model
 from mlxd.worker.model.prefill_check import padded_prefill_agrees
 

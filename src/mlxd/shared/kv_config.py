@@ -114,7 +114,7 @@ class KvLayout:
     @property
     def quantizable(self) -> bool:
         """Whether kv_bits can apply: every layer plain full attention, not an MLA latent
-        (worker/kv/quant.py refuses those)."""
+        (worker/kv/scheme.py refuses those)."""
         return not self.latent and all(x.kv_heads and not x.window for x in self.layers)
 
     def dims(self) -> set[int]:

@@ -1,6 +1,6 @@
 """The engine thread: the one thread that owns every MLX object of the worker.
 
-Requests arrive as typed commands through a thread-safe inbox (inbox.py), wait in the
+Requests arrive as typed commands (commands.py) through a thread-safe inbox (inbox.py), wait in the
 scheduler's queue until the batch has room (schedule.py: `batch` rows and the KV budget), and
 are admitted between steps into mlx-lm's BatchGenerator (continuous batching: prefill in
 chunks the planner sizes, interleaved with decode; rows leave as soon as they finish). Before
@@ -22,19 +22,19 @@ from mlx_lm.generate import BatchGenerator, StopSequences
 from mlx_lm.generate_utils import BatchStats
 from mlx_lm.models.cache import make_prompt_cache
 
-from mlxd.shared.errors import MlxdError, Unavailable
+from mlxd.shared.errors import Unavailable
 from mlxd.worker.cache.prompt_cache import PromptCache
 from mlxd.worker.engine.batch import Batch
+from mlxd.worker.engine.commands import ENGINE_STOPPED, EngineCommands
 from mlxd.worker.engine.emit import emit
 from mlxd.worker.engine.figures import EngineFigures
 from mlxd.worker.engine.recovery import is_out_of_memory, rebuild
-from mlxd.worker.engine.rows import Event, Row, Submission
+from mlxd.worker.engine.rows import Event, Row
 from mlxd.worker.engine.sched.inbox import (
     Cancel,
     CloseSession,
     Command,
     Inbox,
-    Job,
     PersistCache,
     RunJob,
     Stop,
@@ -58,15 +58,13 @@ SPEC_OFF = (
     " KV back, which its sliding-window or recurrent layers cannot do"
 )
 
-# Clients hear this; why the thread stopped is in the log and in /health (`dead`).
-ENGINE_STOPPED = "The engine of this worker stopped; the worker log has the details"
 # Cache upkeep (write-behind, demotion) hands arrays to the SSD writer, which costs the engine
 # a synchronisation: do it when idle, or at most this often under load.
 UPKEEP_IDLE_S = 1.0
 UPKEEP_BUSY_S = 30.0
 
 
-class Engine(EngineFigures):
+class Engine(EngineCommands, EngineFigures):
     """Owns the model's BatchGenerator on a dedicated thread.
 
     `plan` sizes the prefill chunks; `kv_budget_bytes` (None: no bound but `batch`) bounds
@@ -127,66 +125,6 @@ class Engine(EngineFigures):
     def start(self) -> None:
         self._thread.start()
 
-    def submit(self, sub: Submission) -> None:
-        """Queue `sub`; raises PayloadTooLarge (413, before any work) for a row that could
-        never fit the KV budget."""
-        if self.dead is not None:
-            sub.sink(Event.failure(Unavailable(ENGINE_STOPPED)))
-            return
-        self._sched.check(sub)
-        self._put(Submit(sub))
-
-    def cancel(self, sub: Submission, reason: MlxdError | None = None) -> None:
-        """Drop `sub`'s row at the next step; with a `reason`, its request hears why."""
-        sub.cancelled = True
-        sub.cancel_reason = reason
-        self._put(Cancel(sub))
-
-    def _put(self, cmd: Command) -> None:
-        """Queue `cmd` for the engine thread; once that thread is gone, answer it here.
-
-        The thread marks itself gone before its last look at the inbox, so a command put
-        before that look is answered there, and one put after it sees the mark: none is lost.
-        """
-        self._inbox.put(cmd)
-        if self._gone:
-            self._answer_leftovers()
-
-    def cancel_all(self) -> int:
-        """Cancel every row still running or queued (a drain deadline passed)."""
-        self.closing = True  # submissions still on their way get refused, not admitted
-        subs = [row.sub for row in list(self._batch.rows.values())] + list(self._sched.waiting)
-        for sub in subs:
-            self.cancel(sub, Unavailable("The model is being unloaded; this request was cancelled"))
-        return len(subs)
-
-    def persist_cache(self) -> threading.Event:
-        """Queue every RAM cache entry for the SSD tier; the event is set once queued."""
-        done = threading.Event()
-        self._put(PersistCache(done))
-        return done
-
-    def close_session(self, session: str) -> threading.Event:
-        """Forget `session`'s prompt-cache entries; the event is set once they are gone."""
-        done = threading.Event()
-        self._put(CloseSession(session, done))
-        return done
-
-    def run_job(self, job: Job) -> None:
-        """Run `job` (one embedding forward) on the engine thread between two steps."""
-        if self.dead is not None:
-            job.fail(Unavailable(ENGINE_STOPPED))
-            return
-        self._put(RunJob(job))
-
-    def stop(self) -> None:
-        """Ask the thread to exit once in-flight rows are done or cancelled."""
-        self._put(Stop())
-
-    def join(self, timeout_s: float | None = None) -> bool:
-        self._thread.join(timeout_s)
-        return not self._thread.is_alive()
-
     # -- the engine thread ----------------------------------------------------------------
     def _run(self) -> None:
         try:
@@ -201,20 +139,6 @@ class Engine(EngineFigures):
             self._answer_leftovers()
             self.warmed.set()
             self._stopped.set()
-
-    def _answer_leftovers(self) -> None:
-        """The thread is gone: answer every command still in the inbox (any thread; the
-        queue hands each command to one taker only)."""
-        for cmd in self._inbox.take(block=False):
-            try:
-                if isinstance(cmd, Submit):
-                    cmd.sub.sink(Event.failure(Unavailable(ENGINE_STOPPED)))
-                elif isinstance(cmd, PersistCache | CloseSession):
-                    cmd.done.set()
-                elif isinstance(cmd, RunJob):
-                    cmd.job.fail(Unavailable(ENGINE_STOPPED))
-            except RuntimeError:  # the event loop is already closed: nobody is waiting
-                pass
 
     def _loop(self) -> None:
         # Streams belong to the thread that creates them: make ours here.

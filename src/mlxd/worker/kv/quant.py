@@ -1,16 +1,14 @@
 """Quantized KV for batches: mlx-lm's QuantizedKVCache has no batch form, this is ours.
 
-A model whose config sets `kv_bits` gets `make_cache` (mlx-lm's hook in make_prompt_cache) set
-to quantized row caches, so every cache the worker makes (admission, warm-up, a resumed row,
-the SSD layout probe) is quantized. A row cache merges into a BatchQuantizedKVCache, which has
-what mlx-lm's BatchKVCache has (left padding, prepare/finalize for right-padded prefill,
-filter, extend, extract, trim, make_mask) over (packed, scales, biases) triples; its `bits`
-attribute sends mlx-lm's attention down its quantized path (models/base.py).
+A model whose config sets `kv_bits` makes these row caches (scheme.py). A row cache merges
+into a BatchQuantizedKVCache, which has what mlx-lm's BatchKVCache has (left padding,
+prepare/finalize for right-padded prefill, filter, extend, extract, trim, make_mask) over
+(packed, scales, biases) triples; its `bits` attribute sends mlx-lm's attention down its
+quantized path (models/base.py).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import cast
 
 import mlx.core as mx
@@ -21,58 +19,7 @@ from mlx_lm.models.cache import (
     QuantizedKVCache,
     _BaseCache,
     dynamic_roll,
-    make_prompt_cache,
 )
-
-
-@dataclass(frozen=True)
-class KvScheme:
-    """How a model's KV is held: `bits` None is the model's float dtype."""
-
-    bits: int | None = None
-    group_size: int = 64
-
-    @property
-    def name(self) -> str:
-        """The scheme in the SSD fingerprint ("kv-fp" is what entries before it used)."""
-        return "kv-fp" if self.bits is None else f"kv-q{self.bits}g{self.group_size}"
-
-    def row_cache(self) -> QuantizedRowCache:
-        return QuantizedRowCache(group_size=self.group_size, bits=self.bits or 8)
-
-
-def apply_kv_scheme(model, bits: int | None, group_size: int = 64) -> KvScheme:
-    """Make `model`'s caches quantized; returns the scheme in effect.
-
-    Only models whose caches are all plain KVCache can be (rotating windows and SSM state
-    cannot): for others, and for head dims the group size does not divide, ValueError."""
-    if bits is None:
-        return KvScheme()
-    caches = make_prompt_cache(model)
-    if not caches or not all(type(c) is KVCache for c in caches):
-        kinds = sorted({type(c).__name__ for c in caches})
-        raise ValueError(f"kv_bits needs plain KV caches; this model uses {', '.join(kinds)}")
-    dims = _head_dims(model)
-    if any(d % group_size for d in dims):
-        raise ValueError(f"kv_group_size {group_size} does not divide the head dims {dims}")
-    scheme = KvScheme(bits, group_size)
-    n = len(caches)
-    model.make_cache = lambda: [scheme.row_cache() for _ in range(n)]
-    try:  # some attention reads the cache's arrays itself (DeepSeek's MLA): one token tells
-        mx.eval(model(mx.array([[0]]), cache=make_prompt_cache(model)))
-    except Exception as exc:
-        del model.make_cache
-        raise ValueError(
-            f"kv_bits: this model's attention cannot read a quantized KV ({exc})"
-        ) from exc
-    return scheme
-
-
-def _head_dims(model) -> list[int]:
-    """The K and V head dims, from one token through a fresh plain cache."""
-    caches = make_prompt_cache(model)
-    model(mx.array([[0]]), cache=caches)
-    return sorted({c.keys.shape[-1] for c in caches} | {c.values.shape[-1] for c in caches})
 
 
 class QuantizedRowCache(QuantizedKVCache):

@@ -20,7 +20,7 @@ from mlxd.shared.sampling import SamplingDefaults, resolve_defaults
 from mlxd.shared.worker_spec import MODEL_DEFAULT_FIELDS, WorkerSpec
 from mlxd.worker.dist.shard import shard_model
 from mlxd.worker.kv.cost import row_cost
-from mlxd.worker.kv.quant import KvScheme, apply_kv_scheme
+from mlxd.worker.kv.scheme import KvScheme, apply_kv_scheme
 from mlxd.worker.model import mlx_lm_seam as seam
 from mlxd.worker.model.attention import causal_when_unpadded, route_on_cuda
 
