@@ -22,9 +22,10 @@ FAMILY_ROWS = {
 # Families whose every layer is attention KV: they trim to any prefix, so rejected drafts can
 # be cut back (speculation), their KV quantizes (kv_bits) and their decode step compiles.
 ATTENTION_ONLY = {"dense", "deepseek_v3", "qwen3_moe"}
-# Attention-only families whose attention reads the cache's arrays itself (MLA): mlx-lm has
-# no quantized path for them.
-NO_QUANTIZED_READ = {"deepseek_v3"}
+# Families whose attention KV quantizes (kv_bits): attention-only ones but MLA, whose attention
+# reads the cache's arrays itself, and hybrids (their recurrent states stay as they are);
+# sliding windows have no quantized form in mlx-lm.
+KV_BITS = {"dense", "qwen3_moe", "qwen3_next", "nemotron_h", "granitemoehybrid"}
 # Families whose layers ignore a batched prefill's padding on the pinned mlx-lm.
 PREFILL_ONE_AT_A_TIME = {"nemotron_h"}
 
@@ -45,11 +46,7 @@ def support(family: str) -> dict[str, str]:
         "batching": "yes, prefill one row at a time" if family in PREFILL_ONE_AT_A_TIME else "yes",
         "RAM cache": "yes" if attention else "yes, at turn boundaries",
         "SSD cache, drain, restore": "yes" if attention else "yes, at turn boundaries",
-        "kv_bits": "refused at load (its MLA attention reads no quantized KV)"
-        if family in NO_QUANTIZED_READ
-        else "yes"
-        if attention
-        else "refused at load (mlx-lm quantizes attention KV only)",
+        "kv_bits": kv_bits(family),
         "speculative": "yes"
         if attention
         else "off, with a warning (a rejected draft cannot be cut back)",
@@ -57,6 +54,14 @@ def support(family: str) -> dict[str, str]:
         if attention
         else "no (the plain forward)",
     }
+
+
+def kv_bits(family: str) -> str:
+    if family in KV_BITS:
+        return "yes" if family in ATTENTION_ONLY else "yes, attention layers (states stay float)"
+    if family in ATTENTION_ONLY:
+        return "refused at load (its MLA attention reads no quantized KV)"
+    return "refused at load (mlx-lm has no quantized sliding window)"
 
 
 def table() -> str:

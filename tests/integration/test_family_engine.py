@@ -9,10 +9,13 @@ import threading
 import mlx.core as mx
 import pytest
 from families import FAMILIES, build_family_model
-from family_support import ATTENTION_ONLY, NO_QUANTIZED_READ, PREFILL_ONE_AT_A_TIME
+from family_support import ATTENTION_ONLY, KV_BITS, PREFILL_ONE_AT_A_TIME
 from mlx_lm.generate import generate_step
+from mlx_lm.models.cache import make_prompt_cache
 
 from mlxd.shared.params import GenerationParams
+from mlxd.worker.cache.format import check_layout
+from mlxd.worker.cache.kv_arrays import from_numpy, kv_layout, to_numpy
 from mlxd.worker.engine.draft_model import spec_config
 from mlxd.worker.engine.loop import Engine
 from mlxd.worker.engine.rows import Submission
@@ -84,38 +87,59 @@ def test_only_a_model_whose_layers_ignore_padding_is_prefilled_one_row_at_a_time
 
 
 def test_kv_bits_and_speculation_are_on_where_the_table_says_and_refused_elsewhere(family):
-    """docs/model-families.md (tests/family_support.py): attention-only families speculate and
-    quantize their KV (serving rows with it), but for MLA, whose attention cannot read it;
-    the others refuse kv_bits at load, naming their cache kinds, and turn speculation off."""
+    """docs/model-families.md (tests/family_support.py): attention-only families speculate;
+    families with attention KV that mlx-lm quantizes serve rows with kv_bits (a hybrid's
+    recurrent states stay float); windows and MLA refuse it at load, saying why."""
     name, loaded = family
-    allowed = name in ATTENTION_ONLY
     engine = Engine(loaded, batch=2, warmup=False, spec=spec_config("ngram", 3, None))
-    assert (engine.spec is not None) == allowed, name
-    if name in NO_QUANTIZED_READ:
-        with pytest.raises(ValueError, match="cannot read a quantized KV"):
+    assert (engine.spec is not None) == (name in ATTENTION_ONLY), name
+    if name not in KV_BITS:
+        with pytest.raises(ValueError, match="kv_bits"):
             apply_kv_scheme(loaded.model, 8, group_size=32)
         assert "make_cache" not in vars(loaded.model)  # the model as it was
-    elif allowed:
+        return
+    try:
+        assert apply_kv_scheme(loaded.model, 8, group_size=32).bits == 8
+        quantized = Engine(loaded, batch=2, warmup=False)
+        events, done = [], threading.Event()
+
+        def sink(ev):
+            events.append(ev)
+            if ev.finish_reason is not None:
+                done.set()
+
+        params = GenerationParams(max_tokens=TOKENS, temperature=0.0)
+        quantized.start()
         try:
-            assert apply_kv_scheme(loaded.model, 8, group_size=32).bits == 8
-            quantized = Engine(loaded, batch=2, warmup=False)
-            events, done = [], threading.Event()
-
-            def sink(ev):
-                events.append(ev)
-                if ev.finish_reason is not None:
-                    done.set()
-
-            params = GenerationParams(max_tokens=TOKENS, temperature=0.0)
-            quantized.start()
-            try:
-                quantized.submit(Submission("q", list(range(10, 60)), params, sink))
-                assert done.wait(60), name
-            finally:
-                quantized.stop()
-            assert events[-1].finish_reason in ("length", "stop"), (name, events[-1])
+            for i in range(2):
+                quantized.submit(Submission(f"q{i}", list(range(10 + i, 60)), params, sink))
+            assert done.wait(60), name
         finally:
-            vars(loaded.model).pop("make_cache", None)  # the shared model's float caches again
-    else:
-        with pytest.raises(ValueError, match="kv_bits needs plain KV caches"):
-            apply_kv_scheme(loaded.model, 8)
+            quantized.stop()
+            assert quantized.join(30)
+        assert all(e.finish_reason in (None, "length", "stop") for e in events), (name, events)
+        _restores_to_the_same_logits(loaded.model)  # a quantized entry, too
+    finally:
+        vars(loaded.model).pop("make_cache", None)  # the shared model's float caches again
+
+
+def test_an_entry_of_every_layer_kind_restores_to_the_same_next_logits(family):
+    _restores_to_the_same_logits(family[1].model)
+
+
+def _restores_to_the_same_logits(model):
+    """The SSD tier's arrays of a row's caches (past the 32-token windows, and a window
+    rotated in place by decode steps), checked against the model's layout and made caches
+    again, give the logits the caches themselves give."""
+    layout = kv_layout(model)
+    assert layout is not None
+    caches = make_prompt_cache(model)
+    model(mx.array([list(range(10, 100))]), cache=caches)
+    for t in range(10):
+        model(mx.array([[100 + t]]), cache=caches)
+    arrays, _, keep = to_numpy(caches)
+    check_layout(arrays, layout, 100)
+    restored = from_numpy({k: v.copy() for k, v in arrays.items()}, layout)
+    step = mx.array([[7]])
+    want, got = model(step, cache=caches), model(step, cache=restored)
+    assert mx.array_equal(want, got)

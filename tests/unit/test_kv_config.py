@@ -143,6 +143,8 @@ def test_sliding_window_layers_hold_their_window_and_the_others_the_context():
     assert g.row_bytes(32768) == 10 * 16 * 512 * 32768 + 52 * 16 * 512 * 1024
     # gpt-oss: every other layer, a 128-token window.
     assert cost(GPT_OSS_20B) == KvCost(12 * 8 * 64 * 2 * BF16, 12 * 8 * 64 * 2 * BF16, 128)
+    layout = KvLayout.of_config(GEMMA3_27B)
+    assert layout is not None and not layout.quantizable  # mlx-lm quantizes no window
 
 
 def test_hybrids_grow_only_in_their_attention_layers_and_hold_a_state_per_row():
@@ -157,7 +159,8 @@ def test_hybrids_grow_only_in_their_attention_layers_and_hold_a_state_per_row():
     mamba = 48 * 64 * 128 * 4 + 3 * (48 * 64 + 2 * 128) * BF16
     assert cost(GRANITE_4_H) == KvCost(2 * 4 * 128 * 2 * BF16, per_row=6 * mamba)
     layout = KvLayout.of_config(GRANITE_4_H)
-    assert layout is not None and layout.counts() == (2, 0, 6) and not layout.quantizable
+    assert layout is not None and layout.counts() == (2, 0, 6)
+    assert layout.quantizable  # its attention layers quantize; the states stay float
 
 
 def test_quantized_kv_packs_each_of_k_and_v_at_its_own_dim():

@@ -113,9 +113,10 @@ class KvLayout:
 
     @property
     def quantizable(self) -> bool:
-        """Whether kv_bits can apply: every layer plain full attention, not an MLA latent
-        (worker/kv/scheme.py refuses those)."""
-        return not self.latent and all(x.kv_heads and not x.window for x in self.layers)
+        """Whether kv_bits can apply: full attention layers, recurrent states beside them at
+        most; not a window, not an MLA latent (worker/kv/scheme.py refuses those)."""
+        attention = self.attention
+        return bool(attention) and not self.latent and not any(x.window for x in attention)
 
     def dims(self) -> set[int]:
         """The K and V head dims (a quantization group must divide each)."""

@@ -31,7 +31,7 @@ def _known(c) -> bool:
 def storable(layers: list) -> bool:
     """Whether the SSD tier can hold these layers: attention KV (plain or quantized, not
     both), sliding windows and recurrent states."""
-    quant = [isinstance(c, QuantizedKVCache) for c in layers]
+    quant = [isinstance(c, QuantizedKVCache) for c in layers if type(c) is not ArraysCache]
     return bool(layers) and all(_known(c) for c in layers) and (all(quant) or not any(quant))
 
 

@@ -2,9 +2,9 @@
 
 A model whose config sets `kv_bits` gets `make_cache` (mlx-lm's hook in make_prompt_cache) set
 to quantized row caches (quant.py), so every cache the worker makes (admission, warm-up, a
-resumed row, the SSD layout probe) is quantized. Only models whose attention reads mlx-lm's
-KVCache can be: windows and recurrent states have no quantized form, and MLA's attention reads
-the cache's arrays itself.
+resumed row, the SSD layout probe) is quantized. Attention KV quantizes, also beside a hybrid's
+recurrent states (which stay as they are); windows have no quantized form in mlx-lm, and MLA's
+attention reads the cache's arrays itself.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import mlx.core as mx
-from mlx_lm.models.cache import KVCache, make_prompt_cache
+from mlx_lm.models.cache import ArraysCache, KVCache, make_prompt_cache
 
 from mlxd.worker.kv.quant import QuantizedRowCache
 
@@ -34,22 +34,34 @@ class KvScheme:
 
 
 def apply_kv_scheme(model, bits: int | None, group_size: int = 64) -> KvScheme:
-    """Make `model`'s caches quantized; returns the scheme in effect.
+    """Make `model`'s attention KV quantized; returns the scheme in effect.
 
-    Only models whose caches are all plain KVCache can be (rotating windows and SSM state
-    cannot): for others, and for head dims the group size does not divide, ValueError."""
+    Attention KV layers (KVCache) become quantized row caches; recurrent states (ArraysCache,
+    in hybrids) stay as they are, as mlx-lm's own `kv_bits` leaves them. A sliding window has
+    no quantized form in mlx-lm, and an attention that reads the cache's arrays itself (MLA)
+    cannot read one: ValueError for those, and for head dims the group size does not divide."""
     if bits is None:
         return KvScheme()
     caches = make_prompt_cache(model)
-    if not caches or not all(type(c) is KVCache for c in caches):
+    if not any(type(c) is KVCache for c in caches) or not all(
+        type(c) in (KVCache, ArraysCache) for c in caches
+    ):
         kinds = sorted({type(c).__name__ for c in caches})
-        raise ValueError(f"kv_bits needs plain KV caches; this model uses {', '.join(kinds)}")
+        raise ValueError(
+            "kv_bits needs attention KV caches (with recurrent states beside them at most);"
+            f" this model uses {', '.join(kinds)}"
+        )
     dims = _head_dims(model)
     if any(d % group_size for d in dims):
         raise ValueError(f"kv_group_size {group_size} does not divide the head dims {dims}")
     scheme = KvScheme(bits, group_size)
-    n = len(caches)
-    model.make_cache = lambda: [scheme.row_cache() for _ in range(n)]
+    own = model.make_cache if hasattr(model, "make_cache") else None
+
+    def make_cache() -> list:
+        made = own() if own is not None else [KVCache() for _ in caches]
+        return [scheme.row_cache() if type(c) is KVCache else c for c in made]
+
+    model.make_cache = make_cache
     try:  # some attention reads the cache's arrays itself (DeepSeek's MLA): one token tells
         mx.eval(model(mx.array([[0]]), cache=make_prompt_cache(model)))
     except Exception as exc:
@@ -64,4 +76,5 @@ def _head_dims(model) -> list[int]:
     """The K and V head dims, from one token through a fresh plain cache."""
     caches = make_prompt_cache(model)
     model(mx.array([[0]]), cache=caches)
-    return sorted({c.keys.shape[-1] for c in caches} | {c.values.shape[-1] for c in caches})
+    kv = [c for c in caches if type(c) is KVCache]
+    return sorted({c.keys.shape[-1] for c in kv} | {c.values.shape[-1] for c in kv})
