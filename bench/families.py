@@ -1,5 +1,6 @@
-"""`python -m bench families`: a sliding-window or a hybrid model (issue 34), mlxd and
-mlx_lm.server side by side.
+"""`python -m bench families`: a sliding-window or hybrid model, mlxd vs mlx_lm.server.
+
+Issue 34's figures: both servers side by side on one model of another family.
 
     python -m bench families --shape tiny-gemma3 --turn-tokens 600 --repeats 1   # CPU smoke
     python -m bench families --shape gemma3-12b                                   # H200
