@@ -13,6 +13,7 @@
     python -m bench extend --shape qwen3-8b          # rows extending a cached prefix, in process
     python -m bench agents --shape qwen3-0.6b        # K agent sessions sharing a prefix; a burst
     python -m bench claude --shape qwen3-8b          # Claude-Code-shaped sessions, 2 in a row
+    python -m bench families --shape gemma3-12b      # a sliding-window / hybrid model (issue 34)
 
 See docs/benchmarks.md for what each workload measures and the goals.
 """
@@ -48,7 +49,7 @@ ROOT = Path(__file__).resolve().parents[1]
 # only in the processes they start or in that module.
 STANDALONE = (
     "kvquant", "profile", "speculative", "extend", "masks", "attention", "steps", "group",
-    "agents", "claude",
+    "agents", "claude", "families",
 )  # fmt: skip
 
 
@@ -63,6 +64,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     sub.add_parser("steps", help="summarise a worker's step log (bench/steps.py)", add_help=False)
     sub.add_parser("agents", help="agent sessions sharing a prefix; a burst", add_help=False)
     sub.add_parser("claude", help="Claude-Code-shaped sessions (bench/claude.py)", add_help=False)
+    sub.add_parser("families", help="sliding-window and hybrid models", add_help=False)
     r = sub.add_parser("run", help="run the side-by-side benchmark")
     r.add_argument(
         "--model", type=Path, help="mlx-lm model folder (default: a random model built for --shape)"
@@ -229,7 +231,8 @@ def _meta(a, sizes, session, gpu: bool, model_label: str, notes: list[str]) -> d
         "sizes": sizes.__dict__,
         "sizes_text": (
             f"{'quick' if a.quick else 'full'}, {sizes.repeats} runs "
-            f"(single {max(sizes.repeats, 5)}, proxy {max(sizes.repeats, 9)} pairs), "
+            f"(single {max(sizes.repeats, sizes.single_runs)}, "
+            f"proxy {max(sizes.repeats, 9)} pairs), "
             f"single {sizes.single_prompt}+{sizes.single_tokens} tok, "
             f"long prompts {'/'.join(map(str, sizes.long_prompts))} tok "
             f"(×{sizes.long_clients} at once), levels {'/'.join(map(str, sizes.levels))}, "

@@ -18,6 +18,7 @@ class Sizes:
     """How big each workload is; `--quick` picks the small set."""
 
     repeats: int = 3
+    single_runs: int = 5  # single's least runs: one stream is the noisiest figure
     single_prompt: int = 512
     single_tokens: int = 256
     long_prompts: tuple[int, ...] = (2048, 8192, 16384)  # cold prompts, tokens

@@ -16,6 +16,9 @@
 #                                 # the 8B build; ~4 min when it is already built)
 #   bash bench/h200.sh claude     # Claude-Code-shaped sessions, 8B shape: /v1/messages on mlxd,
 #                                 # the same content via chat on both servers (~4 min, built)
+#   bash bench/h200.sh families  # issue 34: gemma3-12b (sliding window) then nemotron-h-8b
+#                                 # (hybrid), random bf16 weights: multi-turn with an unload and
+#                                 # reload, single, 8 clients; mlxd vs mlx_lm.server (~8 min)
 # Results go to $OUT (the device tool brings them back).
 set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -72,5 +75,18 @@ claude)
   timeout 500 bash bench/gpu_run.sh claude --shape qwen3-8b --instructions 6000 \
     --out "$out/claude-8b" 2>&1 | grep -v tokenizer | tail -25
   ;;
-*) echo "usage: $0 profile|small|large|large-conc|spec|ttft|masks|group2|agents|agents-8b|claude" >&2; exit 2 ;;
+families)
+  # Estimated on an H200 (the 8B shape's figures above; not yet run): gemma3-12b ~4.5 min =
+  # build 22 GiB ~30 s, both servers loaded and warm ~40 s, multi-turn x2 ~2.5 min (per run
+  # four 16k prefills at ~5-10 s, mlxd's unload ~10 s and load ~15 s), single ~15 s, 8 clients
+  # ~20 s; nemotron-h-8b ~3 min (15 GiB, 16k prefills ~4 s, a small drain). Each shape's
+  # report is rewritten after every part, so a timeout keeps the parts done. The 12B's files
+  # go before the 8B's are written: 22 + 15 GiB and a prompt cache tier on a 64 GiB disk.
+  timeout -k 20 290 bash bench/gpu_run.sh families --shape gemma3-12b \
+    --out "$out/families-gemma3-12b" 2>&1 | grep -v tokenizer | tail -40
+  rm -rf "$HOME/.cache/mlxd-bench/models/gemma3-12b"
+  timeout -k 20 230 bash bench/gpu_run.sh families --shape nemotron-h-8b \
+    --out "$out/families-nemotron-h-8b" 2>&1 | grep -v tokenizer | tail -40
+  ;;
+*) echo "usage: $0 profile|small|large|large-conc|spec|ttft|masks|group2|agents|agents-8b|claude|families" >&2; exit 2 ;;
 esac

@@ -3,6 +3,7 @@ needs to know about any model folder (its end-of-sequence ids, a tokenizer to si
 
 Shapes other than `tiny` copy the real architecture's config (so compute and memory traffic
 match the real model) but not its weights: speed does not depend on what the weights say.
+The Qwen3 shapes are here; the other families' (Gemma 3, hybrids) are in family_shapes.py.
 """
 
 from __future__ import annotations
@@ -11,6 +12,8 @@ import json
 import shutil
 import sys
 from pathlib import Path
+
+from . import family_shapes
 
 ROOT = Path(__file__).resolve().parents[1]
 # Where random-weight models of the larger shapes stay between runs (building one takes a while).
@@ -49,7 +52,7 @@ SHAPES: dict[str, dict] = {
         "tie_word_embeddings": False,
     },
 }
-SHAPE_NAMES = ("tiny", *SHAPES)
+SHAPE_NAMES = ("tiny", *SHAPES, *family_shapes.NAMES)
 _SHARD_BYTES = 2 * 1024**3
 _MARKER = ".bench-model.json"  # written last: a folder without it is an interrupted build
 _FORMAT = 1
@@ -79,7 +82,8 @@ def build_model(shape: str, dest: Path, seed: int = 0) -> Path:
     # The tiny model gives us the tokenizer files, the chat template and generation_config.
     _tiny_builder()(dest, arch="qwen3", seed=seed)
     if shape != "tiny":
-        config = dict(SHAPES[shape])
+        family = shape not in SHAPES
+        config = family_shapes.family_config(shape) if family else dict(SHAPES[shape])
         tokenizer_json = json.loads((dest / "tokenizer.json").read_text())
         _pad_vocab(dest / "tokenizer.json", tokenizer_json, config["vocab_size"])
         eos_id, eot_id = (_token_id(tokenizer_json, t) for t in ("<|im_end|>", "<|endoftext|>"))
@@ -89,7 +93,10 @@ def build_model(shape: str, dest: Path, seed: int = 0) -> Path:
         )
         (dest / "model.safetensors").unlink()
         (dest / "config.json").write_text(json.dumps(config, indent=2) + "\n")
-        _write_random_weights(dest, config, seed)
+        if family:
+            _write_shards(dest, family_shapes.model_weights(config, seed))
+        else:
+            _write_shards(dest, _random_weights(config, seed))
     marker.write_text(json.dumps(want))
     return dest
 
@@ -155,34 +162,44 @@ def _weight_shapes(c: dict) -> list[tuple[str, tuple[int, ...]]]:
     return out
 
 
-def _write_random_weights(dest: Path, config: dict, seed: int) -> None:
-    """bf16 safetensors shards plus the index, as Hugging Face checkpoints are laid out."""
+def _random_weights(config: dict, seed: int):
+    """(name, lazy array) for a Qwen3 config: N(0, 0.02) matrices, norm scales of ones."""
     import mlx.core as mx  # only the model builder needs MLX; the client never does
 
     mx.random.seed(seed)
-    shards: list[dict[str, mx.array]] = [{}]
-    size = 0
     for name, shape in _weight_shapes(config):
         if len(shape) == 1:  # norm scales: ones, as a freshly initialised model has
-            w = mx.ones(shape, dtype=mx.bfloat16)
+            yield name, mx.ones(shape, dtype=mx.bfloat16)
         else:
-            w = mx.random.normal(shape, dtype=mx.bfloat16, scale=0.02)
-        mx.eval(w)
-        nbytes = w.nbytes
-        if size and size + nbytes > _SHARD_BYTES:
+            yield name, mx.random.normal(shape, dtype=mx.bfloat16, scale=0.02)
+
+
+def _write_shards(dest: Path, weights) -> None:
+    """bf16 safetensors shards plus the index, as Hugging Face checkpoints are laid out.
+
+    `weights` yields (name, lazy MLX array); the shards are planned from the arrays' sizes,
+    then each is computed, written and freed in turn: one shard in memory at a time.
+    """
+    import mlx.core as mx
+
+    shards: list[dict] = [{}]
+    size = 0
+    for name, w in weights:
+        if size and size + w.nbytes > _SHARD_BYTES:
             shards.append({})
             size = 0
         shards[-1][name] = w
-        size += nbytes
+        size += w.nbytes
     n = len(shards)
     weight_map, total = {}, 0
     for i, shard in enumerate(shards, 1):
         fname = f"model-{i:05d}-of-{n:05d}.safetensors"
+        mx.eval(shard)
         mx.save_safetensors(str(dest / fname), shard, metadata={"format": "mlx"})
         for name, w in shard.items():
             weight_map[name] = fname
             total += w.nbytes
-        shard.clear()  # free each shard once written: the 8B model is 16 GB
+        shard.clear()  # free each shard once written: the large shapes are 15-25 GB
     index = {"metadata": {"total_size": total}, "weight_map": weight_map}
     (dest / "model.safetensors.index.json").write_text(json.dumps(index, indent=2) + "\n")
 

@@ -13,6 +13,9 @@ BASE_LABELS = {
     "mlx_lm": "mlx_lm.server",
     "worker": "worker socket",
     "bare_load": "fresh mlx_lm.load",
+    "mlxd_ram": "mlxd RAM hit",
+    "mlxd_cold": "mlxd cold re-prefill",
+    "mlxd_resend": "mlxd resend from RAM",
 }
 
 

@@ -44,7 +44,7 @@ def model_folder(a: argparse.Namespace, work: Path) -> tuple[Path, str]:
         return a.model.resolve(), str(a.model)
     if a.shape not in SHAPE_NAMES:
         sys.exit(f"unknown shape {a.shape}; choose from {', '.join(SHAPE_NAMES)}")
-    cache = work / "models" if a.shape == "tiny" else MODEL_CACHE
+    cache = work / "models" if a.shape.startswith("tiny") else MODEL_CACHE  # tiny: cheap
     print(f"building {a.shape} random-weight model in {cache} ...", flush=True)
     return build_model(a.shape, cache / a.shape), f"random-weight {a.shape}"
 

@@ -132,10 +132,7 @@ class Session:
 
     async def unload_mlxd(self) -> None:
         """Unload model A through the admin API (which drains its prompt cache to SSD)."""
-        async with self.mlxd.session() as s:
-            # A JSON body: the supervisor refuses body-less POSTs (no CSRF through forms).
-            async with s.post(f"/admin/models/{MODEL_A}/unload", json={}) as r:
-                r.raise_for_status()
+        await admin_action(self.mlxd, MODEL_A, "unload")
 
     async def mlxd_swap(self, run: int, prompt: str) -> float:
         """Seconds from asking for model B (A being the one in use) to B's first token."""
@@ -165,6 +162,16 @@ class Session:
         home_logs = self.work / "home" / "logs"
         if home_logs.is_dir():
             shutil.copytree(home_logs, self.log_dir / "supervisor-home", dirs_exist_ok=True)
+
+
+async def admin_action(target: Target, model: str, action: str) -> dict:
+    """POST /admin/models/<model>/<action> (load, unload, drain, reload) to the supervisor;
+    its answer (the action's `result`, `elapsed_s`, the worker's `drain` report)."""
+    async with target.session() as s:
+        # A JSON body: the supervisor refuses body-less POSTs (no CSRF through forms).
+        async with s.post(f"/admin/models/{model}/{action}", json={}) as r:
+            r.raise_for_status()
+            return await r.json()
 
 
 def environment(gpu: bool) -> dict:

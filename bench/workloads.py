@@ -27,7 +27,7 @@ async def single(ctx: Context) -> list[Figure]:
     s = ctx.sizes
     tps = Figure("single", "decode tok/s", "tok/s", True, goal=1.0)
     ttft = Figure("single", "TTFT", "s", False)
-    for run in range(max(s.repeats, 5)):  # cheap, and one stream is the noisiest figure
+    for run in range(max(s.repeats, s.single_runs)):
         for t in _order([ctx.mlxd, ctx.mlx_lm], run):
             res = await _one(ctx, t, ctx.prompt(s.single_prompt), s.single_tokens)
             _check_length(tps, res, s.single_tokens)
