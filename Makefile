@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test test-unit test-agents lint install bench clean
+.PHONY: run test test-slow test-unit test-agents lint install bench clean
 
 $(STAMP): pyproject.toml
 	test -d $(VENV) || $(PY) -m venv $(VENV)
@@ -30,6 +30,12 @@ lint: $(STAMP)
 # started once): most tests wait on worker processes, and this halves the wall time on 2 cores.
 test: lint
 	$(BIN)/pytest -q -n 2 --dist loadfile
+
+# The long tier (soak, fuzz at 5000 cases, deliberate waits, second cases of an oracle the
+# fast tier holds): tests marked `slow`, which `make test` skips. CI runs it after `make test`.
+test-slow: $(STAMP)
+	MLXD_TEST_SLOW=1 $(BIN)/pytest -q -n 2 --dist loadfile -m slow
+	MLXD_FUZZ_N=5000 $(BIN)/pytest -q tests/e2e/test_fuzz.py
 
 # The fast loop: unit tests only (no MLX generation, no processes), in seconds.
 test-unit: $(STAMP)

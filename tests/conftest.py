@@ -6,11 +6,23 @@ so sharing it between tests cannot leak state through the files).
 
 from __future__ import annotations
 
+import os
 import pathlib
 
 import pytest
 
 from tiny_model import build_tiny_embedding_model, build_tiny_model
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """`make test` stays under ten minutes on two cores: tests marked `slow` run under
+    `make test-slow` (MLXD_TEST_SLOW=1), which CI runs too."""
+    if os.environ.get("MLXD_TEST_SLOW") == "1":
+        return
+    skip = pytest.mark.skip(reason="the long tier: `make test-slow` (MLXD_TEST_SLOW=1)")
+    for item in items:
+        if item.get_closest_marker("slow"):
+            item.add_marker(skip)
 
 
 @pytest.fixture(scope="session")

@@ -10,6 +10,7 @@ import time
 
 import httpx
 import psutil
+import pytest
 
 MSG = [{"role": "user", "content": "hello"}]
 
@@ -138,6 +139,7 @@ def test_drain_refuses_new_requests_until_loaded(make_daemon):
     assert ask(d, "a").status_code == 200
 
 
+@pytest.mark.slow
 def test_hot_reload_under_steady_traffic_fails_nothing(make_daemon):
     d = make_daemon()
     assert ask(d, "a").status_code == 200

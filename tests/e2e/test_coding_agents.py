@@ -190,6 +190,7 @@ def test_claude_code_survives_a_prefill_longer_than_its_idle_timeout(
 # -- the heartbeats through the official SDKs' stream accumulators (no CLI needed) ------------
 
 
+@pytest.mark.slow
 def test_sdk_streams_are_unchanged_by_heartbeats(make_daemon):
     """A slow first token brings heartbeats; the SDKs still build the same final message."""
     import anthropic
@@ -226,6 +227,7 @@ def test_sdk_streams_are_unchanged_by_heartbeats(make_daemon):
     assert last.output_text == deltas == final.content[0].text  # same greedy text as above
 
 
+@pytest.mark.slow
 def test_responses_heartbeats_are_small_and_the_sdk_still_builds_the_whole_response(make_daemon):
     """Codex sends ~18 KB of tools and instructions: each heartbeat used to repeat them."""
     d = make_daemon(config="stream_heartbeat_s = 1\n", env={"MLXD_DEBUG_PREFILL_DELAY_S": "6"})

@@ -10,6 +10,7 @@ import time
 
 import httpx
 import psutil
+import pytest
 
 from procs import TIGHT_KV_ALLOWANCE, estimate_bytes, uds_client
 
@@ -44,6 +45,7 @@ def budget_for_one(reported_bytes: dict, *dirs) -> int:
     return max(est) + min(reported_bytes[d] for d in dirs) // 2
 
 
+@pytest.mark.slow
 def test_two_busy_models_in_a_budget_for_one_both_get_served(
     make_daemon, tiny_model_dir, tiny_model_dir_b, reported_bytes
 ):

@@ -64,7 +64,14 @@ def _worker_stats(daemon, family) -> dict:
         return c.get("/stats").json()
 
 
-@pytest.mark.parametrize("family", sorted(FAMILIES))
+# Dense and MoE attention are what the rest of the suite serves: the long tier keeps them here.
+SLOW = {"dense", "qwen3_moe"}
+
+
+CASES = [pytest.param(f, marks=pytest.mark.slow) if f in SLOW else f for f in sorted(FAMILIES)]
+
+
+@pytest.mark.parametrize("family", CASES)
 def test_a_family_batches_caches_drains_restores_cancels_and_fits(daemon, reference, family):
     model, tok = reference(family)
     oai = daemon.openai()

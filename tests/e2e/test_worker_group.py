@@ -145,6 +145,7 @@ def test_prompt_cache_hits_on_every_rank(d):
     assert len(texts) == 1
 
 
+@pytest.mark.slow
 def test_drain_persists_every_ranks_shard_and_a_restart_restores_them(d):
     long = " ".join(f"Note {i}: the keeper counted {i * 3} ships." for i in range(25))
     msgs = [{"role": "user", "content": long}]

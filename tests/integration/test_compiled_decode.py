@@ -79,7 +79,9 @@ def test_a_lone_row_decodes_the_same_tokens_compiled(loaded):
     assert step.off is None and KVCache in step.checked  # it did run compiled (the CPU)
 
 
-@pytest.mark.parametrize("sampled", [False, True], ids=["greedy", "seeded"])
+@pytest.mark.parametrize(
+    "sampled", [False, pytest.param(True, marks=pytest.mark.slow)], ids=["greedy", "seeded"]
+)
 def test_rows_that_join_and_leave_decode_the_same_tokens_compiled(loaded, sampled):
     plain = _decode(loaded.model, ROWS, False, sampled)
     assert [len(t) for t in plain] == [n for _, n, _ in ROWS]

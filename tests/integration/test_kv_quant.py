@@ -46,7 +46,7 @@ def cache_dir(short_tmp, request):
     shutil.rmtree(d, ignore_errors=True)
 
 
-@pytest.mark.parametrize("bits", [8, 4])
+@pytest.mark.parametrize("bits", [pytest.param(8, marks=pytest.mark.slow), 4])
 def test_quantized_kv_serves_batched_streams_and_restores_from_ssd(
     tiny_model_dir, short_tmp, cache_dir, bits
 ):

@@ -148,7 +148,7 @@ def test_cache_survives_drain_and_restart_from_ssd(
         stop(proc)
 
 
-@pytest.mark.parametrize("damage", ["truncate", "flip"])
+@pytest.mark.parametrize("damage", ["truncate", pytest.param("flip", marks=pytest.mark.slow)])
 def test_damaged_ssd_file_is_discarded_never_loaded(
     tiny_model_dir, short_tmp, cache_dir, cold_answer, damage
 ):
@@ -235,6 +235,7 @@ def test_session_close_drops_its_entries(tiny_model_dir, short_tmp, cache_dir):
         stop(proc)
 
 
+@pytest.mark.slow
 def test_unique_prompts_stay_off_the_ssd_while_a_sessions_turns_reach_it(
     tiny_model_dir, short_tmp, cache_dir
 ):
