@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 
-from fake_workers import FakeClock, Fleet, make_registry, settled
+from fake_workers import FakeClock, Fleet, make_registry, settled, until
 
 from mlxd.supervisor.lifecycle.states import State
 from mlxd.supervisor.scheduling import keepalive
@@ -29,7 +29,9 @@ def test_an_idle_model_unloads_when_its_keep_alive_runs_out(tmp_path):
         keepalive.sweep(lc)
         await settled(slot, State.STOPPED)
         assert fleet.drained == fleet.spawned  # drained before it was stopped
-        assert lc.counters.unloads == 1 and lc.counters.crashes == 0
+        # The unload counts once its stop has been seen: a step after the state changes.
+        await until(lambda: lc.counters.unloads == 1)
+        assert lc.counters.crashes == 0
         await reg.shutdown()
 
     asyncio.run(go())
