@@ -97,7 +97,7 @@ def engine_run(engine, prompts, n: int, bias: dict) -> tuple[float, dict[str, fl
     """Tokens per second of the engine's decode, and ms per step of each phase."""
     from mlxd.shared.params import GenerationParams
     from mlxd.worker.engine.rows import Submission
-    from mlxd.worker.engine.step.decode import Clock
+    from mlxd.worker.engine.step.token import Clock
 
     params = GenerationParams(
         max_tokens=n, temperature=0.0, top_p=1.0, top_k=0, min_p=0.0, logit_bias=bias
@@ -145,7 +145,7 @@ def main(argv: list[str]) -> int:
 
     from mlxd.worker.engine.loop import Engine
     from mlxd.worker.engine.step.compiled import for_model
-    from mlxd.worker.engine.step.decode import Clock
+    from mlxd.worker.engine.step.token import Clock
     from mlxd.worker.model.load import load_model
 
     from .models import no_eos_bias

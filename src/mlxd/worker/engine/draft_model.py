@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from mlxd.worker.engine.step.decode import SpecConfig
+from mlxd.worker.engine.step.speculate import SpecConfig
 from mlxd.worker.model.load import LoadedModel, load_model
 
 

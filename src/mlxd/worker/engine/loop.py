@@ -43,8 +43,9 @@ from mlxd.worker.engine.sched.inbox import (
 from mlxd.worker.engine.sched.memplan import MemoryPlan
 from mlxd.worker.engine.sched.planner import PlanConfig
 from mlxd.worker.engine.sched.schedule import Scheduler
-from mlxd.worker.engine.step.decode import Clock, SpecConfig
 from mlxd.worker.engine.step.generator import decode_batch, make_generator, step
+from mlxd.worker.engine.step.speculate import SpecConfig
+from mlxd.worker.engine.step.token import Clock
 from mlxd.worker.engine.trace import StepTrace
 from mlxd.worker.engine.warmup import timed_warm_up
 from mlxd.worker.kv.budget import KvBudget

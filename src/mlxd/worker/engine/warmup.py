@@ -16,9 +16,9 @@ import mlx.core as mx
 
 from mlxd.shared.params import GenerationParams
 from mlxd.worker.engine.sched.planner import PlanConfig, warmup_shapes
-from mlxd.worker.engine.step.decode import SpecConfig
 from mlxd.worker.engine.step.generator import make_generator
 from mlxd.worker.engine.step.sampling import RowSampling, make_row_processors
+from mlxd.worker.engine.step.speculate import SpecConfig
 from mlxd.worker.model import mlx_lm_seam as seam
 
 log = logging.getLogger("mlxd.worker.engine.loop")

@@ -16,29 +16,28 @@ from __future__ import annotations
 
 import pickle
 import resource
-import struct
 import sys
 from typing import Any, BinaryIO
 
 import orjson
 
+from mlxd.worker.grammar.child_io import FRAME, frame
 from mlxd.worker.grammar.limits import GrammarLimits, GrammarTooLarge, check_regex
 from mlxd.worker.grammar.regex import GrammarError, GrammarTooLong, grammar_to_regex
 
 # Any JSON object; nesting is bounded because the automaton is finite.
 JSON_OBJECT_SCHEMA = {"type": "object"}
-_LEN = struct.Struct(">Q")
 
 
 def write_frame(out: BinaryIO, payload: bytes) -> None:
-    out.write(_LEN.pack(len(payload)) + payload)
+    out.write(frame(payload))
 
 
 def read_frame(inp: BinaryIO) -> bytes | None:
-    head = inp.read(_LEN.size)
-    if len(head) < _LEN.size:
+    head = inp.read(FRAME.size)
+    if len(head) < FRAME.size:
         return None
-    (n,) = _LEN.unpack(head)
+    (n,) = FRAME.unpack(head)
     payload = inp.read(n)
     return payload if len(payload) == n else None
 

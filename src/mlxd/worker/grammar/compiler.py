@@ -10,11 +10,9 @@ compile, and results stay in a byte-capped LRU. Nothing here holds a lock across
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import pickle
 import signal
-import struct
 import sys
 import time
 from collections import OrderedDict
@@ -22,17 +20,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
-import psutil
 
 from mlxd.shared.errors import BadRequest, Unavailable
 from mlxd.shared.sizes import format_size
 from mlxd.worker.grammar.cache import ByteLRU
+from mlxd.worker.grammar.child_io import frame, kill, read_answer, watch_memory
 from mlxd.worker.grammar.limits import GrammarLimits, GrammarTooLarge, check_spec
 
 log = logging.getLogger("mlxd.worker.grammar")
 
-_LEN = struct.Struct(">Q")
-_WATCH_S = 0.05  # how often a child's resident memory is read
 _FAILURES_KEPT = 256  # constraints remembered as too complex, so retries cost nothing
 
 
@@ -136,7 +132,7 @@ class GrammarCompiler:
                 self._remember_failure(key, message, param)
                 raise GrammarTooComplex(message, param)
             raise CompileFailed(message)
-        assert blob is not None  # an ok answer carries the index (_read_answer)
+        assert blob is not None  # an ok answer carries the index (child_io.read_answer)
         index = await asyncio.to_thread(pickle.loads, blob)
         kept = self.cache.put(key, index, len(blob))
         log.info(
@@ -161,11 +157,11 @@ class GrammarCompiler:
         job = orjson.dumps(
             {"kind": kind, "value": value, "param": param, "limits": s.limits.to_dict()}
         )
-        answer = asyncio.create_task(_read_answer(proc))
-        watch = asyncio.create_task(_watch_memory(proc, s.compile_memory_bytes))
+        answer = asyncio.create_task(read_answer(proc))
+        watch = asyncio.create_task(watch_memory(proc, s.compile_memory_bytes))
         try:
             assert proc.stdin is not None  # spawned with stdin=PIPE
-            proc.stdin.write(_LEN.pack(len(job)) + job)
+            proc.stdin.write(frame(job))
             await proc.stdin.drain()
             done, _ = await asyncio.wait(
                 {answer, watch}, timeout=s.compile_timeout_s, return_when=asyncio.FIRST_COMPLETED
@@ -187,7 +183,7 @@ class GrammarCompiler:
         finally:
             answer.cancel()
             watch.cancel()
-            _kill(proc)
+            kill(proc)
             await proc.wait()
 
     async def _died(self, proc, param: str) -> tuple[dict, None]:
@@ -224,7 +220,7 @@ class GrammarCompiler:
                 if self._spare is None:
                     self._spare = proc
                 else:
-                    _kill(proc)
+                    kill(proc)
                     await proc.wait()
 
         task = asyncio.create_task(refill())
@@ -244,7 +240,7 @@ class GrammarCompiler:
             stderr=asyncio.subprocess.PIPE,
         )
         assert proc.stdin is not None  # spawned with stdin=PIPE
-        proc.stdin.write(_LEN.pack(len(self._vocab_blob)) + self._vocab_blob)
+        proc.stdin.write(frame(self._vocab_blob))
         await proc.stdin.drain()
         return proc
 
@@ -252,36 +248,8 @@ class GrammarCompiler:
         """Stop the spare child (children exit by themselves when the worker does)."""
         proc, self._spare = self._spare, None
         if proc is not None:
-            _kill(proc)
+            kill(proc)
             await proc.wait()
-
-
-async def _read_answer(proc) -> tuple[dict, bytes | None] | None:
-    """The child's header and Index frames; None if it died first."""
-    try:
-        header = orjson.loads(await _frame(proc.stdout))
-        blob = await _frame(proc.stdout) if header.get("ok") else None
-    except (asyncio.IncompleteReadError, orjson.JSONDecodeError):
-        return None
-    return header, blob
-
-
-async def _frame(stream: asyncio.StreamReader) -> bytes:
-    (n,) = _LEN.unpack(await stream.readexactly(_LEN.size))
-    return await stream.readexactly(n)
-
-
-async def _watch_memory(proc, limit_bytes: int) -> None:
-    """Return (the caller kills the child) once its resident memory passes the limit: the
-    bound where RLIMIT_AS is not enforced (macOS)."""
-    with contextlib.suppress(psutil.Error):
-        p = psutil.Process(proc.pid)
-        base = p.memory_info().rss
-        while True:
-            await asyncio.sleep(_WATCH_S)
-            if p.memory_info().rss - base > limit_bytes:
-                return
-    await asyncio.Event().wait()  # the child is gone: the answer (or its absence) decides
 
 
 def _memory_failure(param: str, limit_bytes: int) -> tuple[dict, None]:
@@ -291,12 +259,6 @@ def _memory_failure(param: str, limit_bytes: int) -> tuple[dict, None]:
         "message": f"'{param}' needs more than {format_size(limit_bytes)} to compile "
         "(grammar_compile_memory_bytes); simplify the constraint",
     }, None
-
-
-def _kill(proc) -> None:
-    if proc.returncode is None:
-        with contextlib.suppress(ProcessLookupError):
-            proc.kill()
 
 
 def _log_failure(task: asyncio.Task) -> None:

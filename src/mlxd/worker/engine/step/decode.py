@@ -14,69 +14,34 @@ extract_cache, next), so every later token is ours:
   converted on the way in and back when a second row joins, and may speculate
   (speculate.py: drafts from draft.py, checked in one forward);
 - the model's forward is compiled once per shape where the caches allow (compiled.py).
-
-`clock`, when set, accumulates where a step's time goes (bench/profile.py reads it).
+Each row's token comes back as a token.Token; `clock` (token.Clock) sums where time goes.
 """
 
 from __future__ import annotations
 
 import time
-from collections import defaultdict
 from typing import cast
 
 import mlx.core as mx
 from mlx_lm.models.cache import BatchKVCache, KVCache, TokenBuffer
-from mlx_lm.sample_utils import greedy_sampler
 
-from mlxd.shared.params import GenerationParams
 from mlxd.worker.engine.step.compiled import CompiledStep, for_model
-from mlxd.worker.engine.step.draft import ModelDrafter, NgramDrafter
-from mlxd.worker.engine.step.sampling import RowSampling, Table, penalize, sample
-from mlxd.worker.engine.step.speculate import SpecState, SpecStats, speculate
+from mlxd.worker.engine.step.sampling import (
+    RowSampling,
+    Table,
+    penalize,
+    recent_window,
+    row_sampling_of,
+    sample,
+)
+from mlxd.worker.engine.step.speculate import SpecConfig, SpecState, speculate
+from mlxd.worker.engine.step.token import Clock, Token
 from mlxd.worker.kv.quant import BatchQuantizedKVCache, head
 from mlxd.worker.model import mlx_lm_seam as seam
 
-GREEDY = RowSampling(GenerationParams(temperature=0.0))
 # Batch caches a lone row can leave for mlx-lm's plain cache and come back to (extract/merge).
 LoneType = type[BatchKVCache] | type[BatchQuantizedKVCache]
 LONE_TYPES: tuple[LoneType, ...] = (BatchKVCache, BatchQuantizedKVCache)
-
-
-class SpecConfig:
-    """A model's speculative decoding: `mode` "ngram" or "draft" (with `draft_model`), `k`
-    tokens drafted per step; `stats` counts what it did."""
-
-    def __init__(self, mode: str, k: int, draft_model=None, stats: SpecStats | None = None):
-        self.mode, self.k, self.draft_model = mode, k, draft_model
-        self.stats = stats or SpecStats()
-
-    def state(self) -> SpecState:
-        drafter = ModelDrafter(self.draft_model) if self.mode == "draft" else NgramDrafter()
-        return SpecState(drafter, self.k)
-
-
-class Token:
-    """One row's token from a step, shaped as mlx-lm's GenerationBatch.Response."""
-
-    __slots__ = ("uid", "token", "finish_reason", "prompt_cache", "all_tokens", "_lp", "_i")
-
-    def __init__(self, uid, token, finish_reason, prompt_cache, all_tokens, lp, i):
-        self.uid, self.token, self.finish_reason = uid, token, finish_reason
-        self.prompt_cache, self.all_tokens = prompt_cache, all_tokens
-        self._lp, self._i = lp, i
-
-    @property
-    def logprobs(self) -> mx.array:
-        """This row's log-probabilities over the vocabulary (read only when asked for)."""
-        return self._lp[self._i]
-
-
-class Clock(defaultdict):
-    """Seconds per phase of the decode step, summed over steps."""
-
-    def __init__(self):
-        super().__init__(float)
-        self.steps = 0
 
 
 class DecodeBatch:
@@ -109,7 +74,6 @@ class DecodeBatch:
     def __len__(self) -> int:
         return len(self.uids)
 
-    # -- the rows -------------------------------------------------------------------------
     def extend(self, other) -> None:
         """Take over rows from mlx-lm's GenerationBatch (their first token already sampled):
         the only batch the BatchGenerator hands over."""
@@ -125,7 +89,7 @@ class DecodeBatch:
             self.prompt_cache = other.prompt_cache
         self.tokens.extend(other.tokens)
         self.max_tokens.extend(other.max_tokens)
-        new = [_sampling_of(s) for s in other.samplers]
+        new = [row_sampling_of(s) for s in other.samplers]
         handed = seam.handed_rows(other)
         pairs = zip(new, other.logits_processors, handed.token_context, strict=True)
         for s, procs, ctx in pairs:
@@ -145,7 +109,7 @@ class DecodeBatch:
         self._next_lp = self._join_lp(n_old, len(other.uids), lp)
         if self._window is not None:
             width = self._window.shape[1]
-            self._window = mx.concatenate([self._window, _window_of(other.tokens, width)])
+            self._window = mx.concatenate([self._window, recent_window(other.tokens, width)])
         self._table = None
         self._enter_lone()
 
@@ -253,7 +217,7 @@ class DecodeBatch:
         if t.penalties:
             if self._window is None or self._window.shape[1] != t.width:
                 # The first penalised row, or a wider window: every row's recent tokens.
-                self._window = _window_of(self.tokens, t.width)
+                self._window = recent_window(self.tokens, t.width)
             self._window = mx.concatenate(
                 [self._window[:, 1:], fed[:, None].astype(mx.int32)], axis=1
             )
@@ -334,19 +298,3 @@ class DecodeBatch:
         if len(keep) < len(self.uids):
             self.filter(keep)
         return out
-
-
-def _sampling_of(sampler) -> RowSampling:
-    """The RowSampling behind a row's sampler (admission passes one, maybe guarded)."""
-    s = getattr(sampler, "sampling", sampler)
-    if s is None or s is greedy_sampler:  # mlx-lm's default: a row inserted without one
-        return GREEDY
-    if not isinstance(s, RowSampling):
-        raise TypeError(f"rows need a RowSampling sampler, got {type(sampler).__name__}")
-    return s
-
-
-def _window_of(tokens: list[list[int]], w: int) -> mx.array:
-    """Each row's last `w` tokens, left-padded with -1."""
-    rows = [([-1] * w + t[-w:])[-w:] for t in tokens]
-    return mx.array(rows, dtype=mx.int32)

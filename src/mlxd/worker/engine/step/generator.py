@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from mlx_lm.generate import BatchGenerator
 
-from mlxd.worker.engine.step.decode import DecodeBatch, SpecConfig
+from mlxd.worker.engine.step.decode import DecodeBatch
+from mlxd.worker.engine.step.speculate import SpecConfig
 from mlxd.worker.model import mlx_lm_seam as seam
 
 

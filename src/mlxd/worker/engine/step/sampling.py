@@ -18,6 +18,7 @@ import math
 from dataclasses import dataclass
 
 import mlx.core as mx
+from mlx_lm.sample_utils import greedy_sampler
 
 from mlxd.shared.params import MAX_PENALTY_WINDOW, GenerationParams
 
@@ -259,3 +260,22 @@ class _Batched:
 
     def __call__(self, tokens: mx.array, logits: mx.array) -> mx.array:
         return self.sampling.process(tokens, logits)
+
+
+GREEDY = RowSampling(GenerationParams(temperature=0.0))  # a row inserted without a sampler
+
+
+def row_sampling_of(sampler) -> RowSampling:
+    """The RowSampling behind a row's sampler (admission passes one, maybe guarded)."""
+    s = getattr(sampler, "sampling", sampler)
+    if s is None or s is greedy_sampler:  # mlx-lm's default: a row inserted without one
+        return GREEDY
+    if not isinstance(s, RowSampling):
+        raise TypeError(f"rows need a RowSampling sampler, got {type(sampler).__name__}")
+    return s
+
+
+def recent_window(tokens: list[list[int]], w: int) -> mx.array:
+    """Each row's last `w` tokens, left-padded with -1."""
+    rows = [([-1] * w + t[-w:])[-w:] for t in tokens]
+    return mx.array(rows, dtype=mx.int32)

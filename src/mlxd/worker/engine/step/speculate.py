@@ -33,11 +33,12 @@ from typing import TYPE_CHECKING, cast
 import mlx.core as mx
 from mlx_lm.models.cache import trim_prompt_cache
 
+from mlxd.worker.engine.step.draft import ModelDrafter, NgramDrafter
 from mlxd.worker.engine.step.sampling import Table, penalize, sample
 
 if TYPE_CHECKING:
-    from mlxd.worker.engine.step.decode import DecodeBatch, Token
-    from mlxd.worker.engine.step.draft import ModelDrafter, NgramDrafter
+    from mlxd.worker.engine.step.decode import DecodeBatch
+    from mlxd.worker.engine.step.token import Token
 
 MAX_SKIP = 16  # after repeated misses, try drafting again at least this often
 
@@ -66,6 +67,19 @@ class SpecState:
     def miss(self) -> None:
         self.skip = self._next_skip
         self._next_skip = min(self._next_skip * 2, MAX_SKIP)
+
+
+class SpecConfig:
+    """A model's speculative decoding: `mode` "ngram" or "draft" (with `draft_model`), `k`
+    tokens drafted per step; `stats` counts what it did."""
+
+    def __init__(self, mode: str, k: int, draft_model=None, stats: SpecStats | None = None):
+        self.mode, self.k, self.draft_model = mode, k, draft_model
+        self.stats = stats or SpecStats()
+
+    def state(self) -> SpecState:
+        drafter = ModelDrafter(self.draft_model) if self.mode == "draft" else NgramDrafter()
+        return SpecState(drafter, self.k)
 
 
 def speculate(b: DecodeBatch, st: SpecState) -> list[Token] | None:
