@@ -61,10 +61,14 @@ class HttpError extends Error {
   constructor(status, message) { super(message); this.status = status; }
 }
 
-// Same-origin fetch with the right secret: the admin token for /admin and /metrics, the API
-// key for /v1. A 401 opens the sign-in panel; the API's own error message is shown as is.
+// Ollama's routes that change the models on disk take the admin token, as /admin does.
+const MANAGE = ["/api/pull", "/api/delete", "/api/copy", "/api/create"];
+
+// Same-origin fetch with the right secret: the admin token for /admin, /metrics and MANAGE,
+// the API key for /v1. A 401 opens the sign-in panel; the API's own error message is shown as
+// is (OpenAI's envelope, or Ollama's {"error": "…"}).
 async function call(path, opts = {}) {
-  const admin = path.startsWith("/admin") || path.startsWith("/metrics");
+  const admin = path.startsWith("/admin") || path.startsWith("/metrics") || MANAGE.includes(path);
   const secret = store.getItem(admin ? "mlxd.admin_token" : "mlxd.api_key");
   const headers = { ...(opts.headers || {}) };
   if (secret) headers.Authorization = `Bearer ${secret}`;
@@ -75,7 +79,10 @@ async function call(path, opts = {}) {
   const resp = await fetch(path, { ...opts, headers, credentials: "omit", cache: "no-store" });
   if (!resp.ok) {
     let message = `${resp.status} ${resp.statusText}`;
-    try { message = (await resp.json()).error.message || message; } catch (e) { /* not JSON */ }
+    try {
+      const err = (await resp.json()).error;
+      message = (typeof err === "string" ? err : err.message) || message;
+    } catch (e) { /* not JSON */ }
     if (resp.status === 401) askToken(message, admin);
     throw new HttpError(resp.status, message);
   }
@@ -164,6 +171,7 @@ function renderModels() {
       { type: "button", "data-action": a, onclick: () => act(m.id, a) },
       a[0].toUpperCase() + a.slice(1),
     ));
+    if (m.source === "home") buttons.push(deleteButton(m.id)); // add.js
     if (busy) for (const b of buttons) b.disabled = true;
     return el("tr", { "data-model": m.id },
       el("td", {}, m.id),
