@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import shutil
 import subprocess
+import threading
 
 import httpx
 import ollama
@@ -60,7 +61,8 @@ def test_a_pull_streams_progress_and_goes_on_after_a_dropped_connection(daemon, 
     assert statuses[0] == "pulling manifest" and statuses[-1] == "success"
     assert statuses[-3:-1] == ["verifying sha256 digest", "writing manifest"]
     weights = [x for x in lines if x.status == f"pulling {SAFETENSORS}"]
-    assert weights[-1].completed == weights[-1].total > 0 and weights[0].digest.startswith("sha256:")
+    assert weights[-1].completed == weights[-1].total > 0
+    assert weights[0].digest.startswith("sha256:")
     assert [x.completed for x in weights] == sorted(x.completed for x in weights)
     # the connection broke halfway: the rest came with a Range request, not from byte 0
     ranges = hub.downloads("test-org/tiny", SAFETENSORS)
@@ -84,7 +86,7 @@ def test_table_names_and_what_cannot_be_pulled(daemon, client):
 
 def test_a_cancelled_pull_goes_on_where_it_stopped(daemon, client, hub):
     key = ("test-org/held", SAFETENSORS)
-    hub.hold[key] = held = __import__("threading").Event()
+    hub.hold[key] = held = threading.Event()
     body = {"model": "test-org/held"}
     with httpx.Client(base_url=daemon.url, timeout=30) as http:
         with http.stream("POST", "/api/pull", json=body) as r:
