@@ -9,31 +9,14 @@ import asyncio
 import json
 import threading
 
-from aiohttp.test_utils import TestClient, TestServer
-from fake_workers import Fleet, make_registry, until
+from fake_workers import until, with_app
 
 from mlxd.shared.errors import BadRequest
-from mlxd.supervisor.daemon import build_app
 from mlxd.supervisor.http.ollama_manage import STORE
 from mlxd.supervisor.store import progress
 from mlxd.supervisor.store.hub import Cancelled
 
 TOKEN = "admin-secret"
-
-
-def _with_app(tmp_path, go, *models, **settings):
-    async def main():
-        reg = make_registry(tmp_path, Fleet(load_s=0), *(models or ("a", "b")), **settings)
-        app = build_app(reg.settings, reg)
-        try:
-            # The daemon's runner cancels a handler whose client left (daemon.serve): so here.
-            server = TestServer(app, host="127.0.0.1", handler_cancellation=True)
-            async with TestClient(server) as client:
-                return await go(client, reg, app)
-        finally:
-            await reg.shutdown()
-
-    return asyncio.run(main())
 
 
 def test_managing_models_takes_the_admin_token_and_no_other_origin(tmp_path):
@@ -53,7 +36,7 @@ def test_managing_models_takes_the_admin_token_and_no_other_origin(tmp_path):
         }
         return {k: (r.status, await r.json()) for k, r in out.items()}
 
-    got = _with_app(tmp_path, go, admin_token=TOKEN, api_key="api-key")
+    got = with_app(tmp_path, go, admin_token=TOKEN, api_key="api-key")
     assert got["api key"][0] == 401 and "admin token" in got["api key"][1]["error"]
     assert (
         got["admin token"][0] == 400 and "not a name mlxd knows" in got["admin token"][1]["error"]
@@ -121,7 +104,7 @@ def test_one_pull_per_model_followed_by_every_client_and_cancelled_by_the_last(t
         return seen_first, seen_second, busy, failed, await again
 
     try:
-        seen_first, seen_second, busy, failed, again = _with_app(tmp_path, go)
+        seen_first, seen_second, busy, failed, again = with_app(tmp_path, go)
     finally:
         release.set()
     assert [x["status"] for x in seen_first] == ["pulling manifest", "pulling model.safetensors"]
@@ -141,7 +124,7 @@ def test_delete_unloads_a_loaded_model_first_and_keeps_what_it_does_not_own(tmp_
         missing = await client.delete("/api/delete", json={"model": "a"})
         return deleted.status, worker.returncode, tags, missing.status, "a" in reg.lifecycle.slots
 
-    deleted, code, tags, missing, routed = _with_app(tmp_path, go)
+    deleted, code, tags, missing, routed = with_app(tmp_path, go)
     assert deleted == 200 and code is not None and not routed  # stopped, then forgotten
     assert [m["name"] for m in tags["models"]] == ["b:latest"]
     assert not (tmp_path / "models" / "a").exists() and missing == 404
@@ -174,7 +157,7 @@ def test_copy_and_create_give_the_new_model_its_own_settings(tmp_path):
         errors = [(r.status, (await r.json())["error"]) for r in refusals]
         return copied.status, await made.json(), shown, detail, errors
 
-    copied, made, shown, detail, errors = _with_app(tmp_path, go)
+    copied, made, shown, detail, errors = with_app(tmp_path, go)
     assert copied == 200 and (tmp_path / "models" / "c" / "config.json").is_file()
     assert made == {"status": "success"}
     assert (

@@ -7,22 +7,9 @@ let pullAbort = null;
 
 function addStatus(text) { $("add-status").textContent = text; }
 
-// A pull's NDJSON lines: one progress bar over every file's bytes.
+// A pull's NDJSON lines (app.js's readBlocks): one progress bar over every file's bytes.
 async function readLines(resp, onLine) {
-  const reader = resp.body.getReader();
-  const decoder = new TextDecoder();
-  let buf = "";
-  for (;;) {
-    const { value, done } = await reader.read();
-    if (done) return;
-    buf += decoder.decode(value, { stream: true });
-    let cut;
-    while ((cut = buf.indexOf("\n")) >= 0) {
-      const text = buf.slice(0, cut).trim();
-      buf = buf.slice(cut + 1);
-      if (text) onLine(JSON.parse(text));
-    }
-  }
+  await readBlocks(resp, "\n", (text) => { if (text.trim()) onLine(JSON.parse(text)); });
 }
 
 async function pullModel(ev) {

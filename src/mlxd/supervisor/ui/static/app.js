@@ -323,9 +323,10 @@ function renderCache(rows) {
     el("td", { class: "num" }, String(of("mlxd_prompt_cache_hit_tokens_total", id))))));
 }
 
-// ---- server-sent events over fetch (EventSource cannot send the admin token) -----------
+// ---- streamed bodies over fetch (EventSource cannot send the admin token) --------------
 
-async function readEvents(resp, onEvent) {
+// A streamed body, cut into blocks at `sep` as they arrive (SSE: "\n\n"; NDJSON: "\n").
+async function readBlocks(resp, sep, onBlock) {
   const reader = resp.body.getReader();
   const decoder = new TextDecoder();
   let buf = "";
@@ -334,18 +335,24 @@ async function readEvents(resp, onEvent) {
     if (done) return;
     buf += decoder.decode(value, { stream: true });
     let cut;
-    while ((cut = buf.indexOf("\n\n")) >= 0) {
+    while ((cut = buf.indexOf(sep)) >= 0) {
       const block = buf.slice(0, cut);
-      buf = buf.slice(cut + 2);
-      let event = "message";
-      const data = [];
-      for (const line of block.split("\n")) {
-        if (line.startsWith("event:")) event = line.slice(6).trim();
-        else if (line.startsWith("data:")) data.push(line.slice(5).replace(/^ /, ""));
-      }
-      if (data.length) onEvent(event, data.join("\n"));
+      buf = buf.slice(cut + sep.length);
+      onBlock(block);
     }
   }
+}
+
+async function readEvents(resp, onEvent) {
+  await readBlocks(resp, "\n\n", (block) => {
+    let event = "message";
+    const data = [];
+    for (const line of block.split("\n")) {
+      if (line.startsWith("event:")) event = line.slice(6).trim();
+      else if (line.startsWith("data:")) data.push(line.slice(5).replace(/^ /, ""));
+    }
+    if (data.length) onEvent(event, data.join("\n"));
+  });
 }
 
 // ---- logs ------------------------------------------------------------------------------
