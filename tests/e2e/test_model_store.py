@@ -135,6 +135,7 @@ def test_create_from_a_gguf_serves_it_and_delete_unloads_it_first(daemon, client
     write_gguf(gguf, "llama")
     steps = list(client.create("made", from_=str(gguf), parameters={"temperature": 0}, stream=True))
     assert steps[0].status == "importing tiny.gguf" and steps[-1].status == "success"
+    assert not any(str(daemon.home) in s.status for s in steps)  # no path of the daemon's
     assert "made:latest" in names(client)
     assert "PARAMETER temperature 0" in client.show("made").modelfile
     reply = client.chat("made", [{"role": "user", "content": "hi"}], options={"num_predict": 2})

@@ -129,11 +129,11 @@ class ModelOps:
         (requests get 503 meanwhile) and stopped first, dropped from routing after, so the
         next request finds the new folder or none. True if a worker was running."""
         lc = self.reg.lifecycle
-        slot = lc.slots.get(model_id)
-        if slot is None:
-            await then()
-            return False
         async with self._lock(model_id):
+            slot = lc.slots.get(model_id)
+            if slot is None:
+                await then()
+                return False
             lc.set_drained(slot, True)
             try:
                 stopped = await lc.unload_slot(await lc.wait_settled(slot), "delete")

@@ -8,6 +8,7 @@ process at a time works on a model (`exclusive`, a lock file that mlxctl and the
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import os
 import shutil
@@ -16,7 +17,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from mlxd.shared.errors import Conflict, PayloadTooLarge
+from mlxd.shared.errors import Conflict, MlxdError, PayloadTooLarge, Unavailable
 from mlxd.shared.sizes import format_size
 
 WORK_DIR = ".downloads"
@@ -33,6 +34,13 @@ def free_bytes(path: Path) -> int:
         if p.exists():
             return shutil.disk_usage(p).free
     return 0
+
+
+def write_error(exc: OSError, what: str) -> MlxdError:
+    """A failed write in the models folder, in one line without its path (disk full: 413)."""
+    if exc.errno == errno.ENOSPC:
+        return PayloadTooLarge(f"cannot write {what}: no space left on the disk")
+    return Unavailable(f"cannot write {what}: {exc.strerror or type(exc).__name__}")
 
 
 def check_room(what: str, need_bytes: int, free: int) -> None:

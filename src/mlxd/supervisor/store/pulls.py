@@ -15,9 +15,10 @@ import threading
 from collections.abc import Callable
 from pathlib import Path
 
-from mlxd.shared.errors import MlxdError, TooManyRequests
+from mlxd.shared.errors import BadGateway, MlxdError, TooManyRequests
 from mlxd.shared.wire.ollama_manage import ProgressLine
 from mlxd.supervisor.store import puller
+from mlxd.supervisor.store.folders import write_error
 from mlxd.supervisor.store.hub import Cancelled, Hub
 from mlxd.supervisor.store.names import PullTarget
 from mlxd.supervisor.store.progress import add_to_backlog
@@ -142,9 +143,13 @@ class Pulls:
         except MlxdError as exc:
             log.info("pull of model=%s failed: %s", pull.target.model_id, exc.message)
             call(self._finish, pull, None, exc)
+        except OSError as exc:  # the models folder could not be written
+            log.exception("pull of model=%s failed", pull.target.model_id)
+            call(self._finish, pull, None, write_error(exc, f"'{pull.target.model_id}'"))
         except Exception as exc:
             log.exception("pull of model=%s failed", pull.target.model_id)
-            call(self._finish, pull, None, MlxdError(f"the download failed: {type(exc).__name__}"))
+            failed = BadGateway(f"the download failed: {type(exc).__name__}")
+            call(self._finish, pull, None, failed)
         else:
             call(self._finish, pull, folder, None)
 

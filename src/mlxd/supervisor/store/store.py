@@ -11,13 +11,12 @@
 from __future__ import annotations
 
 import asyncio
-import errno
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from mlxd.shared.errors import BadRequest, Conflict, MlxdError, PayloadTooLarge, Unavailable
+from mlxd.shared.errors import BadRequest, Conflict
 from mlxd.shared.folder_settings import (
     FolderSettings,
     folder_settings_of,
@@ -46,13 +45,6 @@ class Source:
     kind: str  # "model", "folder" or "gguf"
     path: Path
     settings: FolderSettings  # what it brings (a model's own, a folder's mlxd.json)
-
-
-def write_error(exc: OSError, what: str) -> MlxdError:
-    """A failed write in the models folder, in one line without its path."""
-    if exc.errno == errno.ENOSPC:
-        return PayloadTooLarge(f"cannot write {what}: no space left on the disk")
-    return Unavailable(f"cannot write {what}: {exc.strerror or type(exc).__name__}")
 
 
 class ModelStore:
@@ -111,7 +103,7 @@ class ModelStore:
                     )
                     folders.discard(staging)  # a partial pull of the same name
                 except OSError as exc:
-                    raise write_error(exc, f"'{entry.id}'") from None
+                    raise folders.write_error(exc, f"'{entry.id}'") from None
 
             was_loaded = await self.ops.retire(entry.id, remove)
             self._changed(entry.id)
@@ -153,7 +145,7 @@ class ModelStore:
 
                 await self.ops.retire(model_id, swap)
             except OSError as exc:
-                raise write_error(exc, f"'{model_id}'") from None
+                raise folders.write_error(exc, f"'{model_id}'") from None
             finally:
                 folders.discard(work)
             self._changed(model_id)
@@ -166,12 +158,18 @@ class ModelStore:
             await asyncio.to_thread(folders.copy_model_files, source.path, work)
             return work
         emit(line(f"importing {source.path.name}"))
-        code, tail = await run_import(source.path, work, "model", lambda t: emit(line(t)))
+        built = work / "model"
+
+        def said(text: str) -> None:
+            if text != str(built):  # its last line, the folder: no path goes to the client
+                emit(line(text))
+
+        code, tail = await run_import(source.path, work, built.name, said)
         if code != 0:
             reason = next((t for t in reversed(tail) if t.startswith("error: ")), "error: failed")
             reason = reason.removeprefix("error: ").replace(str(work), "").strip()
             raise BadRequest(f"cannot import {source.path.name}: {reason}", param="from")
-        return work / "model"
+        return built
 
     def source_of_path(self, path: Path) -> Source:
         """A path on this machine as a create's source: a GGUF file or a model folder."""
