@@ -82,6 +82,11 @@ def test_table_names_and_what_cannot_be_pulled(daemon, client):
     assert e.status_code == 404 and "not found on Hugging Face" in e.error
     e = refusal(lambda: client.pull("test-org/gguf-only"))
     assert e.status_code == 400 and "no config.json" in e.error
+    body = {"model": "test-org/tiny", "revision": "v9", "stream": False}  # mlxd's own field
+    r = daemon.http.post("/api/pull", json=body)
+    assert r.status_code == 404 and r.json() == {
+        "error": "'test-org/tiny' has no such revision on Hugging Face"
+    }
 
 
 def test_a_cancelled_pull_goes_on_where_it_stopped(daemon, client, hub):

@@ -12,7 +12,7 @@ import io
 import pytest
 
 from mlxd.shared.config import ModelSettings
-from mlxd.shared.errors import BadGateway, BadRequest, PayloadTooLarge
+from mlxd.shared.errors import BadGateway, BadRequest, Conflict, PayloadTooLarge
 from mlxd.shared.folder_settings import (
     FolderSettings,
     folder_settings_of,
@@ -187,6 +187,10 @@ def test_a_pull_goes_on_from_its_bytes_verifies_and_checks_the_disk_first(tmp_pa
     hub.fetched.clear()
     assert _pull(hub, models)[1] == ["pulling manifest", "success"]  # up to date
     assert hub.fetched == []
+    (models / "org" / "m" / puller.STATE).write_text('{"commit": "older"}')
+    with folders.exclusive(models, "org--m", "a download of 'org/m'"):  # mlxctl's, say
+        with pytest.raises(Conflict, match="a download of 'org/m' is already under way"):
+            _pull(hub, models)
 
 
 def test_a_repository_without_config_json_is_not_a_model_folder():
