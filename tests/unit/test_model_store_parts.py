@@ -216,6 +216,24 @@ def test_a_folders_own_settings_sit_under_the_config_section(tmp_path):
     assert read_folder_settings(tmp_path) is None  # out of bounds: ignored
 
 
+def test_a_created_models_settings_come_back_at_the_next_start(tmp_path):
+    from fake_workers import make_models, settings_for
+
+    from mlxd.supervisor.catalog.catalog import Catalog
+
+    make_models(tmp_path, "made", "plain")
+    write_folder_settings(tmp_path / "models" / "made", FolderSettings(system="Be brief.", top_k=5))
+    settings = settings_for(tmp_path, models={"made": {"top_k": 7}})  # config.toml's section
+    catalog = Catalog(settings)
+    catalog.apply_folder_settings()  # what the daemon does at start
+    made = settings.for_model("made")
+    assert (made.system, made.top_k) == ("Be brief.", 7)  # the section's key wins
+    assert "plain" not in settings.models
+    (tmp_path / "models" / "made" / "mlxd.json").unlink()
+    catalog.apply_folder_settings("made")
+    assert settings.models["made"].system is None and settings.models["made"].top_k == 7
+
+
 def test_huggingface_hubs_names_used_by_the_pull_are_there():
     """hub.py relies on these on the installed huggingface_hub; an upgrade that moves one
     fails here, not in a user's pull."""
