@@ -169,3 +169,23 @@ def test_copy_and_create_give_the_new_model_its_own_settings(tmp_path):
     assert [s for s, _ in errors] == [400, 400, 400, 400, 400, 404]
     assert "adapters" in errors[0][1] and "relative path" in errors[1][1]
     assert "neither a GGUF file nor a model folder" in errors[2][1] and "'from'" in errors[3][1]
+
+
+def test_copy_create_and_pull_never_replace_a_folder_of_other_models(tmp_path):
+    async def go(client, reg, app):
+        made = await client.post("/api/copy", json={"source": "a", "destination": "org/m"})
+        tries = [
+            await client.post("/api/copy", json={"source": "b", "destination": "org"}),
+            await client.post("/api/create", json={"model": "org", "from": "a"}),
+            await client.post("/api/copy", json={"source": "b", "destination": "a/inner"}),
+            await client.post("/api/copy", json={"source": "b", "destination": "A"}),
+        ]
+        names = [m["name"] for m in (await (await client.get("/api/tags")).json())["models"]]
+        return made.status, [(r.status, (await r.json())["error"]) for r in tries], names
+
+    made, refusals, names = with_app(tmp_path, go)
+    assert made == 200 and [s for s, _ in refusals] == [400, 400, 400, 400]
+    assert "folder of other models" in refusals[0][1] and "folder of other models" in refusals[1][1]
+    assert "'a' is a model" in refusals[2][1] and "differs only in case" in refusals[3][1]
+    assert sorted(names) == ["a:latest", "b:latest", "org/m:latest"]
+    assert (tmp_path / "models" / "a" / "config.json").is_file()

@@ -251,3 +251,31 @@ def test_huggingface_hubs_names_used_by_the_pull_are_there():
     assert {"rfilename", "size", "blob_id", "lfs"} <= set(RepoSibling.__dataclass_fields__)
     assert "sha256" in BlobLfsInfo.__dataclass_fields__
     assert callable(build_hf_headers)
+
+
+def test_a_new_model_never_takes_the_place_of_other_models(tmp_path):
+    models = tmp_path / "models"
+    for folder in (models / "org" / "m", models / "solo"):
+        folder.mkdir(parents=True)
+        (folder / "config.json").write_text("{}")
+    refused = {
+        "org": "'org' is a folder of other models",
+        "solo/x": "'solo' is a model: 'solo/x' cannot go inside its folder",
+        "ORG/n": "'ORG/n' differs only in case from 'org'",
+        "Solo": "'Solo' differs only in case from 'solo'",
+    }
+    for model_id, why in refused.items():
+        with pytest.raises(BadRequest, match=why):
+            folders.check_destination(models, model_id)
+    for model_id in ("org/m", "org/n", "solo", "new", "new/m"):
+        folders.check_destination(models, model_id)  # a model replaced, or a new name
+
+    hub = StubHub({"config.json": b"{}"})
+    with pytest.raises(BadRequest, match="'solo' is a model"):
+        puller.pull(pull_target("solo/x"), models, hub, emit=lambda line: None)
+    assert hub.fetched == [] and not (models / "solo" / "x").exists()
+    built = tmp_path / "built"
+    built.mkdir()
+    with pytest.raises(BadRequest, match="folder of other models"):
+        folders.place(built, models / "org")
+    assert (models / "org" / "m" / "config.json").is_file()  # the org's models are still there

@@ -128,6 +128,7 @@ async def copy(request: web.Request) -> web.Response:
     dest = new_model_id(req.destination, "destination")
     if dest == entry.id:
         raise BadRequest("'source' and 'destination' are the same model", param="destination")
+    store.check_destination(dest)
     request["model"] = dest
     build = store.build(dest, store.source_of_model(entry), FolderSettings(), lambda line: None)
     await asyncio.shield(_background(request, build))
@@ -153,6 +154,7 @@ async def create(request: web.Request) -> web.StreamResponse:
     req = parse_model(CreateRequest, load_json(await request.read()))
     req.refuse_unsupported()
     model_id = new_model_id(req.model_name)
+    store.check_destination(model_id)
     spec = parse_modelfile(req.modelfile) if req.modelfile else CreateSpec()
     spec.source = req.from_ or spec.source
     spec.system = req.system if req.system is not None else spec.system

@@ -17,8 +17,9 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from mlxd.shared.errors import Conflict, MlxdError, PayloadTooLarge, Unavailable
+from mlxd.shared.errors import BadRequest, Conflict, MlxdError, PayloadTooLarge, Unavailable
 from mlxd.shared.sizes import format_size
+from mlxd.supervisor.store.names import id_parts
 
 WORK_DIR = ".downloads"
 HEADROOM_BYTES = 16 << 20  # left free after a download: a disk filled to the byte fails others
@@ -87,8 +88,52 @@ def scratch(models_dir: Path, key: str, what: str) -> Path:
     return path
 
 
+def _is_model_dir(path: Path) -> bool:
+    return (path / "config.json").is_file()
+
+
+def _visible(folder: Path) -> list[Path]:
+    try:
+        return [p for p in folder.iterdir() if not p.name.startswith(".")]
+    except OSError:
+        return []
+
+
+def check_destination(models_dir: Path, model_id: str) -> None:
+    """A 400 when model `model_id`'s folder would take the place of, or go inside, something
+    that is not that model: an <org>/ folder of other models, a model's own folder ("a/b"
+    inside model "a"), or a folder whose name differs only in case (one folder on macOS)."""
+    here = models_dir
+    parts = id_parts(model_id)
+    for i, part in enumerate(parts):
+        for other in _visible(here):
+            if other.name != part and other.name.lower() == part.lower():
+                taken = "/".join([*parts[:i], other.name])
+                raise BadRequest(
+                    f"'{model_id}' differs only in case from '{taken}' (one folder where "
+                    "file names ignore case): pick another name",
+                    param="model",
+                )
+        here = here / part
+        if i < len(parts) - 1 and _is_model_dir(here):
+            raise BadRequest(
+                f"'{'/'.join(parts[: i + 1])}' is a model: '{model_id}' cannot go inside its "
+                "folder",
+                param="model",
+            )
+    if here.is_dir() and not _is_model_dir(here) and _visible(here):
+        raise BadRequest(
+            f"'{model_id}' is a folder of other models (or of files that are not a model) in "
+            "mlxd's models folder: pick another name",
+            param="model",
+        )
+
+
 def place(built: Path, dest: Path) -> None:
-    """Move a finished folder into place in one rename, replacing what was there."""
+    """Move a finished folder into place in one rename, replacing what was there (only a
+    model folder: never an <org>/ folder of models)."""
+    if dest.is_dir() and not dest.is_symlink() and not _is_model_dir(dest) and _visible(dest):
+        raise BadRequest(f"'{dest.name}' is a folder of other models, not a model", param="model")
     dest.parent.mkdir(parents=True, exist_ok=True)
     old = None
     if dest.exists() or dest.is_symlink():

@@ -120,6 +120,7 @@ def pull(
     """Download `target` into models_dir; returns its folder. `on_ready` is called once the
     file list is known and the disk has room (failures before it are the request's, after it
     the stream's); `cancelled()` is asked as bytes arrive and raises Cancelled when true."""
+    folders.check_destination(models_dir, target.model_id)
     emit(progress.line(progress.MANIFEST))
     manifest = hub.manifest(target.repo, target.revision)
     files = model_files(manifest)

@@ -109,8 +109,9 @@ class ModelStore:
             self._changed(entry.id)
             return was_loaded
 
-    def _check_destination(self, model_id: str) -> None:
-        """A name that is already an alias, or a model mlxd does not keep, cannot be replaced."""
+    def check_destination(self, model_id: str) -> None:
+        """A name that is already an alias, or a model mlxd does not keep, cannot be replaced;
+        nor can a folder that is not that model's (folders.check_destination)."""
         catalog = self.reg.catalog
         if model_id in self.reg.settings.alias_map():
             raise BadRequest(f"'{model_id}' is already an alias of a model", param="model")
@@ -118,6 +119,7 @@ class ModelStore:
         if entry is not None and entry.source != "home":
             where = SOURCES.get(entry.source, entry.source)
             raise BadRequest(f"'{model_id}' already names a model in {where}", param="model")
+        folders.check_destination(self.models_dir, model_id)
 
     def source_of_model(self, entry: ModelEntry) -> Source:
         """A known model as a create's or copy's source: its folder and its own settings."""
@@ -129,7 +131,7 @@ class ModelStore:
     ) -> Path:
         """Make model `model_id` from `source` with `settings` over the source's own, and move
         it into place (replacing a model of that name, unloaded first). Returns its folder."""
-        self._check_destination(model_id)
+        self.check_destination(model_id)
         key = model_id.replace("/", "--")
         with self._claim(model_id, "being created"):
             work = folders.scratch(self.models_dir, key, "create")
