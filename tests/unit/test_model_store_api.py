@@ -189,3 +189,13 @@ def test_copy_create_and_pull_never_replace_a_folder_of_other_models(tmp_path):
     assert "'a' is a model" in refusals[2][1] and "differs only in case" in refusals[3][1]
     assert sorted(names) == ["a:latest", "b:latest", "org/m:latest"]
     assert (tmp_path / "models" / "a" / "config.json").is_file()
+
+
+def test_deleting_an_alias_is_refused_and_keeps_its_model(tmp_path):
+    async def go(client, reg, app):
+        gone = await client.delete("/api/delete", json={"model": "short:latest"})
+        return gone.status, (await gone.json())["error"]
+
+    status, error = with_app(tmp_path, go, models={"a": {"aliases": ["short"]}})
+    assert status == 400 and "'short' is an alias of 'a'" in error
+    assert (tmp_path / "models" / "a" / "config.json").is_file()

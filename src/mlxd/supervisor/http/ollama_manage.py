@@ -21,6 +21,7 @@ from aiohttp import web
 from mlxd.shared.errors import BadRequest, MlxdError, NotFound, ollama_body
 from mlxd.shared.folder_settings import FolderSettings
 from mlxd.shared.wire.bodies import load_json, parse_model
+from mlxd.shared.wire.ollama import model_id_of
 from mlxd.shared.wire.ollama_manage import (
     CopyRequest,
     CreateRequest,
@@ -106,6 +107,13 @@ def _background(request: web.Request, coro, q: asyncio.Queue | None = None) -> a
 async def delete(request: web.Request) -> web.Response:
     reg, store = _parts(request)
     name = parse_model(DeleteRequest, load_json(await request.read())).model_name
+    aliases = reg.settings.alias_map()
+    if (alias := next((n for n in (name, model_id_of(name)) if n in aliases), None)) is not None:
+        raise BadRequest(  # deleting a name must not delete the model it stands for
+            f"'{alias}' is an alias of '{aliases[alias]}' in config.toml: delete "
+            f"'{aliases[alias]}' to delete the model, or remove the alias from config.toml",
+            param="model",
+        )
     try:
         entry = await entry_for(reg, name)
     except NotFound:  # what a cancelled pull of that name left, if anything
