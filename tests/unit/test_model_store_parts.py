@@ -148,8 +148,8 @@ class StubHub:
             for i in range(have, len(data), 100):
                 if self.stop_after is not None and i >= self.stop_after:
                     raise ConnectionError("dropped")
+                on_bytes(len(data[i : i + 100]))  # before the write, as http_get does
                 out.write(data[i : i + 100])
-                on_bytes(len(data[i : i + 100]))
 
 
 def _pull(hub, models, **kw):
@@ -279,3 +279,20 @@ def test_a_new_model_never_takes_the_place_of_other_models(tmp_path):
     with pytest.raises(BadRequest, match="folder of other models"):
         folders.place(built, models / "org")
     assert (models / "org" / "m" / "config.json").is_file()  # the org's models are still there
+
+
+def test_a_file_larger_than_its_listing_stops_before_the_extra_bytes_land(tmp_path):
+    models = tmp_path / "models"
+    hub = StubHub({"config.json": b"{}", "model.safetensors": bytes(1000)})
+    listed = hub.manifest
+
+    def smaller(repo, revision):  # the listing says 500 bytes; 1000 come
+        m = listed(repo, revision)
+        files = tuple(RemoteFile(f.name, 500) if f.size == 1000 else f for f in m.files)
+        return Manifest(m.repo, m.commit, files)
+
+    hub.manifest = smaller
+    with pytest.raises(BadGateway, match="model.safetensors of org/m is larger than"):
+        _pull(hub, models)
+    part = models / ".downloads" / "org--m" / "model.safetensors.part"
+    assert part.stat().st_size <= 500 and not (models / "org").exists()

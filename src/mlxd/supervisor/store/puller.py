@@ -178,6 +178,11 @@ def _fetch(hub, manifest, f, staging, emit, cancelled, throttle) -> None:
         if cancelled():
             raise Cancelled(f"the pull of {manifest.repo} was cancelled")
         done += n
+        if done > f.size:  # never more than the disk check counted: the listing is the bound
+            raise BadGateway(
+                f"{f.name} of {manifest.repo} is larger than the hub's listing says "
+                f"({f.size} bytes): the download stopped"
+            )
         if throttle.due(f.name, done >= f.size):
             emit(progress.file_line(f, done))
 
