@@ -13,7 +13,7 @@ from fake_workers import until, with_app
 
 from mlxd.shared.errors import BadRequest
 from mlxd.supervisor.http.ollama_manage import STORE
-from mlxd.supervisor.store import progress
+from mlxd.supervisor.store import folders, progress
 from mlxd.supervisor.store.hub import Cancelled
 
 TOKEN = "admin-secret"
@@ -199,3 +199,20 @@ def test_deleting_an_alias_is_refused_and_keeps_its_model(tmp_path):
     status, error = with_app(tmp_path, go, models={"a": {"aliases": ["short"]}})
     assert status == 400 and "'short' is an alias of 'a'" in error
     assert (tmp_path / "models" / "a" / "config.json").is_file()
+
+
+def test_a_partial_download_is_not_deleted_while_mlxctl_pulls_it(tmp_path):
+    staging = tmp_path / "models" / ".downloads" / "org--m"
+
+    async def go(client, reg, app):
+        staging.mkdir(parents=True)
+        (staging / "model.safetensors.part").write_bytes(b"half")
+        with folders.exclusive(tmp_path / "models", "org--m", "a download of 'org/m'"):
+            busy = await client.delete("/api/delete", json={"model": "org/m"})
+            kept = (staging / "model.safetensors.part").exists()
+        done = await client.delete("/api/delete", json={"model": "org/m"})
+        return busy.status, (await busy.json())["error"], kept, done.status
+
+    busy, error, kept, done = with_app(tmp_path, go)
+    assert busy == 409 and "already under way" in error and kept
+    assert done == 200 and not staging.exists()

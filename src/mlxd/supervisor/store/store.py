@@ -80,9 +80,12 @@ class ModelStore:
         return await self.pulls.follow(target)
 
     def discard_download(self, target: PullTarget) -> bool:
-        """Delete what a cancelled pull of `target` left for resuming; whether there was any."""
+        """Delete what a cancelled pull of `target` left for resuming; whether there was any
+        (409 while `mlxctl pull` downloads it: the lock that one pull per model holds)."""
+        doing = f"a download of '{target.model_id}'"
         with self._claim(target.model_id, "being deleted"):
-            return folders.discard(folders.work_dir(self.models_dir) / target.key)
+            with folders.exclusive(self.models_dir, target.key, doing):
+                return folders.discard(folders.work_dir(self.models_dir) / target.key)
 
     async def delete(self, entry: ModelEntry) -> bool:
         """Delete a model folder under $MLXD_HOME/models, unloading the model first; True if
