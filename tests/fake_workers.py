@@ -4,7 +4,8 @@
 WorkerProcess) and its upstream pool (it answers /health and /admin/drain for them), so a
 test drives loads, evictions, crashes and the watchdog with the real lifecycle code.
 `FakeClock` stands in for time.monotonic where a test needs time to pass at once
-(keep-alive, the watchdog's silence, crash windows); `make_registry` wires them up.
+(keep-alive, the watchdog's silence, crash windows); `make_registry` wires them up, and
+`with_app` serves the whole app over them.
 """
 
 from __future__ import annotations
@@ -202,6 +203,27 @@ def make_registry(home: Path, fleet: Fleet, *models: str, clock=None, **override
         spawner=fleet.spawner,
         **extra,
     )
+
+
+def with_app(home: Path, go, *models: str, **overrides):
+    """Run `await go(client, registry, app)` against the supervisor's whole app (build_app) over
+    a fake fleet serving `models` (default "a" and "b"), on a loopback test server that cancels
+    a handler whose client left, as the daemon's runner does."""
+    from aiohttp.test_utils import TestClient, TestServer
+
+    from mlxd.supervisor.daemon import build_app
+
+    async def main():
+        reg = make_registry(home, Fleet(load_s=0), *(models or ("a", "b")), **overrides)
+        app = build_app(reg.settings, reg)
+        try:
+            server = TestServer(app, host="127.0.0.1", handler_cancellation=True)
+            async with TestClient(server) as client:
+                return await go(client, reg, app)
+        finally:
+            await reg.shutdown()
+
+    return asyncio.run(main())
 
 
 async def until(pred, timeout_s: float = 5.0) -> None:

@@ -1,6 +1,6 @@
-"""mlxctl and the service files as real commands: `pull` offline says why in one line, and
-the systemd unit passes `systemd-analyze verify`. (Moved from tests/unit, which starts no
-process.)"""
+"""mlxctl and the service files as real commands: `pull` offline says why in one line (after
+its progress), and the systemd unit passes `systemd-analyze verify`. (Moved from tests/unit,
+which starts no process.)"""
 
 from __future__ import annotations
 
@@ -13,6 +13,8 @@ import pytest
 
 from mlxd.supervisor.ctl.service_files import ServiceSpec, render_unit
 
+from procs import free_port
+
 
 def test_pull_offline_says_why_in_one_line(tmp_path):
     p = subprocess.run(
@@ -20,6 +22,8 @@ def test_pull_offline_says_why_in_one_line(tmp_path):
             sys.executable,
             "-m",
             "mlxd.supervisor.ctl.mlxctl",
+            "--url",  # no daemon there: mlxctl pulls by itself
+            f"http://127.0.0.1:{free_port()}",
             "--home",
             str(tmp_path),
             "pull",
@@ -31,10 +35,9 @@ def test_pull_offline_says_why_in_one_line(tmp_path):
         env={**os.environ, "HF_HUB_OFFLINE": "1", "HF_HOME": str(tmp_path / "hf")},
     )
     assert p.returncode == 1
-    err = p.stderr.strip().splitlines()
-    assert len(err) == 1 and err[0].startswith(
-        "mlxctl: cannot download someone/not-cached-anywhere: "
-    )
+    err = p.stderr.strip().splitlines()  # progress lines, then the one line that says why
+    assert [line for line in err if line.startswith("mlxctl:")] == err[-1:]
+    assert err[-1] == "mlxctl: cannot download someone/not-cached-anywhere: HF_HUB_OFFLINE is set"
 
 
 @pytest.mark.parametrize("home", ["/srv/mlxd home", "/var/lib/mlxd"])

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from fake_hub import FakeHub
 
 ARTIFACTS = Path(__file__).resolve().parents[1] / "artifacts" / "dashboard"
 TOKEN = "dash-admin-token-7f3e"
@@ -27,8 +28,19 @@ def _chromium() -> str | None:
 
 
 @pytest.fixture(scope="module")
-def daemon(make_module_daemon):
-    return make_module_daemon(config="[models.a]\nkeep_alive_s = 600\n" + B_DEFAULTS)
+def hub(tiny_model_dir):
+    """A local Hugging Face hub for the Add panel's pulls (tests/fake_hub.py)."""
+    h = FakeHub()
+    for repo in ("test-org/tiny", "test-org/held"):
+        h.add(repo, tiny_model_dir)
+    yield h
+    h.close()
+
+
+@pytest.fixture(scope="module")
+def daemon(make_module_daemon, hub, tmp_path_factory):
+    env = {"HF_ENDPOINT": hub.url, "HF_HOME": str(tmp_path_factory.mktemp("hf-home"))}
+    return make_module_daemon(config="[models.a]\nkeep_alive_s = 600\n" + B_DEFAULTS, env=env)
 
 
 @pytest.fixture(scope="module")
@@ -141,6 +153,36 @@ def test_load_button_shows_the_phase_and_seconds_while_it_waits(tab, daemon):
     expect(state_of(tab.page, "a")).to_have_text(re.compile(r"^starting, [a-z ]+ \(\d+ s\)$"))
     expect(tab.page.locator("#notice")).to_contain_text("a: loaded")
     expect(state_of(tab.page, "a")).to_have_text("ready")
+
+
+def test_add_panel_pulls_with_progress_cancels_and_deletes(tab, daemon, hub):
+    from playwright.sync_api import expect
+
+    hub.hold[("test-org/held", "model.safetensors")] = held = threading.Event()
+    tab.open("models")
+    tab.page.click("#add summary")
+    expect(tab.page.locator('#add-names option[value="qwen3:0.6b"]')).to_have_count(1)
+    tab.page.fill("#add-name", "test-org/held")
+    tab.page.click("#add-pull")
+    expect(tab.page.locator("#add-status")).to_contain_text("pulling model.safetensors")
+    tab.page.click("#add-cancel")  # half the weights came; the rest is held back
+    expect(tab.page.locator("#add-status")).to_contain_text("cancelled")
+    held.set()
+    daemon.wait_for(lambda: "pull of model=test-org/held cancelled" in daemon.logs())
+    assert tab.page.locator('#models-table tr[data-model="test-org/held"]').count() == 0
+
+    tab.page.fill("#add-name", "test-org/tiny")
+    tab.page.click("#add-pull")
+    expect(tab.page.locator("#add-status")).to_have_text("test-org/tiny: pulled")
+    assert tab.page.locator("#add-progress").evaluate("p => p.value") == 1
+    row = tab.page.locator('#models-table tr[data-model="test-org/tiny"]')
+    expect(row.locator(".state")).to_have_text("stopped")
+    tab.shot("models-add")
+    tab.page.once("dialog", lambda d: d.accept())  # "Delete test-org/tiny from this machine?"
+    row.locator('button[data-action="delete"]').click()
+    expect(tab.page.locator("#notice")).to_contain_text("test-org/tiny: deleted")
+    expect(row).to_have_count(0)
+    assert not (daemon.home / "models" / "test-org" / "tiny").exists()
 
 
 def test_playground_streams_a_reply(tab, daemon):

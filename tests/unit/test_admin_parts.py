@@ -1,12 +1,10 @@
-"""Pieces of the admin/ops work without processes: log tails, auth rules, JSON logs, mlxctl pull."""
+"""Pieces of the admin/ops work without processes: log tails, auth rules, JSON logs, mlxctl pull
+without a daemon."""
 
 from __future__ import annotations
 
 import json
 import logging
-import os
-
-import pytest
 
 from mlxd.shared.config import Settings
 from mlxd.shared.logs import (
@@ -17,9 +15,8 @@ from mlxd.shared.logs import (
     reset_log_context,
 )
 from mlxd.supervisor.admin import logtail
-from mlxd.supervisor.ctl import local as ctl_local
 from mlxd.supervisor.ctl import tables as ctl_tables
-from mlxd.supervisor.ctl.client import CtlError, model_path
+from mlxd.supervisor.ctl.client import model_path
 from mlxd.supervisor.ctl.mlxctl import main as mlxctl
 from mlxd.supervisor.http.auth import bind_refusal, is_loopback_host, is_loopback_ip
 
@@ -73,79 +70,34 @@ def test_json_and_text_lines_carry_the_bound_request():
     assert "request_id" not in json.loads(JsonFormatter().format(bare))
 
 
-def test_pull_downloads_then_moves_into_place(tmp_path):
-    calls = []
+def test_mlxctl_pulls_by_itself_when_no_daemon_answers(tmp_path, monkeypatch, capsys):
+    from mlxd.supervisor.ctl import pull as ctl_pull
+    from mlxd.supervisor.store.hub import Manifest, RemoteFile
 
-    def fake_download(repo_id, revision, local_dir, allow_patterns):
-        calls.append((repo_id, revision, allow_patterns))
-        os.makedirs(f"{local_dir}/.cache/huggingface", exist_ok=True)
-        for name in ("config.json", "tokenizer.json"):
-            with open(f"{local_dir}/{name}", "w") as f:
-                f.write("{}")
-        with open(f"{local_dir}/model.safetensors", "wb") as f:
-            f.write(b"weights-%d" % len(calls))
+    class Hub:  # the hub's answers in memory (tests/e2e/test_model_store.py: a real one)
+        def __init__(self, endpoint):
+            assert endpoint == "http://hub.invalid"  # HF_ENDPOINT, passed on
 
-    models = tmp_path / "models"
-    dest = ctl_local.pull("org/name", models, download=fake_download)
-    assert dest == models / "org" / "name"
-    assert sorted(p.name for p in dest.iterdir()) == [
-        "config.json",
-        "model.safetensors",
-        "tokenizer.json",
-    ]
-    repo, revision, patterns = calls[0]
-    assert (repo, revision) == ("org/name", None)
-    assert {"*.json", "*.safetensors", "tokenizer*"} <= set(patterns)
-    ctl_local.pull("org/name", models, "v2", download=fake_download)  # a second pull replaces
-    assert (dest / "model.safetensors").read_bytes() == b"weights-2"
-    assert [p.name for p in models.iterdir() if p.name.startswith(".trash")] == []
+        def manifest(self, repo, revision):
+            return Manifest(repo, "c", (RemoteFile("config.json", 2),))
 
-    def empty(**kw):
-        pass
+        def fetch(self, repo, commit, file, part, on_bytes):
+            part.write_bytes(b"{}")
+            on_bytes(2)
 
-    with pytest.raises(CtlError, match="no config.json"):
-        ctl_local.pull("org/empty", models, download=empty)
-    for bad in ("../x", "org/../x", "/abs", "a/b/c", ""):
-        with pytest.raises(CtlError, match="not a Hugging Face repository id"):
-            ctl_local.pull(bad, models, download=fake_download)
-
-
-def test_failed_pull_leaves_no_download_behind(tmp_path):
-    models = tmp_path / "models"
-
-    def half_then_fail(repo_id, revision, local_dir, allow_patterns):
-        with open(f"{local_dir}/model.safetensors", "wb") as f:
-            f.write(b"partial")
-        raise OSError("connection reset\nmore detail")
-
-    def interrupted(**kw):
-        raise KeyboardInterrupt
-
-    with pytest.raises(CtlError, match="^cannot download org/x: connection reset$"):
-        ctl_local.pull("org/x", models, download=half_then_fail)
-    with pytest.raises(CtlError, match="no config.json"):
-        ctl_local.pull("org/y", models, download=lambda **kw: None)
-    with pytest.raises(KeyboardInterrupt):
-        ctl_local.pull("org/z", models, download=interrupted)
-    assert list(models.iterdir()) == []  # no .downloads/<name>/, no .downloads/
-    # a pull under way keeps its own staging folder when another one fails
-    (models / ".downloads" / "org--other").mkdir(parents=True)
-    with pytest.raises(CtlError):
-        ctl_local.pull("org/x", models, download=half_then_fail)
-    assert [p.name for p in (models / ".downloads").iterdir()] == ["org--other"]
-
-
-def test_pull_through_main_with_the_hub_stubbed(tmp_path, monkeypatch, capsys):
-    import huggingface_hub
-
-    def fake(repo_id, revision, local_dir, allow_patterns):
-        with open(f"{local_dir}/config.json", "w") as f:
-            f.write("{}")
-
-    monkeypatch.setattr(huggingface_hub, "snapshot_download", fake)
-    assert mlxctl(["--home", str(tmp_path), "pull", "org/m", "--json"]) == 0
-    out = json.loads(capsys.readouterr().out)
-    assert out == {"repo": "org/m", "path": str(tmp_path / "models" / "org" / "m")}
+    monkeypatch.setattr(ctl_pull, "Hub", Hub)
+    monkeypatch.setenv("HF_ENDPOINT", "http://hub.invalid")
+    args = ["--url", "http://127.0.0.1:9", "--home", str(tmp_path), "pull", "org/m", "--json"]
+    assert mlxctl(args) == 0
+    out = capsys.readouterr()
+    assert json.loads(out.out) == {
+        "model": "org/m",
+        "repo": "org/m",
+        "path": str(tmp_path / "models" / "org" / "m"),
+    }
+    assert "pulling config.json" in out.err and out.err.rstrip().endswith("success")
+    assert mlxctl(["--url", "http://127.0.0.1:9", "pull", "nope:1b"]) == 1
+    assert "not a name mlxd knows" in capsys.readouterr().err
 
 
 def test_tables_and_paths():

@@ -5,11 +5,9 @@ from __future__ import annotations
 
 import asyncio
 
-from aiohttp.test_utils import TestClient, TestServer
-from fake_workers import Fleet, make_registry
+from fake_workers import with_app
 
 from mlxd.supervisor.admin import logstream
-from mlxd.supervisor.daemon import build_app
 from mlxd.supervisor.policy.eviction import Resident, eviction_candidates
 from mlxd.supervisor.ui.routes import page_response, wants_html
 
@@ -48,20 +46,6 @@ def test_eviction_candidates_are_idle_ready_unpinned_oldest_first():
     assert [r.id for r in eviction_candidates(res)] == ["old", "new"]
 
 
-def _with_app(tmp_path, go):
-    async def main():
-        fleet = Fleet(load_s=0)
-        reg = make_registry(tmp_path, fleet, "a", "b")
-        app = build_app(reg.settings, reg)
-        try:
-            async with TestClient(TestServer(app, host="127.0.0.1")) as client:
-                return await go(client, reg, app)
-        finally:
-            await reg.shutdown()
-
-    return asyncio.run(main())
-
-
 def test_memory_names_the_budget_and_what_an_eviction_takes_first(tmp_path):
     async def go(client, reg, app):
         empty = await (await client.get("/admin/memory")).json()
@@ -69,7 +53,7 @@ def test_memory_names_the_budget_and_what_an_eviction_takes_first(tmp_path):
             assert (await client.post(f"/admin/models/{model}/load", json={})).status == 200
         return empty, await (await client.get("/admin/memory")).json()
 
-    empty, full = _with_app(tmp_path, go)
+    empty, full = with_app(tmp_path, go)
     assert empty["models"] == [] and empty["used_bytes"] == 0
     assert empty["free_bytes"] == empty["budget_bytes"] > 0
     assert {m["id"] for m in full["models"]} == {"a", "b"}
@@ -108,7 +92,7 @@ def test_the_log_stream_sends_the_tail_then_new_lines_and_is_bounded(tmp_path):
         resp.close()
         return first, later, full.status, bad.status, unknown.status
 
-    first, later, full, bad, unknown = _with_app(tmp_path, go)
+    first, later, full, bad, unknown = with_app(tmp_path, go)
     assert first[0].startswith(b"event: file\n") and b'"file":"a.log"' in first[0]
     assert first[1] == b'event: lines\ndata: {"lines":["two","three"]}'
     assert later == [b'event: lines\ndata: {"lines":["four"]}']

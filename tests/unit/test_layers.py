@@ -17,6 +17,7 @@ LAYERS = {
         ["mlxd.supervisor.admin"],
         ["mlxd.supervisor.http"],
         ["mlxd.supervisor.ui"],
+        ["mlxd.supervisor.store"],
         ["mlxd.supervisor.registry"],
         ["mlxd.supervisor.scheduling"],
         ["mlxd.supervisor.lifecycle"],

@@ -94,6 +94,14 @@ class MethodNotAllowed(MlxdError):
     anthropic_type = "invalid_request_error"
 
 
+class Conflict(MlxdError):
+    """Another operation on the same thing is under way (a model being pulled or deleted)."""
+
+    status = 409
+    type = "invalid_request_error"
+    anthropic_type = "invalid_request_error"
+
+
 class PayloadTooLarge(MlxdError):
     status = 413
     type = "invalid_request_error"

@@ -47,6 +47,8 @@ WORKER_CHAT_PATHS = frozenset(r.worker_path for r in ROUTES if r.kind == "chat")
 # the admin area.
 API_AREAS = ("/v1", "/api")
 ADMIN_AREAS = ("/admin", "/metrics")
+# Ollama's routes that change what is on disk: the admin area's rule, not the API key's.
+MANAGE_PATHS = ("/api/pull", "/api/push", "/api/create", "/api/copy", "/api/delete")
 
 
 def in_area(path: str, areas: tuple[str, ...]) -> bool:

@@ -108,6 +108,7 @@ async def serve(settings: Settings, lock: PidLock | None = None) -> int:
     registry = Registry.build(
         settings, UpstreamPool(), total_memory_bytes=psutil.virtual_memory().total
     )
+    registry.catalog.apply_folder_settings()  # created models' own mlxd.json
     app = build_app(settings, registry)
     limiter = ConnectionLimiter(max_total, settings.max_connections_per_client)
     add_body_timeout(app, settings.body_timeout_s, limiter, settings.header_timeout_s)

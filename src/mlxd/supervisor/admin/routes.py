@@ -24,6 +24,7 @@ from mlxd.shared.wire.admin import (
     StatsResult,
 )
 from mlxd.shared.wire.bodies import load_json
+from mlxd.shared.wire.ollama import model_id_of
 from mlxd.supervisor.admin import logtail
 from mlxd.supervisor.admin.views import (
     all_model_ids,
@@ -33,10 +34,11 @@ from mlxd.supervisor.admin.views import (
     supervisor_stats,
 )
 from mlxd.supervisor.lifecycle.launch import log_path, socket_path
-from mlxd.supervisor.registry.operations import ModelOps
+from mlxd.supervisor.registry.operations import APP_KEY, ops_of
 from mlxd.supervisor.registry.registry import Registry
+from mlxd.supervisor.store.names import NAME_TABLE
 
-OPS = "model_ops"
+OPS = APP_KEY
 ACTIONS = ("load", "unload", "drain", "reload")
 FLUSH_TIMEOUT_S = 120.0  # a flush writes the RAM cache to disk: give it time
 DEFAULT_TAIL = 100
@@ -96,6 +98,12 @@ def _action_handler(action: str):
 
     handler.__name__ = f"{action}_model"
     return handler
+
+
+async def pull_names(request: web.Request) -> web.Response:
+    """The `name:tag` table /api/pull takes besides Hugging Face ids (the dashboard's list)."""
+    names = [{"name": model_id_of(n), "repo": r} for n, r in NAME_TABLE.items()]
+    return web.Response(body=orjson.dumps({"names": names}), content_type="application/json")
 
 
 async def flush_cache(request: web.Request) -> web.Response:
@@ -163,10 +171,11 @@ async def model_logs(request: web.Request) -> web.Response:
 
 def add_admin_routes(app: web.Application) -> None:
     """Register /admin/*; the operator verbs share one ModelOps (one action per model)."""
-    app[OPS] = ModelOps(app["registry"])
+    ops_of(app)
     r = app.router
     r.add_get("/admin/models", list_models)
     r.add_get("/admin/stats", stats)
+    r.add_get("/admin/pull-names", pull_names)
     r.add_post("/admin/cache/flush", flush_cache)
     r.add_post("/admin/cache/session/close", close_session)
     r.add_get("/admin/models/{model_id:.+}/logs", model_logs)

@@ -9,8 +9,6 @@ for the model wait for the import.
 
 from __future__ import annotations
 
-import asyncio
-import collections
 import importlib.util
 import logging
 import sys
@@ -20,6 +18,7 @@ from mlxd.shared.background import Background
 from mlxd.shared.builtin_model import BUILTIN_DISTRIBUTION, BUILTIN_MODEL_ID, find_builtin_gguf
 from mlxd.shared.config import Settings
 from mlxd.supervisor.catalog.catalog import Catalog
+from mlxd.supervisor.catalog.gguf_import import run_import
 
 log = logging.getLogger("mlxd.builtin")
 
@@ -63,34 +62,16 @@ async def import_builtin(settings: Settings) -> None:
     of the tensors at a time): the first start's longest wait is never a silence."""
     gguf = find_builtin_gguf()
     log.info("importing the built-in model %s from %s (first start only)", BUILTIN_MODEL_ID, gguf)
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "mlxd.worker.importers.gguf",
-        str(gguf),
-        "--models-dir",
-        str(settings.models_dir),
-        "--id",
-        BUILTIN_MODEL_ID,
-        "--progress",
-        "lines",
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.STDOUT,
-    )
-    assert proc.stdout is not None
-    tail: collections.deque[str] = collections.deque(maxlen=3)  # said again on failure
     folder = str(settings.models_dir / BUILTIN_MODEL_ID)
-    async for raw in proc.stdout:
-        line = raw.decode(errors="replace").strip()
-        if line:
-            tail.append(line)
-            if line != folder:  # its last line, the folder, is said once below
-                log.info("import %s: %s", BUILTIN_MODEL_ID, line)
-    await proc.wait()
-    if proc.returncode != 0:
-        log.error(
-            "import of the built-in model failed (exit %d): %s", proc.returncode, " | ".join(tail)
-        )
+
+    def said(line: str) -> None:
+        if line != folder:  # its last line, the folder, is said once below
+            log.info("import %s: %s", BUILTIN_MODEL_ID, line)
+
+    assert gguf is not None
+    code, tail = await run_import(gguf, settings.models_dir, BUILTIN_MODEL_ID, said)
+    if code != 0:
+        log.error("import of the built-in model failed (exit %d): %s", code, " | ".join(tail))
         return
     log.info("built-in model ready at %s", folder)
 

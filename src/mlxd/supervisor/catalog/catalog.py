@@ -11,7 +11,8 @@ from collections.abc import Callable
 
 from mlxd.shared.config import Settings
 from mlxd.shared.errors import BadRequest, ModelNotFound
-from mlxd.supervisor.catalog.discovery import ModelEntry, discover
+from mlxd.shared.folder_settings import read_folder_settings, section_over_folder
+from mlxd.supervisor.catalog.discovery import ModelEntry, discover, scan_home
 
 
 class Catalog:
@@ -25,6 +26,20 @@ class Catalog:
         self.settings = settings
         self.in_use = in_use
         self.pending: dict[str, asyncio.Task] = {}  # models being imported
+        self.configured = dict(settings.models)  # the config file's own sections
+
+    def apply_folder_settings(self, model_id: str | None = None) -> None:
+        """Each home model's mlxd.json (shared/folder_settings.py) under its config section,
+        into the settings (`model_id`: that model's only; its folder may be gone)."""
+        home = {e.id: e for e in scan_home(self.settings.models_dir)}
+        for mid in [model_id] if model_id is not None else list(home):
+            folder = read_folder_settings(home[mid].path) if mid in home else None
+            if folder is not None:
+                self.settings.models[mid] = section_over_folder(self.configured.get(mid), folder)
+            elif mid in self.configured:
+                self.settings.models[mid] = self.configured[mid]
+            else:
+                self.settings.models.pop(mid, None)
 
     def entries(self) -> dict[str, ModelEntry]:
         """Every servable model by id, as discovery finds it now."""

@@ -1,82 +1,14 @@
-"""mlxctl's commands that touch $MLXD_HOME/models directly: pull, rm, import-gguf."""
+"""mlxctl's commands that touch $MLXD_HOME/models directly: rm, import-gguf (pull: ctl/pull.py)."""
 
 from __future__ import annotations
 
-import re
-import shutil
 import subprocess
 import sys
-import uuid
 from pathlib import Path
 
 from mlxd.supervisor.catalog.discovery import scan_home
 from mlxd.supervisor.ctl.client import CtlError
-
-# What an mlx-lm folder needs: config and weights (json, safetensors) and the tokenizer.
-ALLOW_PATTERNS = [
-    "*.json",
-    "*.safetensors",
-    "tokenizer*",
-    "*.model",
-    "*.tiktoken",
-    "*.txt",
-    "*.jinja",
-]
-_PART = r"[A-Za-z0-9][A-Za-z0-9._-]*"
-REPO_RE = re.compile(rf"^{_PART}(/{_PART})?$")
-
-
-def _repo_parts(repo: str) -> list[str]:
-    if not REPO_RE.match(repo) or ".." in repo:
-        raise CtlError(f"'{repo}' is not a Hugging Face repository id (org/name)")
-    return repo.split("/")
-
-
-def pull(repo: str, models_dir: Path, revision: str | None = None, download=None) -> Path:
-    """Download `repo` into models_dir/<org>/<name>; returns that folder.
-
-    The download lands in models_dir/.downloads/ (discovery skips dot-folders), then replaces
-    the model folder in one rename. A failed or interrupted pull removes what it downloaded.
-    """
-    parts = _repo_parts(repo)
-    if download is None:
-        from huggingface_hub import snapshot_download as download
-    staging = models_dir / ".downloads" / "--".join(parts)
-    staging.mkdir(parents=True, exist_ok=True)
-    try:
-        _download(download, repo, revision, staging)
-    except BaseException:
-        _discard(staging)
-        raise
-    dest = models_dir.joinpath(*parts)
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    old = models_dir / f".trash-{uuid.uuid4().hex[:8]}"
-    if dest.exists():
-        dest.rename(old)
-    staging.rename(dest)
-    shutil.rmtree(old, ignore_errors=True)
-    return dest
-
-
-def _download(download, repo: str, revision: str | None, staging: Path) -> None:
-    try:
-        download(
-            repo_id=repo, revision=revision, local_dir=str(staging), allow_patterns=ALLOW_PATTERNS
-        )
-    except Exception as exc:  # offline, unknown repo, gated, network: one readable line
-        reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-        raise CtlError(f"cannot download {repo}: {reason}") from None
-    if not (staging / "config.json").is_file():
-        raise CtlError(f"{repo} has no config.json: not a model folder mlxd can serve")
-    shutil.rmtree(staging / ".cache", ignore_errors=True)  # the hub's resume bookkeeping
-
-
-def _discard(staging: Path) -> None:
-    shutil.rmtree(staging, ignore_errors=True)
-    try:
-        staging.parent.rmdir()  # .downloads/ itself, once no other pull is under way
-    except OSError:
-        pass
+from mlxd.supervisor.store.folders import remove_model_folder
 
 
 def find_home_model(models_dir: Path, model_id: str) -> Path:
@@ -93,12 +25,7 @@ def find_home_model(models_dir: Path, model_id: str) -> Path:
 def remove(models_dir: Path, model_id: str) -> Path:
     """Delete a model folder under models_dir (a symlinked folder loses only the link)."""
     path = find_home_model(models_dir, model_id)
-    if path.is_symlink():
-        path.unlink()
-    else:
-        shutil.rmtree(path)
-    if path.parent != models_dir and not any(path.parent.iterdir()):
-        path.parent.rmdir()  # the now empty <org>/ folder
+    remove_model_folder(models_dir, path)
     return path
 
 

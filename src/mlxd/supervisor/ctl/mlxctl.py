@@ -17,6 +17,7 @@ import orjson
 
 from mlxd import __version__
 from mlxd.supervisor.ctl import local as ctl_local
+from mlxd.supervisor.ctl import pull as ctl_pull
 from mlxd.supervisor.ctl import tables as ctl_tables
 from mlxd.supervisor.ctl import target
 from mlxd.supervisor.ctl.client import AdminClient, CtlError, model_path
@@ -153,9 +154,14 @@ def _print_lines(args, file: str, lines: list[str]) -> None:
     sys.stdout.flush()
 
 
-def cmd_pull(args, client: AdminClient | None) -> int:
-    dest = ctl_local.pull(args.repo, args.home / "models", args.revision)
-    _out(args, {"repo": args.repo, "path": str(dest)}, f"pulled {args.repo} into {dest}")
+def cmd_pull(args, client: AdminClient) -> int:
+    try:
+        body = ctl_pull.pull(client, args.repo, args.revision, args.home, args.hf_endpoint)
+    except KeyboardInterrupt:
+        print("mlxctl: interrupted (pull again to go on from there)", file=sys.stderr)
+        return 130
+    where = f"into {body['path']}" if "path" in body else f"through mlxd at {body['via']}"
+    _out(args, body, f"pulled {body['model']} ({body['repo']}) {where}")
     return 0
 
 
@@ -238,8 +244,8 @@ def build_parser() -> argparse.ArgumentParser:
     logs.add_argument("model")
     logs.add_argument("-f", "--follow", action="store_true", help="keep printing new lines")
     logs.add_argument("--tail", type=int, default=100, help="lines to show first (default 100)")
-    pull = add("pull", cmd_pull, "download a model from Hugging Face into $MLXD_HOME/models")
-    pull.add_argument("repo", help="org/name")
+    pull = add("pull", cmd_pull, "download a model from Hugging Face (resumes where it stopped)")
+    pull.add_argument("repo", help="org/name, or a name of mlxd's table (qwen3:8b, …)")
     pull.add_argument("--revision", help="branch, tag or commit")
     add("rm", cmd_rm, "delete a model folder from $MLXD_HOME/models").add_argument("model")
     gguf = add("import-gguf", cmd_import_gguf, "convert a GGUF file into $MLXD_HOME/models")
@@ -256,6 +262,7 @@ def main(argv: list[str] | None = None) -> int:
     args.token = args.token or env.get("MLXD_ADMIN_TOKEN") or None
     args.api_key = args.api_key or env.get("MLXD_API_KEY") or None
     args.home = (args.home or Path(env.get("MLXD_HOME") or "~/.mlxd")).expanduser()
+    args.hf_endpoint = env.get("HF_ENDPOINT") or None  # a pull without a daemon
     try:
         daemon = target.resolve(args.url, env, args.home)
     except CtlError as exc:

@@ -3,7 +3,8 @@
 - api_key set: every /v1 and /api (Ollama) route needs it, as `Authorization: Bearer <key>`
   or `x-api-key`.
 - admin_token set: /admin and /metrics need `Authorization: Bearer <token>` from everyone;
-  unset: they answer loopback clients only (403 otherwise).
+  unset: they answer loopback clients only (403 otherwise). Ollama's routes that change the
+  models on disk (/api/pull, /api/delete, /api/copy, /api/create) follow the same rule.
 - /health is always open. A non-loopback bind without an api_key is refused unless
   `insecure` is set (see `bind_refusal`).
 Secrets are compared with hmac.compare_digest (constant time).
@@ -20,7 +21,7 @@ from pydantic import SecretStr
 
 from mlxd.shared.config import Settings
 from mlxd.shared.errors import MlxdError, Unauthorized
-from mlxd.shared.routes import ADMIN_AREAS, API_AREAS, in_area
+from mlxd.shared.routes import ADMIN_AREAS, API_AREAS, MANAGE_PATHS, in_area
 from mlxd.supervisor.scheduling.keepalive import granted_keep_alive
 
 log = logging.getLogger("mlxd.auth")
@@ -140,7 +141,9 @@ def request_areas(request: web.Request) -> set[str]:
     resource = route.resource if route is not None else None
     areas = set()
     for path in (request.path, resource.canonical if resource is not None else ""):
-        if in_area(path, API_AREAS):
+        if path in MANAGE_PATHS:  # they change what is on disk: the admin area's rule
+            areas.add("admin")
+        elif in_area(path, API_AREAS):
             areas.add("api")
         if in_area(path, ADMIN_AREAS):
             areas.add("admin")

@@ -1,10 +1,12 @@
 """The Ollama API on the supervisor's port (docs/api.md, "Ollama API").
 
 Model listings (/api/version, /api/tags, /api/ps, /api/show) are answered from the catalog and
-the lifecycle (ollama_models.py). /api/chat and /api/generate are checked here (a mistake is a
-400 before any model loads) and forwarded to the worker's own /api routes; a request without
-messages or prompt is Ollama's "load" (with keep_alive 0: "unload"), answered here. The
-embeddings routes are translated to the worker's OpenAI-shaped /v1/embeddings.
+the lifecycle (ollama_models.py), model management (/api/pull, /api/delete, /api/copy,
+/api/create) by the model store (ollama_manage.py). /api/chat and /api/generate are checked
+here (a mistake is a 400 before any model loads) and forwarded to the worker's own /api
+routes; a request without messages or prompt is Ollama's "load" (with keep_alive 0:
+"unload"), answered here. The embeddings routes are translated to the worker's OpenAI-shaped
+/v1/embeddings.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from mlxd.shared.wire.ollama_answers import (
 )
 from mlxd.supervisor.catalog.cards import check_route
 from mlxd.supervisor.http.auth import Forbidden, keep_alive_for
+from mlxd.supervisor.http.ollama_manage import add_manage_routes
 from mlxd.supervisor.http.ollama_models import entry_for, json_response, ps, show, tags, version
 from mlxd.supervisor.http.proxy import UPSTREAM_ERRORS, forward_leased
 from mlxd.supervisor.registry.registry import Registry
@@ -36,13 +39,6 @@ from mlxd.supervisor.scheduling.keepalive import unload_when_idle
 log = logging.getLogger("mlxd.ollama")
 
 EMBED_TIMEOUT_S = 600.0  # one embeddings batch, load excluded (the lease waited for that)
-
-
-class NotImplementedHere(MlxdError):
-    """An Ollama route for managing model files, which mlxd does with mlxctl instead."""
-
-    status = 501
-    type = "invalid_request_error"
 
 
 async def _generating(request: web.Request, cls: type[ChatRequest] | type[GenerateRequest]):
@@ -140,13 +136,6 @@ async def embeddings(request: web.Request) -> web.Response:
     return json_response({"embedding": vectors[0] if vectors else []})
 
 
-async def manage_models(request: web.Request) -> web.Response:
-    raise NotImplementedHere(
-        f"{request.path} is not available: mlxd manages model folders with mlxctl "
-        "(mlxctl pull ORG/NAME, mlxctl rm MODEL, mlxctl import-gguf FILE)"
-    )
-
-
 def add_ollama_routes(app: web.Application) -> None:
     app.router.add_get("/api/version", version)
     app.router.add_get("/api/tags", tags)
@@ -156,6 +145,4 @@ def add_ollama_routes(app: web.Application) -> None:
     app.router.add_post("/api/generate", generate)  # and /api/generate
     app.router.add_post("/api/embed", embed)
     app.router.add_post("/api/embeddings", embeddings)
-    for path in ("/api/pull", "/api/push", "/api/create", "/api/copy"):
-        app.router.add_post(path, manage_models)
-    app.router.add_delete("/api/delete", manage_models)
+    add_manage_routes(app)  # /api/pull, /api/delete, /api/copy, /api/create, /api/push

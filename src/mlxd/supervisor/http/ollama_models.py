@@ -11,6 +11,7 @@ import orjson
 from aiohttp import web
 from pydantic import BaseModel
 
+from mlxd.shared.config import is_template_text
 from mlxd.shared.errors import ModelNotFound, NotFound, closest
 from mlxd.shared.sampling import resolve_defaults
 from mlxd.shared.wire.bodies import load_json, parse_model
@@ -126,7 +127,8 @@ async def show(request: web.Request) -> web.Response:
     context = ms.context_limit or info.context_length
     # What a silent request gets (shared/sampling.py), as the worker resolves it
     section = {name: getattr(ms, name) for name in MODEL_DEFAULT_FIELDS}
-    shown = {**info.defaults, **resolve_defaults(entry.path, section).sampling}
+    defaults = resolve_defaults(entry.path, section)
+    shown = {**info.defaults, **defaults.sampling}
     params = "\n".join(f"{k:<30} {v}" for k, v in shown.items())
     fam, cfg = info.family or "model", info.config
     model_info = {
@@ -142,9 +144,12 @@ async def show(request: web.Request) -> web.Response:
     }
     answer = ShowAnswer(
         modelfile=f"# mlxd model '{entry.id}' ({entry.source})\nFROM {entry.id}\n"
-        + "".join(f"PARAMETER {k} {v}\n" for k, v in shown.items()),
+        + "".join(f"PARAMETER {k} {v}\n" for k, v in shown.items())
+        + (f"SYSTEM {orjson.dumps(defaults.system).decode()}\n" if defaults.system else ""),
         parameters=params,
-        template=info.template,
+        template=ms.chat_template
+        if ms.chat_template and is_template_text(ms.chat_template)
+        else info.template,
         details=_details(info),
         model_info={k: v for k, v in model_info.items() if v is not None},
         capabilities=info.capabilities,

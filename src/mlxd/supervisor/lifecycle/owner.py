@@ -1,14 +1,12 @@
 """The lifecycle owner: the one place a worker's state changes.
 
 Load (the load gate, room under the budget, spawn, wait until healthy), reap (crash record,
-backoff, FATAL), stop, hot-reload generations, the operator's drain mark and shutdown. Every
-state change is a compare-and-swap `slot.transition(expected, to, why)` made here and nowhere
-else. Dependencies (clock, spawner, upstream pool) are passed in, so tests run over fakes.
-
-Named stops: `unload` drains, then stops (keep-alive, eviction, operators, reloads); `restart`
-takes a READY worker that cannot serve out of routing and stops it, its exit counted as a
-crash; `shutdown` stops everything, a worker still starting included, as a clean stop.
-"""
+backoff, FATAL), stop, hot-reload generations, the operator's drain mark, shutdown. Every state
+change is a compare-and-swap `slot.transition(expected, to, why)` made here and nowhere else.
+Clock, spawner and upstream pool are passed in, so tests run over fakes. Named stops: `unload`
+drains, then stops (keep-alive, eviction, operators, reloads); `restart` takes a READY worker
+that cannot serve out of routing and stops it, its exit a crash; `shutdown` stops everything,
+a worker still starting included, as a clean stop."""
 
 from __future__ import annotations
 
@@ -82,6 +80,11 @@ class Lifecycle:
     def route(self, slot: ModelSlot) -> None:
         """Send `slot.id`'s requests to `slot` from now on (a hot reload's switch, reload.py)."""
         self.slots[slot.id] = slot
+
+    def forget(self, slot: ModelSlot) -> None:
+        """Drop a STOPPED slot from routing: its model's folder was deleted or replaced."""
+        if slot.state is State.STOPPED and self.slots.get(slot.id) is slot:
+            del self.slots[slot.id]
 
     def signal_room(self) -> None:
         """Wake loads waiting for room: a lease ended, a worker exited, a waiter left."""
@@ -208,10 +211,8 @@ class Lifecycle:
     async def unload(
         self, model_id: str, reason: str = "unload", only_if_idle: bool = False
     ) -> bool:
-        """Drain and stop `model_id`'s worker; True if it was running.
-
-        `only_if_idle`: keep-alive and eviction decided on an earlier loop turn; a request
-        that took a lease since then keeps the model."""
+        """Drain and stop `model_id`'s worker; True if it was running. `only_if_idle`:
+        keep-alive and eviction decided earlier; a request that took a lease since keeps it."""
         slot = self.slots.get(model_id)
         return slot is not None and await self.unload_slot(slot, reason, only_if_idle)
 

@@ -9,11 +9,14 @@
   step, and the old slot drains (its in-flight requests finish) and stops. If both
   copies do not fit in memory, the old worker is drained first and requests wait for the new
   one (a cold reload). A FATAL or BACKOFF model is reset to STOPPED and loaded.
+- retire: a model whose folder is deleted or replaced (Ollama's /api/delete, /api/create):
+  drained and stopped, out of service while its folder changes, then dropped from routing.
 """
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable, Callable
 
 from mlxd.shared.errors import MlxdError
 from mlxd.supervisor.catalog.discovery import ModelEntry
@@ -24,6 +27,15 @@ from mlxd.supervisor.lifecycle.slot import ModelSlot
 from mlxd.supervisor.lifecycle.states import State
 from mlxd.supervisor.policy.eviction import DoesNotFit, plan_eviction
 from mlxd.supervisor.registry.registry import Registry
+
+APP_KEY = "model_ops"  # the app's one ModelOps: /admin's verbs and Ollama's /api/delete share it
+
+
+def ops_of(app) -> ModelOps:
+    """The aiohttp app's ModelOps (made on first use): one action per model, whichever API."""
+    if APP_KEY not in app:
+        app[APP_KEY] = ModelOps(app["registry"])
+    return app[APP_KEY]
 
 
 class ModelOps:
@@ -111,6 +123,27 @@ class ModelOps:
             await hot_swap(lc, slot, new)
             lc.counters.reloads += 1
             return "reloaded"
+
+    async def retire(self, model_id: str, then: Callable[[], Awaitable[None]]) -> bool:
+        """Stop `model_id` for good while `then()` deletes or replaces its folder: drained
+        (requests get 503 meanwhile) and stopped first, dropped from routing after, so the
+        next request finds the new folder or none. True if a worker was running."""
+        lc = self.reg.lifecycle
+        async with self._lock(model_id):
+            slot = lc.slots.get(model_id)
+            if slot is None:
+                await then()
+                return False
+            lc.set_drained(slot, True)
+            try:
+                stopped = await lc.unload_slot(await lc.wait_settled(slot), "delete")
+                lc.reset(slot)  # FATAL or BACKOFF -> STOPPED: nothing restarts it
+                await then()
+            except BaseException:
+                lc.set_drained(slot, False)
+                raise
+            lc.forget(await lc.wait_settled(slot))
+            return stopped
 
 
 def _fits_beside(lc: Lifecycle, old: ModelSlot, new: ModelSlot) -> bool:

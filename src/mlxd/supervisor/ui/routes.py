@@ -1,6 +1,6 @@
 """The dashboard's static files at /ui, and GET / for browsers.
 
-The page is three fixed files shipped in the package (no build step, nothing fetched from
+The page is four fixed files shipped in the package (no build step, nothing fetched from
 elsewhere); it reads everything through the JSON admin API with the operator's token, so it
 holds no secret itself. The file list is fixed: no path is ever built from a request.
 """
@@ -15,6 +15,7 @@ from aiohttp import web
 FILES = {  # URL name → (package file, content type)
     "": ("index.html", "text/html"),
     "app.js": ("app.js", "text/javascript"),
+    "add.js": ("add.js", "text/javascript"),
     "app.css": ("app.css", "text/css"),
 }
 # Only our own files and same-origin fetches; no inline script, no framing by another page.
@@ -74,7 +75,7 @@ def _handler(name: str):
 
 
 def add_ui_routes(app: web.Application) -> None:
-    """GET /ui, /ui/ and the page's two assets; anything else under /ui is a 404."""
+    """GET /ui, /ui/ and the page's scripts and styles; anything else under /ui is a 404."""
     app.router.add_get("/ui", _handler(""))
     app.router.add_get("/ui/", _handler(""))
     for name in FILES:

@@ -61,10 +61,14 @@ class HttpError extends Error {
   constructor(status, message) { super(message); this.status = status; }
 }
 
-// Same-origin fetch with the right secret: the admin token for /admin and /metrics, the API
-// key for /v1. A 401 opens the sign-in panel; the API's own error message is shown as is.
+// Ollama's routes that change the models on disk take the admin token, as /admin does.
+const MANAGE = ["/api/pull", "/api/delete", "/api/copy", "/api/create"];
+
+// Same-origin fetch with the right secret: the admin token for /admin, /metrics and MANAGE,
+// the API key for /v1. A 401 opens the sign-in panel; the API's own error message is shown as
+// is (OpenAI's envelope, or Ollama's {"error": "…"}).
 async function call(path, opts = {}) {
-  const admin = path.startsWith("/admin") || path.startsWith("/metrics");
+  const admin = path.startsWith("/admin") || path.startsWith("/metrics") || MANAGE.includes(path);
   const secret = store.getItem(admin ? "mlxd.admin_token" : "mlxd.api_key");
   const headers = { ...(opts.headers || {}) };
   if (secret) headers.Authorization = `Bearer ${secret}`;
@@ -75,7 +79,10 @@ async function call(path, opts = {}) {
   const resp = await fetch(path, { ...opts, headers, credentials: "omit", cache: "no-store" });
   if (!resp.ok) {
     let message = `${resp.status} ${resp.statusText}`;
-    try { message = (await resp.json()).error.message || message; } catch (e) { /* not JSON */ }
+    try {
+      const err = (await resp.json()).error;
+      message = (typeof err === "string" ? err : err.message) || message;
+    } catch (e) { /* not JSON */ }
     if (resp.status === 401) askToken(message, admin);
     throw new HttpError(resp.status, message);
   }
@@ -164,6 +171,7 @@ function renderModels() {
       { type: "button", "data-action": a, onclick: () => act(m.id, a) },
       a[0].toUpperCase() + a.slice(1),
     ));
+    if (m.source === "home") buttons.push(deleteButton(m.id)); // add.js
     if (busy) for (const b of buttons) b.disabled = true;
     return el("tr", { "data-model": m.id },
       el("td", {}, m.id),
@@ -315,9 +323,10 @@ function renderCache(rows) {
     el("td", { class: "num" }, String(of("mlxd_prompt_cache_hit_tokens_total", id))))));
 }
 
-// ---- server-sent events over fetch (EventSource cannot send the admin token) -----------
+// ---- streamed bodies over fetch (EventSource cannot send the admin token) --------------
 
-async function readEvents(resp, onEvent) {
+// A streamed body, cut into blocks at `sep` as they arrive (SSE: "\n\n"; NDJSON: "\n").
+async function readBlocks(resp, sep, onBlock) {
   const reader = resp.body.getReader();
   const decoder = new TextDecoder();
   let buf = "";
@@ -326,18 +335,24 @@ async function readEvents(resp, onEvent) {
     if (done) return;
     buf += decoder.decode(value, { stream: true });
     let cut;
-    while ((cut = buf.indexOf("\n\n")) >= 0) {
+    while ((cut = buf.indexOf(sep)) >= 0) {
       const block = buf.slice(0, cut);
-      buf = buf.slice(cut + 2);
-      let event = "message";
-      const data = [];
-      for (const line of block.split("\n")) {
-        if (line.startsWith("event:")) event = line.slice(6).trim();
-        else if (line.startsWith("data:")) data.push(line.slice(5).replace(/^ /, ""));
-      }
-      if (data.length) onEvent(event, data.join("\n"));
+      buf = buf.slice(cut + sep.length);
+      onBlock(block);
     }
   }
+}
+
+async function readEvents(resp, onEvent) {
+  await readBlocks(resp, "\n\n", (block) => {
+    let event = "message";
+    const data = [];
+    for (const line of block.split("\n")) {
+      if (line.startsWith("event:")) event = line.slice(6).trim();
+      else if (line.startsWith("data:")) data.push(line.slice(5).replace(/^ /, ""));
+    }
+    if (data.length) onEvent(event, data.join("\n"));
+  });
 }
 
 // ---- logs ------------------------------------------------------------------------------

@@ -1,0 +1,203 @@
+"""Ollama's model management on the supervisor's port: /api/pull, /api/delete, /api/copy and
+/api/create (supervisor/store/ does the work; docs/api.md, "Managing models"). /api/push is 501.
+
+They change what is on disk, so they follow the admin API's access rule (the admin token when
+one is set, else loopback clients; never another origin: shared/routes.py MANAGE_PATHS).
+Mistakes are 400s before anything starts; pull and create then stream Ollama's NDJSON
+progress (`stream: false`: one line, the last). Copy, create and delete go on if the client
+leaves; a pull stops when the last client following it leaves.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import orjson
+from aiohttp import web
+
+from mlxd.shared.errors import BadRequest, MlxdError, NotFound, ollama_body
+from mlxd.shared.folder_settings import FolderSettings
+from mlxd.shared.wire.bodies import load_json, parse_model
+from mlxd.shared.wire.ollama import model_id_of
+from mlxd.shared.wire.ollama_manage import (
+    CopyRequest,
+    CreateRequest,
+    DeleteRequest,
+    ProgressLine,
+    PullRequest,
+)
+from mlxd.supervisor.http.ollama_models import entry_for
+from mlxd.supervisor.registry.operations import ops_of
+from mlxd.supervisor.registry.registry import Registry
+from mlxd.supervisor.store.modelfile import CreateSpec, folder_settings, parse_modelfile
+from mlxd.supervisor.store.names import new_model_id, pull_target
+from mlxd.supervisor.store.pulls import END
+from mlxd.supervisor.store.store import ModelStore, Source
+
+log = logging.getLogger("mlxd.models")
+
+STORE = "model_store"
+NDJSON = "application/x-ndjson"
+
+
+class NotImplementedHere(MlxdError):
+    status = 501
+    type = "invalid_request_error"
+
+
+def _parts(request: web.Request) -> tuple[Registry, ModelStore]:
+    return request.app["registry"], request.app[STORE]
+
+
+async def _from_queue(q: asyncio.Queue) -> AsyncIterator[ProgressLine]:
+    while (item := await q.get()) is not END:
+        if isinstance(item, MlxdError):
+            raise item
+        if isinstance(item, BaseException):
+            log.error("model operation failed", exc_info=item)
+            raise MlxdError("Internal server error (the daemon's log has the details)")
+        yield item
+
+
+async def _answer(
+    request: web.Request, stream: bool, lines: AsyncIterator[ProgressLine]
+) -> web.StreamResponse:
+    """The lines as NDJSON (a failure: Ollama's `{"error"}` line), or the last one alone."""
+    if not stream:
+        last = ProgressLine(status="success")
+        async for line in lines:
+            last = line
+        return web.Response(body=orjson.dumps(last.to_dict()), content_type="application/json")
+    resp = web.StreamResponse(headers={"Content-Type": NDJSON})
+    await resp.prepare(request)
+    try:
+        async for line in lines:
+            await resp.write(orjson.dumps(line.to_dict()) + b"\n")
+    except MlxdError as err:
+        await resp.write(orjson.dumps(ollama_body(err)) + b"\n")
+    await resp.write_eof()
+    return resp
+
+
+async def pull(request: web.Request) -> web.StreamResponse:
+    _, store = _parts(request)
+    req = parse_model(PullRequest, load_json(await request.read()))
+    target = pull_target(req.model_name, req.revision)
+    request["model"] = target.model_id
+    the_pull, q = await store.pull(target)
+    try:
+        return await _answer(request, req.stream, _from_queue(q))
+    finally:
+        the_pull.leave(q)  # the last client to leave cancels the pull
+
+
+def _background(request: web.Request, coro, q: asyncio.Queue | None = None) -> asyncio.Task:
+    """Run `coro` on (a client that leaves does not stop it); its end goes into `q`."""
+    task = request.app["registry"].tasks.spawn(coro, inherit_context=True)
+    if q is not None:
+        task.add_done_callback(
+            lambda t: q.put_nowait(END if t.cancelled() or t.exception() is None else t.exception())
+        )
+    return task
+
+
+async def delete(request: web.Request) -> web.Response:
+    reg, store = _parts(request)
+    name = parse_model(DeleteRequest, load_json(await request.read())).model_name
+    aliases = reg.settings.alias_map()
+    if (alias := next((n for n in (name, model_id_of(name)) if n in aliases), None)) is not None:
+        raise BadRequest(  # deleting a name must not delete the model it stands for
+            f"'{alias}' is an alias of '{aliases[alias]}' in config.toml: delete "
+            f"'{aliases[alias]}' to delete the model, or remove the alias from config.toml",
+            param="model",
+        )
+    try:
+        entry = await entry_for(reg, name)
+    except NotFound:  # what a cancelled pull of that name left, if anything
+        try:
+            leftover = store.discard_download(pull_target(name))
+        except BadRequest:
+            leftover = False
+        if not leftover:
+            raise
+        return web.Response(status=200)
+    request["model"] = entry.id
+    await asyncio.shield(_background(request, store.delete(entry)))
+    return web.Response(status=200)
+
+
+async def copy(request: web.Request) -> web.Response:
+    reg, store = _parts(request)
+    req = parse_model(CopyRequest, load_json(await request.read()))
+    entry = await entry_for(reg, req.source)
+    dest = new_model_id(req.destination, "destination")
+    if dest == entry.id:
+        raise BadRequest("'source' and 'destination' are the same model", param="destination")
+    store.check_destination(dest)
+    request["model"] = dest
+    build = store.build(dest, store.source_of_model(entry), FolderSettings(), lambda line: None)
+    await asyncio.shield(_background(request, build))
+    return web.Response(status=200)
+
+
+async def _source(reg: Registry, store: ModelStore, name: str) -> Source:
+    """`from`: an absolute path on this machine (a GGUF file, a model folder), else a model."""
+    if name.startswith(("/", "~", "./", "../")) or name.lower().endswith(".gguf"):
+        path = Path(name).expanduser()
+        if not path.is_absolute():
+            raise BadRequest(
+                f"'from' {name[:300]} is a relative path: give an absolute path on the "
+                "daemon's machine",
+                param="from",
+            )
+        return store.source_of_path(path)
+    return store.source_of_model(await entry_for(reg, name))
+
+
+async def create(request: web.Request) -> web.StreamResponse:
+    reg, store = _parts(request)
+    req = parse_model(CreateRequest, load_json(await request.read()))
+    req.refuse_unsupported()
+    model_id = new_model_id(req.model_name)
+    store.check_destination(model_id)
+    spec = parse_modelfile(req.modelfile) if req.modelfile else CreateSpec()
+    spec.source = req.from_ or spec.source
+    spec.system = req.system if req.system is not None else spec.system
+    spec.template = req.template if req.template is not None else spec.template
+    spec.parameters.update({k.lower(): v for k, v in (req.parameters or {}).items()})
+    settings = folder_settings(spec)
+    if not spec.source:
+        raise BadRequest(
+            "'from' is required (FROM in a modelfile): a model, or an absolute path to a GGUF "
+            "file or a model folder on this machine",
+            param="from",
+        )
+    source = await _source(reg, store, spec.source)
+    request["model"] = model_id
+    q: asyncio.Queue = asyncio.Queue()
+    _background(request, store.build(model_id, source, settings, q.put_nowait), q)
+    return await _answer(request, req.stream, _from_queue(q))
+
+
+async def push(request: web.Request) -> web.Response:
+    raise NotImplementedHere(
+        "/api/push is not available: mlxd does not publish models to a registry"
+    )
+
+
+async def _close(app: web.Application) -> None:
+    await app[STORE].close()
+
+
+def add_manage_routes(app: web.Application) -> None:
+    """Register the routes and the app's one ModelStore (closed when the app shuts down)."""
+    app[STORE] = ModelStore(app["registry"], ops_of(app))
+    app.on_shutdown.append(_close)
+    app.router.add_post("/api/pull", pull)
+    app.router.add_post("/api/push", push)
+    app.router.add_post("/api/create", create)
+    app.router.add_post("/api/copy", copy)
+    app.router.add_delete("/api/delete", delete)
