@@ -105,6 +105,7 @@ class DecodeBatch:
         self._next_lp: mx.array | None = None  # their log-probabilities, when some row wants them
         self._window: mx.array | None = None  # (B, PENALTY_WINDOW) recent tokens, for penalties
         self._table: Table | None = None  # rebuilt after the rows change
+        self._adapted = False  # some row of this step has a LoRA adapter
 
     def __len__(self) -> int:
         return len(self.uids)
@@ -221,6 +222,8 @@ class DecodeBatch:
         """Feed the tokens computed last step, launch the next step, return the fed tokens."""
         if not self.uids:
             return []
+        # Each row's adapter (worker/lora/) for every forward below, speculation's too.
+        self._adapted = seam.forward_rows(self.model, self.uids)
         st = self.specs[0] if self._lone and self._float else None
         if st is not None:
             if st.skip:
@@ -280,7 +283,8 @@ class DecodeBatch:
     def _forward(self, fed: mx.array) -> mx.array:
         """The step's (rows, vocab) logits: compiled when the caches allow, else plain."""
         c = self.compiled
-        if c is not None and c.usable(self.prompt_cache):
+        # A trace holds the forward it saw: rows with adapters take the plain one.
+        if c is not None and not self._adapted and c.usable(self.prompt_cache):
             logits = c(fed, self.prompt_cache)
             if logits is not None:
                 return logits
