@@ -8,8 +8,12 @@ ADAPTER_HEADER (a client's own such header never travels: the proxy sets or drop
 
 from __future__ import annotations
 
+import re
+
 ADAPTER_HEADER = "x-mlxd-adapter"
 SEPARATOR = ":"
+ADAPTER_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+NAME_RULE = "letters, digits, '.', '_' and '-', at most 64"
 
 
 def split_adapter(model: str) -> tuple[str, str] | None:

@@ -61,10 +61,17 @@ async def mount_route(request: web.Request) -> web.Response:
     return _json(await mount(engine, body.name, body.path))
 
 
+class UnmountBody(BaseModel):
+    """POST /adapters/unmount: forget adapter `name` (its running rows finish on it)."""
+
+    name: str = Field(min_length=1, max_length=64)
+
+
 async def unmount_route(request: web.Request) -> web.Response:
     state: WorkerState = request.app["state"]
     _, engine = state.ready()
-    adapters, name = _adapters(engine), request.match_info["name"]
+    body = parse_model(UnmountBody, load_json(await request.read()))
+    adapters, name = _adapters(engine), body.name
     job = AdapterJob(lambda: adapters.unmount(name))
     engine.run_job(job)
     await job.done
@@ -86,4 +93,4 @@ async def mount_configured(state: WorkerState) -> None:
 def add_adapter_routes(app: web.Application) -> None:
     app.router.add_get("/adapters", list_adapters)
     app.router.add_post("/adapters", mount_route)
-    app.router.add_delete("/adapters/{name}", unmount_route)
+    app.router.add_post("/adapters/unmount", unmount_route)

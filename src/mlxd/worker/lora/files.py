@@ -12,18 +12,17 @@ from __future__ import annotations
 
 import hashlib
 import json
-import re
 from dataclasses import dataclass
 from pathlib import Path
 
 import mlx.core as mx
 import mlx.nn as nn
 
+from mlxd.shared.adapters import ADAPTER_NAME, NAME_RULE
 from mlxd.shared.errors import BadRequest, NotFound
 from mlxd.worker.lora.layer import MultiLoRALinear, dims_of
 
 CONFIG, WEIGHTS = "adapter_config.json", "adapters.safetensors"
-NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 
 
 class AdapterError(BadRequest):
@@ -43,11 +42,8 @@ class AdapterWeights:
 
 
 def check_name(name: str) -> str:
-    if not NAME.match(name):
-        raise BadRequest(
-            f"Invalid adapter name {name[:80]!r}: letters, digits, '.', '_' and '-', at most 64",
-            param="adapter",
-        )
+    if not ADAPTER_NAME.match(name):
+        raise BadRequest(f"Invalid adapter name {name[:80]!r}: {NAME_RULE}", param="adapter")
     return name
 
 
