@@ -32,6 +32,7 @@ LAYERS = {
         ["mlxd.worker.chat"],
         ["mlxd.worker.grammar"],
         ["mlxd.worker.engine"],
+        ["mlxd.worker.lora"],
         ["mlxd.worker.cache"],
         ["mlxd.worker.importers"],
         ["mlxd.worker.model"],

@@ -50,6 +50,7 @@ class ChatJob:
     warnings: list[str] = field(default_factory=list)  # `Warning` values for the response
     surface: Surface = "openai"  # whose wording errors use (the context-limit message)
     raw: RawPrompt | None = None  # a completion of this prompt instead of `messages`
+    adapter: str | None = None  # a mounted LoRA adapter's name (the supervisor resolved it)
 
     @property
     def rendered_tools(self) -> list[dict[str, Any]] | None:

@@ -62,6 +62,14 @@ class ModelSettings(SamplingFields):
     system: str | None = None  # used when a request has no system or developer message
     chat_template: str | None = None  # Jinja text, or a file (relative: to $MLXD_HOME)
     aliases: list[str] = []  # other names a request's `model` may use
+    # LoRA adapters (docs/configuration.md): this model's, mounted at its start (name ->
+    # mlx-lm adapter folder; requests name them "<id>:<name>"), or, with `base`, this id is
+    # `base` served with the adapter at `adapter_path` (one worker and one copy of the base
+    # weights however many ids name it).
+    adapters: dict[str, Path] = {}
+    base: str | None = None
+    adapter_path: Path | None = None
+    adapter_cache_bytes: Bytes | None = Field(None, ge=0)  # loaded adapters' factors
     # Speculative decoding of a lone row: prompt lookup, or a small model of the same tokenizer
     # (`draft_model`: a configured model's id, or a folder; relative: under $MLXD_HOME/models).
     speculative: Literal["off", "ngram", "draft"] = "off"
@@ -259,7 +267,16 @@ class Settings(BaseSettings):
         stays None: the template's default)."""
         ms = self.models.get(model_id) or ModelSettings()
         unset = {f: getattr(self, f) for f in MODEL_FALLBACKS if getattr(ms, f) is None}
-        return ResolvedModelSettings(**{**ms.model_dump(), **unset})
+        adapters = {**ms.adapters, **self.adapter_ids(model_id)}
+        return ResolvedModelSettings(**{**ms.model_dump(), **unset, "adapters": adapters})
+
+    def adapter_ids(self, base: str) -> dict[str, Path]:
+        """The model ids configured as `base` with an adapter, and their adapter folders."""
+        return {
+            mid: ms.adapter_path
+            for mid, ms in self.models.items()
+            if ms.base == base and ms.adapter_path is not None
+        }
 
     def alias_map(self) -> dict[str, str]:
         """Every configured alias and the model id it names."""

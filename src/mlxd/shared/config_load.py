@@ -15,6 +15,7 @@ import tomllib
 from pydantic import ValidationError
 from pydantic_settings import PydanticBaseSettingsSource, SettingsError, TomlConfigSettingsSource
 
+from mlxd.shared.adapters import ADAPTER_NAME, NAME_RULE
 from mlxd.shared.config import ConfigError, ModelSettings, Settings, is_template_text
 from mlxd.shared.errors import did_you_mean
 
@@ -39,6 +40,21 @@ def _check_model_sections(settings: Settings) -> None:
                 )
             ms.chat_template = str(path)
         _resolve_draft(settings, mid, ms)
+        _check_adapters(settings, mid, ms)
+
+
+def _check_adapters(settings: Settings, mid: str, ms: ModelSettings) -> None:
+    """`base` and `adapter_path` come together, name a model that is no adapter itself, and
+    every adapter name is one a request can spell."""
+    if (ms.base is None) != (ms.adapter_path is None):
+        raise ConfigError(f"model '{mid}': base and adapter_path go together")
+    names = [*ms.adapters, *([mid] if ms.base else [])]
+    for name in names:
+        if not ADAPTER_NAME.match(name):
+            raise ConfigError(f"model '{mid}': adapter name {name!r} must be {NAME_RULE}")
+    base = settings.models.get(ms.base) if ms.base else None
+    if base is not None and base.base is not None:
+        raise ConfigError(f"model '{mid}': its base '{ms.base}' is an adapter itself")
 
 
 def _resolve_draft(settings: Settings, mid: str, ms: ModelSettings) -> None:

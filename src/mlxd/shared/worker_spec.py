@@ -143,6 +143,10 @@ class WorkerSpec(SamplingFields):
     grammar_queue_timeout_s: float = 10.0
     grammar_cache_bytes: int = 256 * 1024**2
     group: GroupSpec | None = None  # None: a worker of its own
+    # LoRA adapters mounted at start (name -> mlx-lm adapter folder), and the bytes of
+    # adapter factors kept loaded (least recently used leave first).
+    adapters: dict[str, Path] = {}
+    adapter_cache_bytes: int = Field(2 * 1024**3, ge=0)
 
     @field_validator("log_level")
     @classmethod

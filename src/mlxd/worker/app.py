@@ -26,6 +26,7 @@ from mlxd.worker.api import embeddings as embeddings_routes
 from mlxd.worker.api import ollama as ollama_routes
 from mlxd.worker.api import openai as openai_routes
 from mlxd.worker.api import responses as responses_routes
+from mlxd.worker.api.adapters import add_adapter_routes, mount_configured
 from mlxd.worker.chat.state import WorkerState
 from mlxd.worker.embed.load import load_embedder
 from mlxd.worker.engine.assemble import make_engine, make_prompt_cache
@@ -108,6 +109,7 @@ def build_app(state: WorkerState) -> web.Application:
     app.router.add_post("/admin/drain", control.drain)
     app.router.add_post("/admin/cache/flush", control.cache_flush)
     app.router.add_post("/admin/cache/session/close", control.cache_session_close)
+    add_adapter_routes(app)
     for path in sorted(WORKER_PATHS):  # the shared route table: one writer per surface
         app.router.add_post(path, GENERATION_HANDLERS[path])
     return app
@@ -184,6 +186,8 @@ async def serve(cfg: WorkerSpec) -> int:
     # (the supervisor's load time includes it).
     _phase(state, "warming up")
     await asyncio.to_thread(state.engine.warmed.wait)
+    _phase(state, "mounting adapters")
+    await mount_configured(state)
     state.started = True
     log.info(
         "ready model=%s context_limit=%d batch=%d",

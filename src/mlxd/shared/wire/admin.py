@@ -14,6 +14,7 @@ class ModelStatus(BaseModel):
 
     id: str
     state: str  # stopped, starting, ready, draining, stopping, backoff, fatal
+    adapters: list[str] = []  # the LoRA adapters it mounts, as requests name them
     source: str | None = None  # home, hf-cache, config (None: gone from disk since it loaded)
     path: str | None = None
     weights_bytes: int = 0

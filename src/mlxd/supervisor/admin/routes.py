@@ -26,6 +26,7 @@ from mlxd.shared.wire.admin import (
 from mlxd.shared.wire.bodies import load_json
 from mlxd.shared.wire.ollama import model_id_of
 from mlxd.supervisor.admin import logtail
+from mlxd.supervisor.admin.adapters import add_adapter_routes
 from mlxd.supervisor.admin.views import (
     all_model_ids,
     fan_out,
@@ -179,6 +180,7 @@ def add_admin_routes(app: web.Application) -> None:
     r.add_post("/admin/cache/flush", flush_cache)
     r.add_post("/admin/cache/session/close", close_session)
     r.add_get("/admin/models/{model_id:.+}/logs", model_logs)
+    add_adapter_routes(app)
     for action in ACTIONS:
         r.add_post(f"/admin/models/{{model_id:.+}}/{action}", _action_handler(action))
     r.add_get("/admin/models/{model_id:.+}", get_model)

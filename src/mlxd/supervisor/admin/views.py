@@ -15,6 +15,7 @@ from mlxd.supervisor.catalog import folder
 from mlxd.supervisor.lifecycle.group import GroupProcess
 from mlxd.supervisor.lifecycle.slot import ModelSlot
 from mlxd.supervisor.lifecycle.states import RUNNING, State
+from mlxd.supervisor.registry.adapters import adapter_ids
 from mlxd.supervisor.registry.registry import Registry
 
 STARTED = time.monotonic()
@@ -44,6 +45,7 @@ def model_status(reg: Registry, model_id: str, entries: dict | None = None) -> M
     row = ModelStatus(
         id=model_id, state=State.STOPPED.value, keep_alive_s=keep_alive, pinned=ms.pinned
     )
+    row.adapters = sorted(adapter_ids(reg, model_id))
     if entry is not None:
         row.source, row.path, row.weights_bytes = entry.source, str(entry.path), entry.weights_bytes
     if slot is None:

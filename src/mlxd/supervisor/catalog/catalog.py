@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 
+from mlxd.shared.adapters import split_adapter
 from mlxd.shared.config import Settings
 from mlxd.shared.errors import BadRequest, ModelNotFound
 from mlxd.shared.folder_settings import read_folder_settings, section_over_folder
@@ -78,3 +79,26 @@ class Catalog:
         if entry is None:
             raise ModelNotFound(model, self.known_names())
         return entry
+
+    def route(self, model: str | None, adapter: object = None) -> tuple[ModelEntry, str | None]:
+        """The entry whose worker serves `model`, and the LoRA adapter it names (None: the
+        base model): a configured id with `base` and `adapter_path`, "<base>:<adapter>"
+        (an id or alias that contains the colon wins), or an `adapter` field."""
+        if adapter is not None and (not isinstance(adapter, str) or not adapter):
+            raise BadRequest("Invalid 'adapter': must be a non-empty string", param="adapter")
+        name = self.settings.alias_map().get(model or "", model)
+        section = self.settings.models.get(name or "")
+        if section is not None and section.base is not None:
+            assert name is not None  # a section's id
+            return self.resolve(section.base), adapter or name
+        try:
+            return self.resolve(model), adapter
+        except ModelNotFound:
+            split = split_adapter(model or "")
+            if split is None:
+                raise
+        base, named = split
+        try:
+            return self.resolve(base), adapter or named
+        except ModelNotFound:
+            raise ModelNotFound(model or "", self.known_names()) from None

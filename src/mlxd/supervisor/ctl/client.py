@@ -42,12 +42,17 @@ class AdminClient:
     def get(self, path: str, **params: Any) -> dict:
         return self._call("GET", path, params={k: v for k, v in params.items() if v is not None})
 
-    def post(self, path: str) -> dict:
-        return self._call("POST", path)
+    def post(self, path: str, body: dict | None = None) -> dict:
+        return self._call("POST", path, body=body)
 
-    def _call(self, method: str, path: str, params: dict | None = None) -> dict:
+    def delete(self, path: str) -> dict:
+        return self._call("DELETE", path)
+
+    def _call(
+        self, method: str, path: str, params: dict | None = None, body: dict | None = None
+    ) -> dict:
         try:
-            r = self.http.request(method, path, params=params)
+            r = self.http.request(method, path, params=params, json=body)
         except httpx.ConnectError:
             raise CtlError(unreachable(self.url, self.source)) from None
         except httpx.TimeoutException:

@@ -20,6 +20,7 @@ from mlxd.supervisor.ctl import local as ctl_local
 from mlxd.supervisor.ctl import pull as ctl_pull
 from mlxd.supervisor.ctl import tables as ctl_tables
 from mlxd.supervisor.ctl import target
+from mlxd.supervisor.ctl.adapters import add_adapter_commands
 from mlxd.supervisor.ctl.client import AdminClient, CtlError, model_path
 from mlxd.supervisor.ctl.fit_table import fit_text
 from mlxd.supervisor.ctl.parser import OneLineParser
@@ -238,6 +239,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--max-tokens", type=int, help="most tokens per answer")
     run.add_argument("--temperature", type=float, help="sampling temperature")
     run.add_argument("--verbose", action="store_true", help="token counts and speed per answer")
+    add_adapter_commands(add)
     add("flush", cmd_flush, "flush every loaded model's prompt cache to disk")
     add("stats", cmd_stats, "supervisor counters and every worker's statistics")
     logs = add("logs", cmd_logs, "a model's worker log")

@@ -48,6 +48,7 @@ def ps_table(rows: list[dict]) -> str:
         "IDLE",
         "UNLOAD IN",
         "RESTARTS",
+        "ADAPTERS",
         "ERROR",
     )
     out = []
@@ -65,6 +66,7 @@ def ps_table(rows: list[dict]) -> str:
                 duration(m["idle_s"]),
                 expires,
                 m["restarts"],
+                ", ".join(m.get("adapters") or []) or "-",
                 _short(m["last_error"]),
             )
         )

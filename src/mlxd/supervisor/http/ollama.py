@@ -31,8 +31,16 @@ from mlxd.shared.wire.ollama_answers import (
 from mlxd.supervisor.catalog.cards import check_route
 from mlxd.supervisor.http.auth import Forbidden, keep_alive_for
 from mlxd.supervisor.http.ollama_manage import add_manage_routes
-from mlxd.supervisor.http.ollama_models import entry_for, json_response, ps, show, tags, version
-from mlxd.supervisor.http.proxy import UPSTREAM_ERRORS, forward_leased
+from mlxd.supervisor.http.ollama_models import (
+    entry_for,
+    json_response,
+    ps,
+    route_for,
+    show,
+    tags,
+    version,
+)
+from mlxd.supervisor.http.proxy import ADAPTER, UPSTREAM_ERRORS, forward_leased
 from mlxd.supervisor.registry.registry import Registry
 from mlxd.supervisor.scheduling.keepalive import unload_when_idle
 
@@ -46,7 +54,9 @@ async def _generating(request: web.Request, cls: type[ChatRequest] | type[Genera
     body = await request.read()
     req = parse_model(cls, load_json(body))
     req.to_chat_job()  # every mistake it can find is a 400 here, before a model loads
-    entry = await entry_for(reg, req.model)
+    entry, request[ADAPTER] = await route_for(
+        reg, req.model, (req.model_extra or {}).get("adapter")
+    )
     request["model"] = entry.id  # the metrics label, also when the lease fails
     bind_log_context(model=entry.id)
     check_route(entry, reg.settings, request.path)  # an embedder loads nothing here

@@ -45,10 +45,18 @@ def json_response(body: BaseModel | dict) -> web.Response:
 
 async def entry_for(reg: Registry, name: str) -> ModelEntry:
     """The catalog entry an Ollama name means ("a:latest" is "a"); 404 in Ollama's words."""
+    return (await route_for(reg, name))[0]
+
+
+async def route_for(
+    reg: Registry, name: str, adapter: object = None
+) -> tuple[ModelEntry, str | None]:
+    """The entry and LoRA adapter an Ollama name means: "a:latest" is "a"; "a:sql" is
+    adapter "sql" on "a" when "a:sql" is no model's id (Catalog.route)."""
     for candidate in dict.fromkeys((name, model_id_of(name))):
         await reg.catalog.settle(candidate)
         try:
-            return reg.catalog.resolve(candidate)
+            return reg.catalog.route(candidate, adapter)
         except ModelNotFound:
             continue
     # Suggested as Ollama names ("x:latest"), matched on the id the name means.

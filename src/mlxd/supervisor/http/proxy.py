@@ -11,6 +11,7 @@ import aiohttp
 from aiohttp import web
 from yarl import URL
 
+from mlxd.shared.adapters import ADAPTER_HEADER
 from mlxd.shared.errors import BadGateway, sse_error_bytes
 from mlxd.shared.logs import bind_log_context
 from mlxd.shared.middleware import REQUEST_ID
@@ -43,7 +44,12 @@ HOP_BY_HOP = frozenset(
 )
 # Credentials for mlxd itself never travel to a worker; the body was decoded here already and
 # is sent as JSON, so its original encoding and type do not travel either.
-PRIVATE = frozenset({"authorization", "x-api-key", "content-encoding", "content-type"})
+# The adapter header is the supervisor's to set (shared/adapters.py), never a client's.
+PRIVATE = frozenset(
+    {"authorization", "x-api-key", "content-encoding", "content-type", ADAPTER_HEADER}
+)
+# request[ADAPTER]: the LoRA adapter the request named (Catalog.route), passed to the worker.
+ADAPTER = "adapter"
 
 UPSTREAM_ERRORS = (aiohttp.ClientError, ConnectionError, asyncio.TimeoutError)
 # Worker answers passed on chunk by chunk (SSE, and the Ollama API's NDJSON); the first-token
@@ -197,6 +203,8 @@ async def forward(
     bind_log_context(model=slot.id)
     headers = _forward_headers(request.headers)
     headers[REQUEST_ID] = request["request_id"]
+    if request.get(ADAPTER):
+        headers[ADAPTER_HEADER] = request[ADAPTER]
     headers["Content-Type"] = "application/json"
     headers["Content-Length"] = str(len(body))
     session = upstream.session(slot.socket)

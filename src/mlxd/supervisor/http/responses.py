@@ -17,7 +17,7 @@ from mlxd.shared.errors import NotFound
 from mlxd.shared.wire.bodies import load_json, parse_model
 from mlxd.shared.wire.responses import ResponsesRequest
 from mlxd.supervisor.catalog.cards import check_route
-from mlxd.supervisor.http.proxy import ON_STREAM_CHUNK, forward_leased
+from mlxd.supervisor.http.proxy import ADAPTER, ON_STREAM_CHUNK, forward_leased
 from mlxd.supervisor.http.response_store import ResponseStore
 from mlxd.supervisor.registry.registry import Registry
 
@@ -79,10 +79,12 @@ async def create_response(request: web.Request) -> web.StreamResponse:
         items = prev["input"] + prev["response"].get("output", []) + items
         model = model or prev["response"].get("model")
     await reg.catalog.settle(model)
-    entry = reg.catalog.resolve(model)
+    entry, request[ADAPTER] = reg.catalog.route(model, data.get("adapter"))
     request["model"] = entry.id  # the metrics label, also when the lease fails
     check_route(entry, reg.settings, request.path)  # an embedding model loads nothing
-    body = orjson.dumps({**data, "model": entry.id, "input": items})
+    # The stored response keeps the name the client used for an adapter ("base:adapter").
+    named = model if request[ADAPTER] else entry.id
+    body = orjson.dumps({**data, "model": named, "input": items})
     capture = _FinalEvent()
     chained = request.get(ON_STREAM_CHUNK)
     request[ON_STREAM_CHUNK] = capture.chain(chained)

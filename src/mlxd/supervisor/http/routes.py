@@ -17,8 +17,9 @@ from mlxd.shared.wire.openai import ModelCard, ModelList
 from mlxd.supervisor.catalog.cards import card_fields, check_route
 from mlxd.supervisor.catalog.discovery import ModelEntry
 from mlxd.supervisor.http.ollama import add_ollama_routes
-from mlxd.supervisor.http.proxy import forward_leased
+from mlxd.supervisor.http.proxy import ADAPTER, forward_leased
 from mlxd.supervisor.lifecycle.states import State
+from mlxd.supervisor.registry.adapters import adapter_ids
 from mlxd.supervisor.registry.registry import Registry
 from mlxd.supervisor.ui.routes import page_response, wants_html
 
@@ -65,7 +66,13 @@ async def list_models(request: web.Request) -> web.Response:
     reg: Registry = request.app["registry"]
     entries = reg.catalog.entries()
     ids = sorted(set(entries) | set(reg.lifecycle.slots))
-    cards = [_card(reg, i, entries) for i in ids]
+    cards = []
+    for i in ids:
+        card = _card(reg, i, entries)
+        cards.append(card)
+        # Each LoRA adapter is a model a client may name; it runs on its base's worker.
+        for mid, name in adapter_ids(reg, i).items():
+            cards.append({**card, "id": mid, "base": i, "adapter": name})
     return _json({**ModelList(data=[]).model_dump(), "data": cards})
 
 
@@ -87,11 +94,11 @@ async def proxy_v1(request: web.Request) -> web.StreamResponse:
     if model is not None and not isinstance(model, str):
         raise BadRequest("Invalid 'model': must be a string", param="model")
     await reg.catalog.settle(model)
-    entry = reg.catalog.resolve(model)
+    entry, request[ADAPTER] = reg.catalog.route(model, data.get("adapter"))
     request["model"] = entry.id  # the metrics label, also when the lease fails
     bind_log_context(model=entry.id)  # and every log line from here on
     check_route(entry, reg.settings, request.path)  # a wrong kind of model loads nothing
-    if model != entry.id:  # the default model was chosen: tell the worker
+    if model != entry.id and not request[ADAPTER]:  # the default model was chosen: tell it
         data["model"] = entry.id
         body = orjson.dumps(data)
     log.info("proxy model=%s path=%s request_id=%s", entry.id, request.path, request["request_id"])

@@ -56,6 +56,12 @@ def worker_spec(
         speculative=ms.speculative,
         draft_model=ms.draft_model,
         num_draft_tokens=ms.num_draft_tokens,
+        adapters=ms.adapters,
+        **(
+            {}
+            if ms.adapter_cache_bytes is None
+            else {"adapter_cache_bytes": ms.adapter_cache_bytes}
+        ),
         # A worker group's rank 0; lifecycle/group.py makes the other ranks' specs from it.
         group=(
             GroupSpec(size=ms.ranks, backend=ms.backend, hosts=tuple(ms.hosts))

@@ -21,6 +21,7 @@ from typing import Any
 from aiohttp import web
 from pydantic import BaseModel
 
+from mlxd.shared.adapters import ADAPTER_HEADER
 from mlxd.shared.errors import MlxdError, sse_error_bytes
 from mlxd.shared.wire import ollama
 from mlxd.shared.wire.anthropic import MessagesRequest
@@ -125,6 +126,7 @@ async def serve(request: web.Request, surface: Surface) -> web.StreamResponse:
     req = parse_model(surface.request, load_json(await request.read()))
     job = req.to_chat_job()
     job.session = job.session or session_of(request, req)
+    job.adapter = request.headers.get(ADAPTER_HEADER) or None
     rid = surface.id_prefix + uuid.uuid4().hex[:24]
     run = await ChatRun.prepare(state, job, rid)
     request["progress"] = run  # the access log's line if the client leaves

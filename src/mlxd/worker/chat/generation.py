@@ -65,6 +65,7 @@ class Generation:
         params: GenerationParams,
         processors: list | None = None,
         cache_key: CacheKey | None = None,
+        adapter: str | None = None,
     ):
         self._engine = engine
         self._queue: asyncio.Queue[Event] = asyncio.Queue()
@@ -75,6 +76,7 @@ class Generation:
             params=params,
             sink=lambda ev: handoff.send(queue, ev),
             processors=processors or [],
+            adapter=adapter,
         )
         if cache_key is not None:
             self._sub.ns = cache_key.ns

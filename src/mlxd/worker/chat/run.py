@@ -41,7 +41,7 @@ from mlxd.worker.chat.prompts import (
     resolve_params,
 )
 from mlxd.worker.chat.reply_ids import splice_replies
-from mlxd.worker.chat.state import WorkerState
+from mlxd.worker.chat.state import WorkerState, adapter_ns
 from mlxd.worker.chat.think_budget import think_budget
 from mlxd.worker.chat.tool_calls import ToolCall, forced_call_spec
 from mlxd.worker.grammar.processor import (
@@ -82,6 +82,8 @@ class ChatRun:
         self.completion_tokens = 0
         self.first_event_ns: int | None = None  # when the engine's first event came (timings)
         self._output: ChatOutput | RawOutput | None = None
+        # The prompt-cache namespace: an adapter's rows never meet the base's entries.
+        self.ns = adapter_ns(state, self.engine, job.adapter)
 
     @classmethod
     async def prepare(cls, state: WorkerState, job: ChatJob, rid: str) -> ChatRun:
@@ -118,7 +120,7 @@ class ChatRun:
         if self.prompt.warning:  # tools described as text: the template has no format
             job.warnings.append(self.prompt.warning)
         # The replies it re-sends get the ids the model generated back (cache/replies.py).
-        spliced = splice_replies(self.state, m.tokenizer, job.messages, self.prompt.ids)
+        spliced = splice_replies(self.state, m.tokenizer, job.messages, self.prompt.ids, self.ns)
         ids = spliced.ids
         params = resolve_params(m, job.params, len(ids), job.surface)
         # The engine cuts stop strings itself; when the API must name the one that matched,
@@ -145,10 +147,16 @@ class ChatRun:
                 stable_boundary(m.tokenizer, job.messages, self.prompt.kwargs, self.prompt.ids)
             )
         )
-        key = await make_cache_key(self.state, ids, job.session, boundary)
+        key = await make_cache_key(self.state, ids, job.session, boundary, ns=self.ns)
         key.replies = spliced.replies
         self.gen = Generation(
-            self.engine, self.rid, ids, params, processors=processors, cache_key=key
+            self.engine,
+            self.rid,
+            ids,
+            params,
+            processors=processors,
+            cache_key=key,
+            adapter=job.adapter,
         )
         self.params = params
 
@@ -159,7 +167,7 @@ class ChatRun:
         ids = completion_prompt(m, raw.value)
         self.params = resolve_params(m, job.params, len(ids), job.surface)
         self.echo = m.tokenizer.decode(ids) if raw.echo else ""
-        key = await make_cache_key(self.state, ids, job.session)
+        key = await make_cache_key(self.state, ids, job.session, ns=self.ns)
         guided = job.guided if self.engine.grammars else None
         processors, warning = await row_processors(m, guided, self.state.config)
         if job.guided is not None and guided is None:
@@ -170,7 +178,13 @@ class ChatRun:
             job.warnings.append(SUFFIX_WARNING)
         self._output = RawOutput()
         self.gen = Generation(
-            self.engine, self.rid, ids, self.params, processors=processors, cache_key=key
+            self.engine,
+            self.rid,
+            ids,
+            self.params,
+            processors=processors,
+            cache_key=key,
+            adapter=job.adapter,
         )
 
     def _warn(self, param: str, why: str, outcome: str) -> None:

@@ -6,7 +6,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from mlxd.shared.errors import Unavailable
+from mlxd.shared.errors import BadRequest, NotFound, Unavailable
 from mlxd.shared.model_facts import ModelFacts
 from mlxd.shared.worker_spec import WorkerSpec
 from mlxd.worker.cache.prompt_cache import PromptCache
@@ -41,3 +41,19 @@ class WorkerState:
         if self.loaded is None or self.engine is None:
             raise Unavailable("The model is still loading")
         return self.loaded, self.engine
+
+
+def adapter_ns(state: WorkerState, engine: Engine, adapter: str | None) -> str:
+    """The prompt-cache namespace of a row with `adapter` (None: the base model's): the
+    adapter's weights hash, so no base entry ever serves an adapter row, nor one adapter's
+    another's, in RAM or on SSD. 404 for an adapter this worker has not mounted."""
+    if adapter is None:
+        return state.cache_ns
+    mounted = engine.adapters.mounted.get(adapter) if engine.adapters is not None else None
+    if mounted is None:
+        if engine.adapters is None:
+            raise BadRequest("This model's worker serves no LoRA adapters", param="model")
+        raise NotFound(
+            f"No adapter named {adapter!r} is mounted on {state.config.model_id!r}", param="model"
+        )
+    return f"{state.cache_ns}{mounted.cache_ns}"

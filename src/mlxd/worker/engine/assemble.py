@@ -84,6 +84,7 @@ def make_engine(
         trace=steplog.open_step_log(
             cfg.step_log, cfg.model_id, follower=cfg.group is not None and cfg.group.rank > 0
         ),
+        adapter_cache_bytes=cfg.adapter_cache_bytes,
         compile_decode=(
             cfg.compile_decode if cfg.compile_decode is not None else mx.default_device() == mx.cpu
         ),

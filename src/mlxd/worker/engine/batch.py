@@ -16,6 +16,7 @@ from mlxd.worker.cache.prompt_cache import PromptCache
 from mlxd.worker.cache.replies import Reply
 from mlxd.worker.engine.recovery import Broken, generation_failed
 from mlxd.worker.engine.rows import Event, FirstTokens, Row, Submission
+from mlxd.worker.lora.slots import Adapters
 
 log = logging.getLogger("mlxd.worker.engine.loop")
 
@@ -23,8 +24,11 @@ log = logging.getLogger("mlxd.worker.engine.loop")
 class Batch:
     """Rows by generator uid (and by submission), plus the counters of how they ended."""
 
-    def __init__(self, cache: PromptCache | None, trimmable: bool):
+    def __init__(
+        self, cache: PromptCache | None, trimmable: bool, adapters: Adapters | None = None
+    ):
         self.cache = cache
+        self.adapters = adapters  # each row's LoRA slot, bound by uid (worker/lora/)
         # Trimmable caches (plain KV) serve any shared prefix, so one snapshot per request at
         # its end suffices; other cache types need snapshots at exact prompt boundaries.
         self.trimmable = trimmable
@@ -46,9 +50,21 @@ class Batch:
         assert self.gen is not None  # the engine thread makes it before it admits any row
         return self.gen
 
+    def slot_for(self, sub: Submission, held: int = 0) -> int:
+        """The adapter slot `sub`'s row runs with, loaded if need be (before its insertion)."""
+        if self.adapters is None or sub.adapter is None:
+            return 0
+        return self.adapters.slot_for(sub.adapter, held)
+
     def add(self, row: Row) -> None:
         self.rows[row.uid] = row
         self._by_sub[id(row.sub)] = row
+        if self.adapters is not None:
+            self.adapters.bind(row.uid, id(row.sub), row.slot)
+
+    def _unbind(self, row: Row) -> None:
+        if self.adapters is not None:
+            self.adapters.unbind(row.uid, id(row.sub))
 
     def resume(self, row: Row) -> None:
         """Put `row` into a fresh batch where it was (a failed step's rebuild): prompt plus
@@ -61,6 +77,7 @@ class Batch:
         from `layers` (a prompt-cache prefix; None: all prefilled again). Its next token is
         the one it would have written; raises on an MLX error (this row only)."""
         seq = [*row.sub.prompt, *row.tokens]
+        row.slot = self.slot_for(row.sub, row.slot)
         max_tokens = row.sub.params.max_tokens
         assert max_tokens is not None  # resolve_params fixed it before the submission
         assert self.eos is not None  # set with the generator
@@ -83,6 +100,7 @@ class Batch:
         self.remove_keeping_cache(row)
         self.rows.pop(row.uid, None)
         self._by_sub.pop(id(row.sub), None)
+        self._unbind(row)
 
     def drop(self, sub: Submission) -> None:
         """A cancelled request leaves; with a `cancel_reason`, it hears why."""
@@ -91,6 +109,7 @@ class Batch:
             return
         self.remove_keeping_cache(row)
         del self.rows[row.uid]
+        self._unbind(row)
         self.cancellations += 1
         if sub.cancel_reason is not None:
             sub.sink(Event.failure(sub.cancel_reason, row.generated))
@@ -98,6 +117,7 @@ class Batch:
     def finish(self, row: Row) -> None:
         self.rows.pop(row.uid, None)
         self._by_sub.pop(id(row.sub), None)
+        self._unbind(row)
         self.requests_done += 1
 
     def fail(self, uid: int, err: MlxdError) -> None:

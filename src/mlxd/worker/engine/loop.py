@@ -50,6 +50,7 @@ from mlxd.worker.engine.trace import StepTrace
 from mlxd.worker.engine.warmup import timed_warm_up
 from mlxd.worker.kv.budget import KvBudget
 from mlxd.worker.kv.layers import attention_only
+from mlxd.worker.lora.slots import Adapters
 from mlxd.worker.model.load import LoadedModel, apply_wired_limit
 from mlxd.worker.model.prefill_check import padded_prefill_agrees
 
@@ -63,6 +64,7 @@ SPEC_OFF = (
 # a synchronisation: do it when idle, or at most this often under load.
 UPKEEP_IDLE_S = 1.0
 UPKEEP_BUSY_S = 30.0
+DEFAULT_ADAPTER_CACHE_BYTES = 2 * 1024**3  # loaded LoRA factors (adapter_cache_bytes)
 
 
 class Engine(EngineCommands, EngineFigures):
@@ -75,6 +77,7 @@ class Engine(EngineCommands, EngineFigures):
     """
 
     grammars = True  # rows may carry their own logits processors (not on a worker group yet)
+    lora = True  # rows may run with LoRA adapters (not on a worker group yet)
 
     def __init__(
         self,
@@ -89,8 +92,11 @@ class Engine(EngineCommands, EngineFigures):
         memory_plan: MemoryPlan | None = None,
         spec: SpecConfig | None = None,
         compile_decode: bool = False,
+        adapter_cache_bytes: int = DEFAULT_ADAPTER_CACHE_BYTES,
     ):
         self.m = loaded
+        # The model's LoRA adapters (worker/lora/): layers are wrapped only at a first mount.
+        self.adapters = Adapters(loaded.model, adapter_cache_bytes) if self.lora else None
         self.compile_decode = compile_decode  # the decode forward compiled (engine/compiled.py)
         self.cache = cache
         self.trimmable = attention_only(make_prompt_cache(loaded.model))
@@ -101,7 +107,7 @@ class Engine(EngineCommands, EngineFigures):
         self.batch_size = batch
         self.plan = plan or PlanConfig()
         self._inbox = Inbox()
-        self._batch = Batch(cache, self.trimmable)
+        self._batch = Batch(cache, self.trimmable, self.adapters)
         self.memory_plan = memory_plan  # where the KV budget came from (/stats reports it)
         why = memory_plan.explain() if memory_plan else "kv_budget_bytes"
         budget = KvBudget.of(loaded.kv_cost, kv_budget_bytes, batch, loaded.context_limit, why)
@@ -274,6 +280,8 @@ class Engine(EngineCommands, EngineFigures):
                     job.run(self._stream)
 
     def _new_generator(self) -> BatchGenerator:
+        if self.adapters is not None:  # the old generator's uids mean nothing to the new one
+            self.adapters.reset()
         gen = make_generator(
             self.m.model,
             batch=self.batch_size,

@@ -47,6 +47,7 @@ class Submission:
     boundary: int = 0  # stable prompt boundary (multi-turn snapshot point), 0: none
     restored: tuple | None = None  # (SsdEntry, arrays) read from the SSD tier for this prompt
     replies: tuple = ()  # earlier replies' generated ids in `prompt` (cache/replies.py)
+    adapter: str | None = None  # the LoRA adapter this row runs with (worker/lora/)
     # Extra per-row logits processors (e.g. a grammar), run after penalties and bias.
     processors: list = field(default_factory=list)
     cancelled: bool = False
@@ -88,4 +89,5 @@ class Row:
     todo: int = 0  # prompt tokens left to prefill (the last one goes with the first decode)
     started: bool = False  # it has had a prefill chunk (or went straight to decode)
     kv_tokens: int = 0  # positions the KV budget counts it at (kv/reserve.py)
+    slot: int = 0  # its adapter's slot while in the batch (worker/lora/; 0: the base)
     seq: int = 0  # admission order (kept over a preemption): the newest are preempted first

@@ -84,6 +84,7 @@ class LeadEngine(Lockstep, Engine):
     """Rank 0: the ordinary engine, sharing each iteration's commands with its followers."""
 
     grammars = False  # a grammar compiled here could not run on the followers
+    lora = False  # a mount here would have to reach every rank's model too
 
     def __init__(self, loaded, *, channel: Channel, **kw):
         super().__init__(loaded, **kw)

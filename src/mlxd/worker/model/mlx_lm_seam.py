@@ -10,6 +10,7 @@ would then run instead of ours, and nothing would say so).
 from __future__ import annotations
 
 import copy
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -29,6 +30,7 @@ SEAM: tuple[tuple[type, str], ...] = (
     (GenerationBatch, "_matchers"),
     (GenerationBatch, "_next_tokens"),
     (GenerationBatch, "_next_logprobs"),
+    (GenerationBatch, "_step"),
     (BatchKVCache, "_idx"),
     (TokenizerWrapper, "_tokenizer"),
     (TokenizerWrapper, "_chat_template"),
@@ -196,6 +198,38 @@ def patch_prompt_split() -> None:
 def restore_prompt_split() -> None:
     """mlx-lm's own split again (tests, benchmarks)."""
     PromptProcessingBatch.split = ORIGINAL_SPLIT  # type: ignore[method-assign]
+
+
+# -- each row's adapter, before every forward mlx-lm runs (worker/lora/) -----------------------
+_ROW_HOOKS: dict[int, Callable[[list[int]], bool]] = {}  # id(model) -> the model's hook
+ORIGINAL_PROMPT = PromptProcessingBatch.prompt
+ORIGINAL_GEN_STEP = GenerationBatch._step
+
+
+def forward_rows(model, uids: list[int]) -> bool:
+    """Tell `model` which rows (by uid, in the batch's order) the next forward runs: what
+    its LoRA layers read. True when any of them has an adapter."""
+    hook = _ROW_HOOKS.get(id(model))
+    return hook(uids) if hook is not None else False
+
+
+def _prompt_with_rows(self, tokens):
+    forward_rows(self.model, self.uids)
+    return ORIGINAL_PROMPT(self, tokens)
+
+
+def _step_with_rows(self):
+    forward_rows(self.model, self.uids)
+    return ORIGINAL_GEN_STEP(self)
+
+
+def set_row_hook(model, hook: Callable[[list[int]], bool]) -> None:
+    """Call `hook` with the rows of every forward of `model` mlx-lm's prompt batch (every
+    prefill chunk) and generation batch (a row's first token) run. Idempotent."""
+    _require(GenerationBatch, "_step")
+    _ROW_HOOKS[id(model)] = hook
+    PromptProcessingBatch.prompt = _prompt_with_rows  # type: ignore[method-assign]
+    GenerationBatch._step = _step_with_rows  # type: ignore[method-assign]
 
 
 # -- MLX's attention kernel, for the whole process -------------------------------------------

@@ -29,6 +29,7 @@ def admit(batch: Batch, sub: Submission, tokenizer) -> Row:
         layers, n, _ = batch.cache.fetch(sub.ns, sub.prompt, sub.restored)
         sub.restored = None  # let the arrays go
     sub.prompt_cached = sub.prompt_done = n
+    slot = batch.slot_for(sub)  # an unknown adapter fails this row before it is inserted
     assert p.max_tokens is not None  # resolve_params fixed it before the submission
     assert batch.eos is not None  # set with the generator
     uid = batch.generator().insert_segments(
@@ -50,6 +51,7 @@ def admit(batch: Batch, sub: Submission, tokenizer) -> Row:
         processors=processors,
         pos=n,
         todo=len(sub.prompt) - n - 1,
+        slot=slot,
     )
     batch.add(row)
     return row

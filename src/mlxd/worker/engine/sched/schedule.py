@@ -21,6 +21,7 @@ import logging
 from collections import deque
 from dataclasses import replace
 
+from mlxd.shared.errors import MlxdError
 from mlxd.worker.engine.batch import Batch
 from mlxd.worker.engine.recovery import generation_failed
 from mlxd.worker.engine.rows import Event, Row, Submission
@@ -118,7 +119,9 @@ class Scheduler:
             except Exception as exc:  # a bad restore or an MLX error: this row only
                 log.exception("admitting %s failed", sub.rid)
                 sent = parked.generated if parked else 0
-                sub.sink(Event.failure(generation_failed(sub.rid, exc), sent))
+                # A client's mistake (an adapter not mounted) is its own status, not a 503.
+                err = exc if isinstance(exc, MlxdError) else generation_failed(sub.rid, exc)
+                sub.sink(Event.failure(err, sent))
                 if self.lockstep:
                     raise
                 continue

@@ -26,6 +26,7 @@ import mlx.core as mx
 from mlx_lm.models.cache import BatchKVCache, KVCache, TokenBuffer
 
 from mlxd.worker.engine.step.compiled import CompiledStep, for_model
+from mlxd.worker.engine.step.logprobs import join_rows
 from mlxd.worker.engine.step.sampling import (
     RowSampling,
     Table,
@@ -70,6 +71,7 @@ class DecodeBatch:
         self._next_lp: mx.array | None = None  # their log-probabilities, when some row wants them
         self._window: mx.array | None = None  # (B, PENALTY_WINDOW) recent tokens, for penalties
         self._table: Table | None = None  # rebuilt after the rows change
+        self._adapted = False  # some row of this step has a LoRA adapter
 
     def __len__(self) -> int:
         return len(self.uids)
@@ -106,22 +108,12 @@ class DecodeBatch:
         if handed.next_logprobs and any(s.logprobs for s in new):
             lp = mx.stack(handed.next_logprobs).reshape(len(other.uids), -1)
         self._next = nxt if self._next is None or n_old == 0 else mx.concatenate([self._next, nxt])
-        self._next_lp = self._join_lp(n_old, len(other.uids), lp)
+        self._next_lp = join_rows(self._next_lp, n_old, lp, len(other.uids))
         if self._window is not None:
             width = self._window.shape[1]
             self._window = mx.concatenate([self._window, recent_window(other.tokens, width)])
         self._table = None
         self._enter_lone()
-
-    def _join_lp(self, n_old: int, n_new: int, lp: mx.array | None) -> mx.array | None:
-        if n_old == 0 or self._next_lp is None and lp is None:
-            return lp
-        known = lp if lp is not None else self._next_lp
-        assert known is not None  # the early return took the case where both are None
-        vocab = known.shape[-1]
-        old = self._next_lp if self._next_lp is not None else mx.zeros((n_old, vocab))
-        new = lp if lp is not None else mx.zeros((n_new, vocab))
-        return mx.concatenate([old, new.astype(old.dtype)])
 
     def filter(self, keep: list[int]) -> None:
         """Keep only the rows at positions `keep`."""
@@ -185,6 +177,8 @@ class DecodeBatch:
         """Feed the tokens computed last step, launch the next step, return the fed tokens."""
         if not self.uids:
             return []
+        # Each row's adapter (worker/lora/) for every forward below, speculation's too.
+        self._adapted = seam.forward_rows(self.model, self.uids)
         st = self.specs[0] if self._lone and self._float else None
         if st is not None:
             if st.skip:
@@ -244,7 +238,8 @@ class DecodeBatch:
     def _forward(self, fed: mx.array) -> mx.array:
         """The step's (rows, vocab) logits: compiled when the caches allow, else plain."""
         c = self.compiled
-        if c is not None and c.usable(self.prompt_cache):
+        # A trace holds the forward it saw: rows with adapters take the plain one.
+        if c is not None and not self._adapted and c.usable(self.prompt_cache):
             logits = c(fed, self.prompt_cache)
             if logits is not None:
                 return logits

@@ -52,3 +52,18 @@ def completion_logprobs(tokenizer, entries: list[dict], offset: int = 0) -> dict
         offsets.append(offset)
         offset += len(text)
     return {"tokens": tokens, "token_logprobs": lps, "top_logprobs": tops, "text_offset": offsets}
+
+
+def join_rows(
+    old: mx.array | None, n_old: int, new: mx.array | None, n_new: int
+) -> mx.array | None:
+    """Two batches' (rows, vocab) log-probabilities as one, zeros for a side that kept none;
+    None when neither did."""
+    if n_old == 0 or old is None and new is None:
+        return new
+    known = new if new is not None else old
+    assert known is not None  # the early return took the case where both are None
+    vocab = known.shape[-1]
+    old = old if old is not None else mx.zeros((n_old, vocab))
+    new = new if new is not None else mx.zeros((n_new, vocab))
+    return mx.concatenate([old, new.astype(old.dtype)])
