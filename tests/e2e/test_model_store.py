@@ -76,6 +76,11 @@ def test_a_pull_streams_progress_and_goes_on_after_a_dropped_connection(daemon, 
 def test_table_names_and_what_cannot_be_pulled(daemon, client):
     assert client.pull("qwen3:0.6b").status == "success"
     assert "qwen3:0.6b" in names(client)
+    # What `ollama run qwen3:0.6b` sends next: the name:tag is the model, never an adapter.
+    said = client.chat(
+        "qwen3:0.6b", messages=[{"role": "user", "content": "hi"}], options={"num_predict": 3}
+    )
+    assert said.done and said.model == "qwen3:0.6b"
     e = refusal(lambda: client.pull("llava:7b"))
     assert e.status_code == 400 and "qwen3:0.6b" in e.error  # the table, named
     e = refusal(lambda: client.pull("test-org/missing"))
