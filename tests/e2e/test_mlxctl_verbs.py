@@ -196,10 +196,13 @@ class Terminal:
         Linux shows it in /proc; elsewhere this returns at once."""
         wchan = Path(f"/proc/{self.pid}/wchan")
         deadline = time.monotonic() + timeout_s
-        while wchan.exists() and not any(w in wchan.read_text() for w in ("select", "poll")):
+        settled = 0  # a brief poll elsewhere (closing the reply's connection) is not the read
+        while wchan.exists() and settled < 5:
+            reading = any(w in wchan.read_text() for w in ("select", "poll"))
+            settled = settled + 1 if reading else 0
             if time.monotonic() > deadline:
                 raise AssertionError(f"mlxctl is not reading the terminal: {wchan.read_text()}")
-            time.sleep(0.01)
+            time.sleep(0.02)
 
     def wait(self, timeout_s: float = 30.0) -> int:
         deadline = time.monotonic() + timeout_s

@@ -43,6 +43,8 @@ def test_each_way_to_name_an_adapter_reaches_the_base_models_worker(tmp_path):
     assert route("llama3:8b") == ("llama3:8b", None)  # an id with a colon stays a model
     with pytest.raises(ModelNotFound):
         route("nothing:chat")
+    with pytest.raises(ModelNotFound):  # Ollama's default tag: the Ollama routes try "qwen" next
+        route("qwen:latest")
     assert s.for_model("qwen").adapters == {"chat": Path("/a/chat"), "sql": Path("/a/sql")}
 
 
@@ -51,6 +53,7 @@ def test_each_way_to_name_an_adapter_reaches_the_base_models_worker(tmp_path):
     [
         ('[models.sql]\nbase = "qwen"\n', "go together"),
         ('[models.qwen]\nadapters = { "a b" = "/x" }\n', "adapter name"),
+        ('[models.qwen]\nadapters = { latest = "/x" }\n', "not 'latest'"),
     ],
 )
 def test_adapter_sections_that_cannot_work_are_config_errors(tmp_path, config, why):

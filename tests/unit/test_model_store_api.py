@@ -12,7 +12,7 @@ import threading
 from fake_workers import until, with_app
 
 from mlxd.shared.errors import BadRequest
-from mlxd.supervisor.http.ollama_manage import STORE
+from mlxd.supervisor.http.ollama_manage import store_of
 from mlxd.supervisor.store import folders, progress
 from mlxd.supervisor.store.hub import Cancelled
 
@@ -83,7 +83,7 @@ def test_one_pull_per_model_followed_by_every_client_and_cancelled_by_the_last(t
     release, calls = threading.Event(), []
 
     async def go(client, reg, app):
-        store = app[STORE]
+        store = store_of(app)
         store.pulls.run = _fake_pull(release, calls)
         first = await client.post("/api/pull", json={"model": "org/m"})
         seen_first = await _lines(first, 2)

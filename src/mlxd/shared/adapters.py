@@ -12,14 +12,16 @@ import re
 
 ADAPTER_HEADER = "x-mlxd-adapter"
 SEPARATOR = ":"
-ADAPTER_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
-NAME_RULE = "letters, digits, '.', '_' and '-', at most 64"
+# "latest" is Ollama's default tag ("a:latest" is model "a"), so no adapter may take that name.
+ADAPTER_NAME = re.compile(r"^(?!latest$)[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+NAME_RULE = "letters, digits, '.', '_' and '-', at most 64, and not 'latest'"
 
 
 def split_adapter(model: str) -> tuple[str, str] | None:
-    """("base", "adapter") for "base:adapter" (the last colon), else None."""
+    """("base", "adapter") for "base:adapter" (the last colon), else None ("a:latest" is
+    Ollama's name for model "a", never an adapter)."""
     base, sep, adapter = model.rpartition(SEPARATOR)
-    if not sep or not base or not adapter:
+    if not sep or not base or not adapter or adapter == "latest":
         return None
     return base, adapter
 

@@ -48,8 +48,22 @@ class NotImplementedHere(MlxdError):
     type = "invalid_request_error"
 
 
+class _Holder:
+    """The app's one ModelStore, made at its first request: routes are added before (and,
+    in tests of other routes, without) the registry it works through."""
+
+    store: ModelStore | None = None
+
+
+def store_of(app: web.Application) -> ModelStore:
+    holder = app[STORE]
+    if holder.store is None:
+        holder.store = ModelStore(app["registry"], ops_of(app))
+    return holder.store
+
+
 def _parts(request: web.Request) -> tuple[Registry, ModelStore]:
-    return request.app["registry"], request.app[STORE]
+    return request.app["registry"], store_of(request.app)
 
 
 async def _from_queue(q: asyncio.Queue) -> AsyncIterator[ProgressLine]:
@@ -189,12 +203,13 @@ async def push(request: web.Request) -> web.Response:
 
 
 async def _close(app: web.Application) -> None:
-    await app[STORE].close()
+    if app[STORE].store is not None:
+        await app[STORE].store.close()
 
 
 def add_manage_routes(app: web.Application) -> None:
     """Register the routes and the app's one ModelStore (closed when the app shuts down)."""
-    app[STORE] = ModelStore(app["registry"], ops_of(app))
+    app[STORE] = _Holder()
     app.on_shutdown.append(_close)
     app.router.add_post("/api/pull", pull)
     app.router.add_post("/api/push", push)
