@@ -42,7 +42,8 @@ HOP_BY_HOP = frozenset(
     }
 )
 # Credentials for mlxd itself never travel to a worker; the body was decoded here already and
-# is sent as JSON, so its original encoding and type do not travel either.
+# is sent as JSON (or the worker's audio body), so its original encoding and type do not
+# travel either.
 PRIVATE = frozenset({"authorization", "x-api-key", "content-encoding", "content-type"})
 
 UPSTREAM_ERRORS = (aiohttp.ClientError, ConnectionError, asyncio.TimeoutError)
@@ -152,9 +153,11 @@ async def forward_leased(
     model_id: str,
     body: bytes,
     keep_alive_s: float | None = None,
+    content_type: str = "application/json",
 ) -> web.StreamResponse:
-    """Lease `model_id` and forward `request` to its worker; `keep_alive_s` is how long the
-    model stays loaded after it (None: the model's configured keep_alive_s).
+    """Lease `model_id` and forward `request` to its worker as `body` of `content_type`;
+    `keep_alive_s` is how long the model stays loaded after it (None: the model's configured
+    keep_alive_s).
 
     A worker that died a moment ago (or is still dying) still looks READY until its reaper
     runs; a request it never had waits for that, then leases again (which waits for the
@@ -164,7 +167,7 @@ async def forward_leased(
         async with reg.leases.lease(model_id, keep_alive_s) as slot:
             proc = slot.process
             try:
-                return await forward(request, slot, body, reg.upstream)
+                return await forward(request, slot, body, reg.upstream, content_type)
             except WorkerUnreachable:
                 if attempt == 2 or not await _reaped(slot, proc):
                     raise
@@ -190,14 +193,18 @@ async def _reaped(slot: ModelSlot, proc: WorkerProcess | None) -> bool:
 
 
 async def forward(
-    request: web.Request, slot: ModelSlot, body: bytes, upstream: UpstreamPool
+    request: web.Request,
+    slot: ModelSlot,
+    body: bytes,
+    upstream: UpstreamPool,
+    content_type: str = "application/json",
 ) -> web.StreamResponse:
     """Proxy `request` (whose body was already read) to `slot`'s worker."""
     request["model"] = slot.id  # the metrics label and every later log line carry it
     bind_log_context(model=slot.id)
     headers = _forward_headers(request.headers)
     headers[REQUEST_ID] = request["request_id"]
-    headers["Content-Type"] = "application/json"
+    headers["Content-Type"] = content_type
     headers["Content-Length"] = str(len(body))
     session = upstream.session(slot.socket)
     if slot.process is None or slot.process.exited():
