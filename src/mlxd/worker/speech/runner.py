@@ -101,6 +101,9 @@ class SpeechRunner:
         except BaseException as exc:  # never leave requests waiting on a dead thread
             self.dead = f"{type(exc).__name__}: {exc}"
             log.exception("speech thread stopped")
+            while not self._queue.empty():
+                if (left := self._queue.get_nowait()) is not None:
+                    self._settle(left, Unavailable(f"The speech thread stopped: {self.dead}"))
 
     @staticmethod
     def _settle(job: _Job, err: MlxdError | None, result: Any = None) -> None:
