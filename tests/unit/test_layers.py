@@ -29,6 +29,7 @@ LAYERS = {
         ["mlxd.worker.group"],
         ["mlxd.worker.api"],
         ["mlxd.worker.embed"],
+        ["mlxd.worker.speech"],
         ["mlxd.worker.chat"],
         ["mlxd.worker.grammar"],
         ["mlxd.worker.engine"],

@@ -55,7 +55,9 @@ class ModelSettings(SamplingFields):
     kv_bits: Literal[4, 8] | None = None  # quantized KV cache (None: the model's float dtype)
     kv_group_size: Literal[32, 64, 128] = 64  # KV elements sharing one scale and bias
     enable_thinking: bool | None = None  # None: the chat template's default
-    type: Literal["chat", "embedding"] | None = None  # None: detected (shared/model_facts.py)
+    type: Literal["chat", "embedding", "transcription"] | None = (
+        None  # None: detected (model_facts)
+    )
     # Request defaults (docs/configuration.md): a request's own value wins; unset ones fall back
     # to the folder's generation_config.json, then to the built-in defaults.
     max_tokens: int | None = Field(None, ge=1)

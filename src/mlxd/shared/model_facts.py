@@ -2,8 +2,9 @@
 
 Both processes use it: the supervisor for model cards and for refusing a request the model
 cannot serve before anything is loaded, the worker to pick its loader and pooling. The kind
-(`chat` or `embedding`) comes from, in order: an explicit override (a model's `type` in
-config.toml), `is_embedding` in config.json, a sentence-transformers layout (`modules.json` with
+(`chat`, `embedding` or `transcription`) comes from, in order: an explicit override (a model's
+`type` in config.toml), a speech-to-text family in config.json (Whisper: `model_type` or the
+architecture), `is_embedding` in config.json, a sentence-transformers layout (`modules.json` with
 a Pooling module, or `1_Pooling/config.json`), an architecture or model name with "Embedding"
 in it, an encoder-only architecture (BERT and kin); everything else is a chat model.
 """
@@ -16,9 +17,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-ModelType = Literal["chat", "embedding"]
+ModelType = Literal["chat", "embedding", "transcription"]
 Pooling = Literal["last", "mean", "cls"]
-MODEL_TYPES: tuple[ModelType, ...] = ("chat", "embedding")
+MODEL_TYPES: tuple[ModelType, ...] = ("chat", "embedding", "transcription")
+# Speech-to-text families the speech worker serves (worker/speech/), by config.json's
+# model_type, and their architecture names as transformers' folders state them.
+SPEECH_TYPES = frozenset({"whisper"})
+_SPEECH_ARCH = re.compile(r"^Whisper", re.IGNORECASE)
 
 # Encoder-only families: embedders by nature, but not loadable through mlx-lm (docs/api.md).
 ENCODER_TYPES = frozenset(
@@ -73,8 +78,8 @@ class ModelFacts:
     def capabilities(self) -> list[str]:
         """What mlxd serves for this model: "embedding", or chat's "completion", "tools",
         "reasoning". Vision is never listed while image input is refused."""
-        if self.type == "embedding":
-            return ["embedding"]
+        if self.type in ("embedding", "transcription"):
+            return [self.type]
         flags = (("tools", self.tools), ("reasoning", self.reasoning))
         return ["completion"] + [name for name, on in flags if on]
 
@@ -164,6 +169,8 @@ def read_model_facts(path: Path, name: str = "", override: ModelType | None = No
     kind: ModelType = "chat"
     if override in MODEL_TYPES:
         kind = override
+    elif (model_type or "").lower() in SPEECH_TYPES or _SPEECH_ARCH.search(arch or ""):
+        kind = "transcription"
     elif config.get("is_embedding") is True or st_pooling is not None:
         kind = "embedding"
     elif any(_EMBED_NAME.search(s) for s in (arch or "", name, path.name) if s):
@@ -194,6 +201,13 @@ def read_model_facts(path: Path, name: str = "", override: ModelType | None = No
     )
 
 
+_ROUTES_OF: dict[ModelType, str] = {
+    "chat": "a chat or completion route",
+    "embedding": "POST /v1/embeddings",
+    "transcription": "POST /v1/audio/transcriptions or /v1/audio/translations",
+}
+
+
 def kind_refusal(facts: ModelFacts, model_id: str, wants: ModelType) -> str | None:
     """Why a request wanting a `wants` model cannot go to this one (None: it can)."""
     if wants == "embedding" and facts.type == "embedding" and facts.encoder_only:
@@ -203,12 +217,20 @@ def kind_refusal(facts: ModelFacts, model_id: str, wants: ModelType) -> str | No
         )
     if facts.type == wants:
         return None
-    if wants == "embedding":
+    if wants == "chat":
         return (
-            f"The model '{model_id}' is a chat model and does not serve embeddings; use an "
-            f'embedding model, or set type = "embedding" in its [models."{model_id}"] section'
+            f"The model '{model_id}' is {_A[facts.type]} model: use {_ROUTES_OF[facts.type]} "
+            "with it, not a chat or completion route"
         )
     return (
-        f"The model '{model_id}' is an embedding model: use POST /v1/embeddings with it, "
-        "not a chat or completion route"
+        f"The model '{model_id}' is {_A[facts.type]} model and does not serve "
+        f'{_ROUTES_OF[wants]}; use {_A[wants]} model, or set type = "{wants}" in its '
+        f'[models."{model_id}"] section'
     )
+
+
+_A: dict[ModelType, str] = {
+    "chat": "a chat",
+    "embedding": "an embedding",
+    "transcription": "a speech-to-text (transcription)",
+}

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-Kind = Literal["chat", "embedding"]
+Kind = Literal["chat", "embedding", "transcription"]
 
 
 @dataclass(frozen=True)
@@ -31,6 +31,8 @@ ROUTES: tuple[Route, ...] = (
     Route("/v1/messages/count_tokens", "chat", "/v1/messages/count_tokens", forwarded=True),
     Route("/v1/responses", "chat", "/v1/responses", forwarded=False),
     Route("/v1/embeddings", "embedding", "/v1/embeddings", forwarded=True),
+    Route("/v1/audio/transcriptions", "transcription", "/v1/audio/transcriptions", forwarded=False),
+    Route("/v1/audio/translations", "transcription", "/v1/audio/translations", forwarded=False),
     Route("/api/chat", "chat", "/api/chat", forwarded=False),
     Route("/api/generate", "chat", "/api/generate", forwarded=False),
     Route("/api/embed", "embedding", "/v1/embeddings", forwarded=False),
@@ -42,6 +44,8 @@ FORWARDED_PATHS = tuple(r.path for r in ROUTES if r.forwarded)
 WORKER_PATHS = frozenset(r.worker_path for r in ROUTES)
 # Worker routes an embedding model's worker refuses (and a chat model's, the embedding one).
 WORKER_CHAT_PATHS = frozenset(r.worker_path for r in ROUTES if r.kind == "chat")
+# Worker routes only a speech-to-text model's worker serves (multipart in, docs/api.md).
+WORKER_AUDIO_PATHS = frozenset(r.worker_path for r in ROUTES if r.kind == "transcription")
 
 # Path areas and who may call them: the API key on the API, the admin token (or loopback) on
 # the admin area.
@@ -61,4 +65,6 @@ def kind_of(path: str) -> Kind:
     route = BY_PATH.get(path)
     if route is not None:
         return route.kind
+    if path in WORKER_AUDIO_PATHS:
+        return "transcription"
     return "embedding" if path in WORKER_PATHS - WORKER_CHAT_PATHS else "chat"

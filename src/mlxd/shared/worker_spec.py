@@ -116,7 +116,7 @@ class WorkerSpec(SamplingFields):
     grace_s: float = 30.0
     exit_with_parent: bool = True
     enable_thinking: bool | None = None  # None: the chat template's own default
-    model_type: Literal["chat", "embedding"] | None = None  # None: detected from the folder
+    model_type: Literal["chat", "embedding", "transcription"] | None = None  # None: detected
     prompt_cache_bytes: int | None = None  # None: sized from memory; 0: no prompt cache
     ssd_cache_dir: Path | None = None  # None: no SSD tier
     ssd_cache_bytes: int = 20 * 1024**3

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
-import signal
 import sys
 import time
 from collections.abc import Callable, Coroutine
@@ -14,7 +12,6 @@ from typing import Any
 from aiohttp import web
 
 from mlxd.shared.exit_codes import EXIT_MODEL_LOAD_ERROR, EXIT_OK, EXIT_PARENT_GONE
-from mlxd.shared.lifeline import watch_parent
 from mlxd.shared.middleware import error_middleware, request_id_middleware
 from mlxd.shared.model_facts import read_model_facts
 from mlxd.shared.routes import WORKER_PATHS
@@ -26,6 +23,7 @@ from mlxd.worker.api import embeddings as embeddings_routes
 from mlxd.worker.api import ollama as ollama_routes
 from mlxd.worker.api import openai as openai_routes
 from mlxd.worker.api import responses as responses_routes
+from mlxd.worker.api import transcriptions as transcriptions_routes
 from mlxd.worker.api.adapters import add_adapter_routes, mount_configured
 from mlxd.worker.chat.state import WorkerState
 from mlxd.worker.embed.load import load_embedder
@@ -34,6 +32,8 @@ from mlxd.worker.engine.draft_model import load_draft
 from mlxd.worker.follower import run_follower
 from mlxd.worker.group.lead import GROUP_IDLE_S, GROUP_OFF, join_as_lead, lead_engine
 from mlxd.worker.model.load import limit_buffer_cache, load_for_spec
+from mlxd.worker.serving import open_socket, stop_events, unlink
+from mlxd.worker.speech_app import serve_speech
 
 log = logging.getLogger("mlxd.worker")
 POLLED_PATHS = frozenset({"/health", "/stats"})
@@ -86,6 +86,8 @@ GENERATION_HANDLERS = {
     "/v1/messages": anthropic_routes.messages,
     "/v1/messages/count_tokens": anthropic_routes.count_tokens,
     "/v1/embeddings": embeddings_routes.embeddings,
+    "/v1/audio/transcriptions": transcriptions_routes.wrong_kind,
+    "/v1/audio/translations": transcriptions_routes.wrong_kind,
     "/api/chat": ollama_routes.chat,
     "/api/generate": ollama_routes.generate,
 }
@@ -117,32 +119,16 @@ def build_app(state: WorkerState) -> web.Application:
 
 async def serve(cfg: WorkerSpec) -> int:
     """Bind the socket, load the model, serve until SIGTERM; return the exit code."""
-    state = WorkerState(config=cfg)
-    runner = web.AppRunner(build_app(state), handler_cancellation=True, access_log=None)
-    await runner.setup()
+    facts = read_model_facts(cfg.model_path, cfg.model_id, cfg.model_type)
+    if facts.type == "transcription":  # its own app: no engine, no prompt cache
+        return await serve_speech(cfg, facts)
+    state = WorkerState(config=cfg, facts=facts)
     sock = cfg.socket
-    sock.parent.mkdir(parents=True, exist_ok=True)
-    if sock.exists() or sock.is_symlink():
-        sock.unlink()  # a stale socket from a crashed worker
-    old_umask = os.umask(0o177)  # the socket is created 0600
-    try:
-        await web.UnixSite(runner, str(sock)).start()
-    finally:
-        os.umask(old_umask)
+    runner = await open_socket(build_app(state), sock)
     log.info("listening model=%s socket=%s", cfg.model_id, sock)
-
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
+    stop, parent_gone = stop_events(cfg)
     exit_code = EXIT_OK
-    parent_gone = asyncio.Event()
-    if cfg.exit_with_parent:
-        asyncio.create_task(watch_parent(parent_gone.set))
-        asyncio.create_task(_set_when(parent_gone, stop))
-
-    state.facts = read_model_facts(cfg.model_path, cfg.model_id, cfg.model_type)
-    embedding = state.facts.type == "embedding"
+    embedding = facts.type == "embedding"
     if embedding:  # no chat rows: no prompt cache, no decode warm-up (docs/api.md)
         cfg = cfg.model_copy(update={"prompt_cache_bytes": 0, "warmup": False})
     channel = None  # a worker group's rank 0 (worker/group/)
@@ -152,13 +138,13 @@ async def serve(cfg: WorkerSpec) -> int:
         channel, code = await asyncio.to_thread(join_as_lead, cfg, embedding)
         if channel is None:
             await runner.cleanup()
-            _unlink(sock)
+            unlink(sock)
             return code
     _phase(state, "loading weights")
     try:
         if embedding:
             state.loaded = await asyncio.to_thread(
-                load_embedder, cfg.model_path, cfg.model_id, state.facts, cfg.context_limit
+                load_embedder, cfg.model_path, cfg.model_id, facts, cfg.context_limit
             )
         else:
             group = channel.group if channel else None
@@ -169,7 +155,7 @@ async def serve(cfg: WorkerSpec) -> int:
     except Exception as exc:
         log.error("cannot load model=%s path=%s: %s", cfg.model_id, cfg.model_path, exc)
         await runner.cleanup()
-        _unlink(sock)
+        unlink(sock)
         return EXIT_MODEL_LOAD_ERROR
     # The SSD scan can take a while on a big folder: off the loop, so /health answers
     # "loading" meanwhile, and READY (state.started) only once it and the engine are up.
@@ -200,7 +186,7 @@ async def serve(cfg: WorkerSpec) -> int:
     if parent_gone.is_set():
         exit_code = EXIT_PARENT_GONE
     await shutdown(state, runner, grace_s=0.0 if parent_gone.is_set() else cfg.grace_s)
-    _unlink(sock)
+    unlink(sock)
     return exit_code
 
 
@@ -225,18 +211,6 @@ def _phase(state: WorkerState, phase: str) -> None:
     """Enter a start-up phase: /health reports it until READY."""
     state.phase = phase
     log.info("start-up phase: %s model=%s", phase, state.config.model_id)
-
-
-async def _set_when(trigger: asyncio.Event, target: asyncio.Event) -> None:
-    await trigger.wait()
-    target.set()
-
-
-def _unlink(path) -> None:
-    try:
-        path.unlink()
-    except FileNotFoundError:
-        pass
 
 
 def main(cfg: WorkerSpec) -> int:

@@ -169,7 +169,7 @@ def _flag_parser(log_level: str) -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--model-type",
-        choices=("chat", "embedding"),
+        choices=("chat", "embedding", "transcription"),
         default=None,
         help="serve the folder as this kind of model (default: detected from its files)",
     )

@@ -274,7 +274,7 @@ class ModelCard(BaseModel):
     created: int = 0
     owned_by: str = "mlxd"
     status: str | None = None
-    type: Literal["chat", "embedding"] | None = None
+    type: Literal["chat", "embedding", "transcription"] | None = None
     context_length: int | None = None
     capabilities: list[str] | None = None
     architecture: str | None = None

@@ -24,6 +24,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Summa
 from mlxd.shared.logs import bind_log_context, reset_log_context
 from mlxd.shared.routes import PUBLIC_PATHS
 from mlxd.supervisor.admin.views import fan_out, worker_rss_bytes
+from mlxd.supervisor.http.audio import AUDIO_SECONDS
 from mlxd.supervisor.http.proxy import ON_FIRST_TOKEN
 from mlxd.supervisor.lifecycle.states import State
 from mlxd.supervisor.registry.registry import Registry
@@ -74,6 +75,12 @@ class Metrics:
             "Time until the first chunk of a streamed response was written",
             ["model", "route"],
             buckets=TTFT_BUCKETS,
+            registry=self.registry,
+        )
+        self.audio = Counter(
+            "mlxd_audio_seconds",
+            "Seconds of audio transcribed or translated, by model and route",
+            ["model", "route"],
             registry=self.registry,
         )
         self.snapshot = ScrapeCollector(reg)
@@ -268,6 +275,8 @@ async def observe_middleware(request: web.Request, handler):
         metrics.latency.labels(model, route).observe(time.monotonic() - t0)
         if first:
             metrics.ttft.labels(model, route).observe(first[0])
+        if seconds := request.get(AUDIO_SECONDS):
+            metrics.audio.labels(model, route).inc(seconds)
         reset_log_context(token)
 
 

@@ -8,7 +8,8 @@
 - Origin (cross-site pages): none, or the daemon's own origin, or one listed in `cors_origins`
   ("*" counts on /v1 only). /admin and /metrics take no cross-origin call whatever the list says,
   nor one a browser marks `Sec-Fetch-Site: cross-site`.
-- Content-Type on POST: JSON or none; form-encoded only without an Origin (curl's `-d`).
+- Content-Type on POST: JSON or none; form-encoded only without an Origin (curl's `-d`);
+  multipart/form-data on the audio routes, whose uploads are files.
   A browser sends text/plain or a form cross-site without a CORS preflight, so those are 415.
 """
 
@@ -22,10 +23,13 @@ from aiohttp import web
 from mlxd.shared.config import Settings
 from mlxd.shared.errors import BadRequest, MlxdError, NotFound
 from mlxd.shared.middleware import BODY_ENCODINGS
+from mlxd.shared.routes import WORKER_AUDIO_PATHS
 from mlxd.supervisor.http.auth import Forbidden, request_areas
 
 MAX_ECHOED_PATH = 200  # a 404 names the path, up to this many characters
 FORM = "application/x-www-form-urlencoded"
+AUDIO_TYPE = "Unsupported Content-Type"
+SEND = "send the audio file as multipart/form-data (a 'file' part and the other fields)"
 
 
 class UnsupportedMediaType(MlxdError):
@@ -124,12 +128,15 @@ def _authority(origin: str) -> str | None:
     return parts.netloc.lower() if parts.scheme in ("http", "https") else None
 
 
-def content_type_refusal(method: str, headers) -> str | None:
-    """Why a POST body of this type is refused (None: it is JSON, absent, or curl's form)."""
+def content_type_refusal(method: str, headers, path: str = "") -> str | None:
+    """Why a POST body of this type is refused (None: it is JSON, absent, or curl's form;
+    multipart on the audio routes)."""
     if method != "POST":
         return None
     raw = headers.get("Content-Type", "")
     mime = raw.split(";", 1)[0].strip().lower()
+    if path in WORKER_AUDIO_PATHS:
+        return None if mime == "multipart/form-data" else f"{AUDIO_TYPE} '{mime[:100]}': {SEND}"
     if not mime or mime == "application/json":
         return None
     if mime.startswith("application/") and mime.endswith("+json"):
@@ -188,7 +195,8 @@ def check_request(request: web.Request) -> None:
     if "admin" in areas and request.headers.get("Sec-Fetch-Site") == "cross-site":
         raise Forbidden("Cross-site requests to the admin API are not allowed")
     matched = request.match_info.http_exception is None
-    if matched and (why := content_type_refusal(request.method, request.headers)) is not None:
+    why = content_type_refusal(request.method, request.headers, request.path)
+    if matched and why is not None:
         raise UnsupportedMediaType(why)
     if matched and (why := encoding_refusal(request.headers)) is not None:
         raise UnsupportedMediaType(why)

@@ -43,8 +43,9 @@ HOP_BY_HOP = frozenset(
     }
 )
 # Credentials for mlxd itself never travel to a worker; the body was decoded here already and
-# is sent as JSON, so its original encoding and type do not travel either.
-# The adapter header is the supervisor's to set (shared/adapters.py), never a client's.
+# is sent as JSON (or the worker's audio body), so its original encoding and type do not
+# travel either. The adapter header is the supervisor's to set (shared/adapters.py), never a
+# client's.
 PRIVATE = frozenset(
     {"authorization", "x-api-key", "content-encoding", "content-type", ADAPTER_HEADER}
 )
@@ -158,9 +159,11 @@ async def forward_leased(
     model_id: str,
     body: bytes,
     keep_alive_s: float | None = None,
+    content_type: str = "application/json",
 ) -> web.StreamResponse:
-    """Lease `model_id` and forward `request` to its worker; `keep_alive_s` is how long the
-    model stays loaded after it (None: the model's configured keep_alive_s).
+    """Lease `model_id` and forward `request` to its worker as `body` of `content_type`;
+    `keep_alive_s` is how long the model stays loaded after it (None: the model's configured
+    keep_alive_s).
 
     A worker that died a moment ago (or is still dying) still looks READY until its reaper
     runs; a request it never had waits for that, then leases again (which waits for the
@@ -170,7 +173,7 @@ async def forward_leased(
         async with reg.leases.lease(model_id, keep_alive_s) as slot:
             proc = slot.process
             try:
-                return await forward(request, slot, body, reg.upstream)
+                return await forward(request, slot, body, reg.upstream, content_type)
             except WorkerUnreachable:
                 if attempt == 2 or not await _reaped(slot, proc):
                     raise
@@ -196,7 +199,11 @@ async def _reaped(slot: ModelSlot, proc: WorkerProcess | None) -> bool:
 
 
 async def forward(
-    request: web.Request, slot: ModelSlot, body: bytes, upstream: UpstreamPool
+    request: web.Request,
+    slot: ModelSlot,
+    body: bytes,
+    upstream: UpstreamPool,
+    content_type: str = "application/json",
 ) -> web.StreamResponse:
     """Proxy `request` (whose body was already read) to `slot`'s worker."""
     request["model"] = slot.id  # the metrics label and every later log line carry it
@@ -205,7 +212,7 @@ async def forward(
     headers[REQUEST_ID] = request["request_id"]
     if request.get(ADAPTER):
         headers[ADAPTER_HEADER] = request[ADAPTER]
-    headers["Content-Type"] = "application/json"
+    headers["Content-Type"] = content_type
     headers["Content-Length"] = str(len(body))
     session = upstream.session(slot.socket)
     if slot.process is None or slot.process.exited():

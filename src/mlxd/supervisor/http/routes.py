@@ -16,6 +16,7 @@ from mlxd.shared.wire.bodies import load_json
 from mlxd.shared.wire.openai import ModelCard, ModelList
 from mlxd.supervisor.catalog.cards import card_fields, check_route
 from mlxd.supervisor.catalog.discovery import ModelEntry
+from mlxd.supervisor.http.audio import add_audio_routes
 from mlxd.supervisor.http.ollama import add_ollama_routes
 from mlxd.supervisor.http.proxy import ADAPTER, forward_leased
 from mlxd.supervisor.lifecycle.states import State
@@ -121,4 +122,5 @@ def add_routes(app: web.Application) -> None:
     app.router.add_get("/v1/models/{model_id:.+}", get_model)
     for path in FORWARDED_PATHS:  # by name: nothing else under /v1 reaches a worker
         app.router.add_post(path, proxy_v1)
+    add_audio_routes(app)
     add_ollama_routes(app)
