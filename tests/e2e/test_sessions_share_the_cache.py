@@ -48,7 +48,9 @@ def _prompt_tokens(message) -> tuple[int, int]:
     return u.input_tokens + cached, cached
 
 
-@pytest.mark.parametrize("strip", [True, False], ids=["default", "off"])
+@pytest.mark.parametrize(
+    "strip", [True, pytest.param(False, marks=pytest.mark.slow)], ids=["default", "off"]
+)
 def test_the_second_session_reuses_the_first_ones_prompt(make_daemon, strip):
     env = {} if strip else {"MLXD_STRIP_ATTRIBUTION_LINES": "false"}
     d = make_daemon(env=env)
