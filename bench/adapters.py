@@ -150,9 +150,10 @@ async def _same_text(ctx: Context, adapters: list[Path], notes: list[str]) -> No
     for server in ("mlxd", "mlx_lm"):
         if texts[(server, 0)] == texts[(server, 1)]:
             notes.append(f"{server}: adapter a0's greedy text equals the base's (no effect?)")
-    agree = texts[("mlxd", 1)] == texts[("mlx_lm", 1)]
+    same = {x: "agree" if texts[("mlxd", x)] == texts[("mlx_lm", x)] else "differ" for x in (0, 1)}
     notes.append(
-        f"adapter a0, 12 greedy tokens: mlxd and mlx_lm.server {'' if agree else 'dis'}agree"
+        f"12 greedy tokens, mlxd vs mlx_lm.server: base {same[0]}, adapter a0 {same[1]} "
+        "(on the CPU mlxd upcasts bf16 weights to float32: texts may differ there)"
     )
 
 
@@ -160,12 +161,16 @@ class AdapterRuns:
     """The workload, one run per call: every level on mlxd, the reference levels on mlx_lm."""
 
     def __init__(self, sz: AdapterSizes):
-        self.sz, self.adapters = sz, []
+        self.sz, self.adapters, self.spec = sz, [], ""
         self.figs = figures(sz)
         self.shown = False
 
     def prepare(self, model: Path, work: Path) -> str:
         self.adapters = build_adapters(model, work / "adapters", self.sz)
+        if self.adapters:
+            config = json.loads((self.adapters[0] / "adapter_config.json").read_text())
+            size = (self.adapters[0] / "adapters.safetensors").stat().st_size
+            self.spec = f"{config['num_layers']} blocks adapted, {size / 1e6:.1f} MB each"
         return config_toml(self.adapters)
 
     async def _level(self, ctx: Context, server: str, level: int, notes: list[str]):
@@ -183,6 +188,7 @@ class AdapterRuns:
             if ctx.worker is None:
                 raise BenchError("adapters need the supervisor (`mlxd start`) and its config")
             if run == 0 and self.adapters:
+                notes.append(f"adapters: {len(self.adapters)}, {self.spec}")
                 await _same_text(ctx, self.adapters, notes)
                 if any(x > 1 for x in self.sz.mlx_lm_levels):
                     notes.append(
@@ -234,7 +240,7 @@ def main(argv: list[str]) -> int:
     text = (
         f"{sz.repeats} runs; {sz.clients} clients at once × {sz.prompt}+{sz.tokens} tok per "
         f"level, levels {'/'.join(map(str, sz.levels))} adapters and base only; LoRA rank "
-        f"{sz.rank} on {sz.keys}, last {sz.lora_layers} blocks, scale {SCALE:g}; "
+        f"{sz.rank} on {sz.keys}, the last {sz.lora_layers} blocks at most, scale {SCALE:g}; "
         f"mlx_lm.server at {'/'.join(map(str, sz.mlx_lm_levels)) or 'none'}"
     )
     return served.main(a, parts, text, prepare=bench.prepare)
