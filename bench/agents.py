@@ -27,7 +27,7 @@ from dataclasses import dataclass, replace
 from . import served
 from .agent_prompts import hit_ratio, openai_tools, session_messages
 from .client import StreamResult, Target, stream_chat
-from .context import Context, Figure, _check_length, _order, _percentile
+from .context import Context, Figure, _check_length, _order, _percentile, at_once
 
 
 @dataclass(frozen=True)
@@ -159,19 +159,7 @@ def burst(sz: AgentSizes):
         agg = Figure("burst", f"aggregate tok/s ×{n}", "tok/s", True)
         for run in range(sz.repeats):
             for t in _order([ctx.mlxd, ctx.mlx_lm], run):
-                prompts = [ctx.prompt(sz.burst_prompt, "burst") for _ in range(n)]
-                async with t.session() as http:
-                    t0 = time.monotonic()
-                    rs = await asyncio.gather(
-                        *(
-                            stream_chat(
-                                http, t, [{"role": "user", "content": p}], sz.burst_tokens,
-                                ctx.logit_bias,
-                            )
-                            for p in prompts
-                        )
-                    )  # fmt: skip
-                    wall = time.monotonic() - t0
+                rs, wall = await at_once(ctx, [t] * n, sz.burst_prompt, sz.burst_tokens, "burst")
                 for r in rs:
                     _check_length(agg, r, sz.burst_tokens)
                 p50.add(t.name, _percentile([r.ttft_s for r in rs], 0.5))

@@ -3,9 +3,11 @@ prompts), and the small helpers that time one request and summarize runs."""
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import os
 import random
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -138,6 +140,23 @@ async def _one(ctx: Context, target: Target, prompt: str, max_tokens: int) -> St
         return await stream_chat(
             session, target, [{"role": "user", "content": prompt}], max_tokens, ctx.logit_bias
         )
+
+
+async def at_once(
+    ctx: Context, rows: list[Target], prompt_tokens: int, max_tokens: int, tag: str
+) -> tuple[list[StreamResult], float]:
+    """One fresh prompt per row, all sent at the same moment (each row to its own Target: one
+    server, the row's `model` and body); the results and the wall from send to last token."""
+    prompts = [ctx.prompt(prompt_tokens, tag) for _ in rows]
+    async with rows[0].session() as http:
+        t0 = time.monotonic()
+        rs = await asyncio.gather(
+            *(
+                stream_chat(http, t, [{"role": "user", "content": p}], max_tokens, ctx.logit_bias)
+                for t, p in zip(rows, prompts)
+            )
+        )
+        return list(rs), time.monotonic() - t0
 
 
 def _check_length(fig: Figure, res: StreamResult, want: int) -> None:

@@ -21,7 +21,6 @@ TTFT / cold re-prefill TTFT (<= 0.3x).
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import dataclasses
 import time
@@ -237,12 +236,8 @@ class MultiTurn:
 
 
 def main(argv: list[str]) -> int:
-    p = argparse.ArgumentParser(
-        prog="python -m bench families", description=__doc__.splitlines()[0]
-    )
-    served.common_args(p)
     d = FamilySizes()
-    p.set_defaults(repeats=d.repeats)
+    p = served.parser("families", __doc__, d.repeats)
     for name, what in HELP.items():
         p.add_argument("--" + name.replace("_", "-"), type=int, default=getattr(d, name), help=what)
     # The multi-turn part first: the targets, measured before a timeout can cut in,

@@ -19,6 +19,9 @@
 #   bash bench/h200.sh families  # issue 34: gemma3-12b (sliding window) then nemotron-h-8b
 #                                 # (hybrid), random bf16 weights: multi-turn with an unload and
 #                                 # reload, single, 8 clients; mlxd vs mlx_lm.server (~8 min)
+#   bash bench/h200.sh adapters   # issue 36: 32 clients over 1, 4, 16 LoRA adapters on one mlxd
+#                                 # vs all on the base (goal >= 0.8x at 16), mlx_lm.server at 0
+#                                 # and 1 adapter; 8B shape then 0.6B (~7 min, 8B build included)
 # Results go to $OUT (the device tool brings them back).
 set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -88,5 +91,15 @@ families)
   timeout -k 20 230 bash bench/gpu_run.sh families --shape nemotron-h-8b \
     --out "$out/families-nemotron-h-8b" 2>&1 | grep -v tokenizer | tail -40
   ;;
-*) echo "usage: $0 profile|small|large|large-conc|spec|ttft|masks|group2|agents|agents-8b|claude|families" >&2; exit 2 ;;
+adapters)
+  # Estimated, not yet run: 8B build 60-90 s, both servers loaded and warm ~60 s, per run four
+  # mlxd levels of 32 x (300+128) tok at ~900 tok/s (~5 s each) and mlx_lm.server's two (each
+  # after a model reload, ~5 s) ~45 s; 3 runs ~2.5 min. The report is rewritten after every
+  # run, so a timeout keeps the runs done. Then the 0.6B shape (~2 min).
+  timeout -k 20 400 bash bench/gpu_run.sh adapters --shape qwen3-8b \
+    --out "$out/adapters-8b" 2>&1 | grep -v tokenizer | tail -40
+  timeout -k 20 150 bash bench/gpu_run.sh adapters --shape qwen3-0.6b \
+    --out "$out/adapters-0.6b" 2>&1 | grep -v tokenizer | tail -40
+  ;;
+*) echo "usage: $0 profile|small|large|large-conc|spec|ttft|masks|group2|agents|agents-8b|claude|families|adapters" >&2; exit 2 ;;
 esac

@@ -8,6 +8,7 @@ The Qwen3 shapes are here; the other families' (Gemma 3, hybrids) are in family_
 
 from __future__ import annotations
 
+import importlib
 import json
 import shutil
 import sys
@@ -58,12 +59,16 @@ _MARKER = ".bench-model.json"  # written last: a folder without it is an interru
 _FORMAT = 1
 
 
-def _tiny_builder():
-    # tests/ is not a package; tiny_model.py is a plain module meant to be shared like this.
-    sys.path.insert(0, str(ROOT / "tests"))
-    from tiny_model import build_tiny_model
+def tests_module(name: str):
+    """A plain module of tests/ meant to be shared with the bench (tests/ is not a package):
+    tiny_model.py, lora_adapters.py."""
+    if str(ROOT / "tests") not in sys.path:
+        sys.path.insert(0, str(ROOT / "tests"))
+    return importlib.import_module(name)
 
-    return build_tiny_model
+
+def _tiny_builder():
+    return tests_module("tiny_model").build_tiny_model
 
 
 def cached_model(shape: str) -> Path:

@@ -16,6 +16,7 @@ BASE_LABELS = {
     "mlxd_ram": "mlxd RAM hit",
     "mlxd_cold": "mlxd cold re-prefill",
     "mlxd_resend": "mlxd resend from RAM",
+    "mlxd_base": "mlxd, all on the base",
 }
 
 

@@ -23,6 +23,8 @@ from .session import Session, environment
 
 # A workload: the run's Context -> its Figures (and notes, appended to the list it is given).
 Workload = Callable[[context.Context, list[str]], Awaitable[list[context.Figure]]]
+# Before the servers start: (model folder, work folder) -> the supervisor's config.toml text.
+Prepare = Callable[[Path, Path], str]
 
 
 def common_args(p: argparse.ArgumentParser) -> None:
@@ -31,6 +33,15 @@ def common_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--shape", default="tiny", help=f"one of {', '.join(SHAPE_NAMES)}")
     p.add_argument("--repeats", type=int, default=3, help="runs per figure (median)")
     p.add_argument("--out", type=Path, help="results folder (results.md, results.json, logs/)")
+
+
+def parser(command: str, doc: str, repeats: int | None = None) -> argparse.ArgumentParser:
+    """`python -m bench <command>`'s parser with the common options (`repeats`: its default)."""
+    p = argparse.ArgumentParser(prog=f"python -m bench {command}", description=doc.splitlines()[0])
+    common_args(p)
+    if repeats is not None:
+        p.set_defaults(repeats=repeats)
+    return p
 
 
 def ints(v: str) -> tuple[int, ...]:
@@ -65,8 +76,9 @@ async def _run(
     out: Path,
     parts: list[tuple[str, Workload]],
     sizes,
+    config: str = "",
 ) -> str:
-    session = Session(model, model, work, out / "logs", swap_runs=0)
+    session = Session(model, model, work, out / "logs", swap_runs=0, config=config)
     figures: list[context.Figure] = []
     notes: list[str] = []
 
@@ -112,8 +124,14 @@ def _exit_on_sigterm(signum, frame) -> None:
     raise SystemExit(128 + signum)  # unwinds through the `finally` that stops the servers
 
 
-def main(a: argparse.Namespace, parts: list[tuple[str, Workload]], sizes: str) -> int:
-    """Build or take the model, start both servers, run `parts` in order, print the table."""
+def main(
+    a: argparse.Namespace,
+    parts: list[tuple[str, Workload]],
+    sizes: str,
+    prepare: Prepare | None = None,
+) -> int:
+    """Build or take the model, start both servers, run `parts` in order, print the table.
+    `prepare` makes what the model needs besides (adapters) and says mlxd's config.toml."""
     signal.signal(signal.SIGTERM, _exit_on_sigterm)
     out = a.out or Path(__file__).resolve().parent / "results" / dt.datetime.now().strftime(
         "%Y%m%d-%H%M%S"
@@ -121,7 +139,8 @@ def main(a: argparse.Namespace, parts: list[tuple[str, Workload]], sizes: str) -
     work = Path(tempfile.mkdtemp(prefix="mlxd-bench-"))  # short: UNIX socket paths
     try:
         model, label = model_folder(a, work)
-        md = asyncio.run(_run(a, accelerated(), model, label, work, out, parts, sizes))
+        config = prepare(model, work) if prepare is not None else ""
+        md = asyncio.run(_run(a, accelerated(), model, label, work, out, parts, sizes, config))
     except (StartError, BenchError) as exc:
         print(f"benchmark aborted: {exc}\nserver logs: {out}", file=sys.stderr)
         return 1

@@ -39,8 +39,17 @@ SUPERVISOR_ENV = {"MLXD_MAX_LOADED_MODELS": "1", "MLXD_DISCOVER_HF_CACHE": "fals
 class Session:
     """Starts and stops the servers for one model; exposes the targets to the workloads."""
 
-    def __init__(self, model_a: Path, model_b: Path, work: Path, log_dir: Path, swap_runs: int):
+    def __init__(
+        self,
+        model_a: Path,
+        model_b: Path,
+        work: Path,
+        log_dir: Path,
+        swap_runs: int,
+        config: str = "",
+    ):
         self.model_a, self.model_b = model_a, model_b
+        self.config = config  # the supervisor home's config.toml (e.g. model A's adapters)
         self.work, self.log_dir, self.swap_runs = work, log_dir, swap_runs
         self.servers: list[ServerProcess] = []
         self.mlx_lm: Target | None = None
@@ -117,6 +126,8 @@ class Session:
             return reason
         home = self.work / "home"
         alias_model(self.model_a, home / "models" / MODEL_A)
+        if self.config:
+            (home / "config.toml").write_text(self.config)
         for i in range(self.swap_runs):
             alias_model(self.model_b, home / "models" / MODEL_B.format(i))
         try:
