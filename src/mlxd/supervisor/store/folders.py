@@ -99,6 +99,11 @@ def _visible(folder: Path) -> list[Path]:
         return []
 
 
+def _holds_other_models(path: Path) -> bool:
+    """A folder that is not a model yet holds something (an <org>/ folder of models)."""
+    return path.is_dir() and not _is_model_dir(path) and bool(_visible(path))
+
+
 def check_destination(models_dir: Path, model_id: str) -> None:
     """A 400 when model `model_id`'s folder would take the place of, or go inside, something
     that is not that model: an <org>/ folder of other models, a model's own folder ("a/b"
@@ -121,7 +126,7 @@ def check_destination(models_dir: Path, model_id: str) -> None:
                 "folder",
                 param="model",
             )
-    if here.is_dir() and not _is_model_dir(here) and _visible(here):
+    if _holds_other_models(here):
         raise BadRequest(
             f"'{model_id}' is a folder of other models (or of files that are not a model) in "
             "mlxd's models folder: pick another name",
@@ -132,7 +137,7 @@ def check_destination(models_dir: Path, model_id: str) -> None:
 def place(built: Path, dest: Path) -> None:
     """Move a finished folder into place in one rename, replacing what was there (only a
     model folder: never an <org>/ folder of models)."""
-    if dest.is_dir() and not dest.is_symlink() and not _is_model_dir(dest) and _visible(dest):
+    if not dest.is_symlink() and _holds_other_models(dest):
         raise BadRequest(f"'{dest.name}' is a folder of other models, not a model", param="model")
     dest.parent.mkdir(parents=True, exist_ok=True)
     old = None
