@@ -71,18 +71,21 @@ def assert_still_serves(http) -> None:
     assert r.json()["choices"][0]["message"]["content"] in ("sunny", "rainy")
 
 
-def compile_children(proc) -> int:
-    """How many grammar children the worker has: one idle spare, plus one per compile.
-
-    A child that exits between the listing and its status read is not counted: that is the
-    compile being stopped, which is what the callers wait for."""
-    alive = 0
-    for kid in psutil.Process(proc.pid).children():
+def over_children(pid: int, read) -> int:
+    """`read(child)` summed over the worker's children. A child that exits between the listing
+    and its read is skipped: a compile being stopped (what the callers wait for) holds nothing."""
+    total = 0
+    for kid in psutil.Process(pid).children():
         try:
-            alive += kid.status() != psutil.STATUS_ZOMBIE
+            total += read(kid)
         except psutil.NoSuchProcess:
             pass
-    return alive
+    return total
+
+
+def compile_children(proc) -> int:
+    """How many grammar children the worker has: one idle spare, plus one per compile."""
+    return over_children(proc.pid, lambda k: k.status() != psutil.STATUS_ZOMBIE)
 
 
 @pytest.mark.parametrize(
@@ -244,10 +247,5 @@ def test_worker_memory_stays_bounded(worker, http):
     for extra in ({"guided_json": HUGE}, {"guided_regex": ".{1,65535}"}):
         chat(http, **extra)
     rss = psutil.Process(worker[1].pid).memory_info().rss
-    kids = 0
-    for kid in psutil.Process(worker[1].pid).children():
-        try:
-            kids += kid.memory_info().rss
-        except psutil.NoSuchProcess:  # a compile that just ended holds no memory
-            pass
+    kids = over_children(worker[1].pid, lambda k: k.memory_info().rss)
     assert rss + kids < 3 * 1024**3
