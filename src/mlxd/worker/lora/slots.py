@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 from collections import OrderedDict
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -159,8 +160,9 @@ class Adapters:
             self._release(slot)
         self._make_room(weights.nbytes)
         slot = self._free.pop() if self._free else self._new_slot()
+        self._wrap(weights.factors)
         for module, (a, b) in weights.factors.items():
-            self._layer(module).stack.put(slot, a, b, weights.scale)
+            self._layers[module].stack.put(slot, a, b, weights.scale)
         self._loaded[name] = slot
         self._bytes[name] = weights.nbytes
         self.loads += 1
@@ -193,13 +195,15 @@ class Adapters:
             layer.stack.clear(slot)
         self._free.append(slot)
 
-    def _layer(self, module: str) -> MultiLoRALinear:
-        """The multi-adapter wrapper of `module`, put in the model the first time."""
-        layer = self._layers.get(module)
-        if layer is None:
-            base = dict(self.model.named_modules())[module]
-            layer = MultiLoRALinear(base, self.rows)
+    def _wrap(self, modules: Iterable[str]) -> None:
+        """Put a multi-adapter wrapper in the model for each of `modules` that has none yet
+        (one walk of the model's modules for them all, not one per layer)."""
+        new = [m for m in modules if m not in self._layers]
+        if not new:
+            return
+        named = dict(self.model.named_modules())
+        for module in new:
+            layer = MultiLoRALinear(named[module], self.rows)
             self.model.update_modules(tree_unflatten([(module, layer)]))
             self._layers[module] = layer
-            seam.set_row_hook(self.model, self.set_rows)
-        return layer
+        seam.set_row_hook(self.model, self.set_rows)
