@@ -72,13 +72,17 @@ class Catalog:
                     "The request has no 'model' and no default model is configured", param="model"
                 )
         model = self.settings.alias_map().get(model, model)  # an alias names its model's id
-        entry = self.in_use(model)
-        if entry is not None and entry.path.exists():
-            return entry
-        entry = self.entries().get(model)
+        entry = self._find(model)
         if entry is None:
             raise ModelNotFound(model, self.known_names())
         return entry
+
+    def _find(self, model_id: str) -> ModelEntry | None:
+        """The entry of `model_id` (an id, not an alias), or None."""
+        entry = self.in_use(model_id)
+        if entry is not None and entry.path.exists():
+            return entry
+        return self.entries().get(model_id)
 
     def route(self, model: str | None, adapter: object = None) -> tuple[ModelEntry, str | None]:
         """The entry whose worker serves `model`, and the LoRA adapter it names (None: the
@@ -91,12 +95,13 @@ class Catalog:
         if section is not None and section.base is not None:
             assert name is not None  # a section's id
             return self.resolve(section.base), adapter or name
-        try:
+        split = split_adapter(model or "")
+        if split is None:
             return self.resolve(model), adapter
-        except ModelNotFound:
-            split = split_adapter(model or "")
-            if split is None:
-                raise
+        assert name is not None  # `model` is "<base>:<adapter>"
+        entry = self._find(name)  # an id with the colon first (a miss builds no "did you mean")
+        if entry is not None:
+            return entry, adapter
         base, named = split
         try:
             return self.resolve(base), adapter or named
