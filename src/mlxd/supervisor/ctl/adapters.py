@@ -3,20 +3,10 @@ unmounted without restarting its worker (/admin/models/{id}/adapters)."""
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
-import orjson
-
 from mlxd.supervisor.ctl.client import AdminClient, model_path
-from mlxd.supervisor.ctl.tables import size, table
-
-
-def _out(args, body, text: str) -> None:
-    if args.json:
-        sys.stdout.write(orjson.dumps(body, option=orjson.OPT_INDENT_2).decode() + "\n")
-    else:
-        print(text)
+from mlxd.supervisor.ctl.tables import out, size, table
 
 
 def cmd_adapters(args, client: AdminClient) -> int:
@@ -25,20 +15,20 @@ def cmd_adapters(args, client: AdminClient) -> int:
         (a["id"], a["path"], a.get("rank", "-"), size(a.get("bytes")), a.get("loaded", False))
         for a in body["data"]
     ]
-    _out(args, body, table(("MODEL", "PATH", "RANK", "SIZE", "LOADED"), rows))
+    out(args, body, table(("MODEL", "PATH", "RANK", "SIZE", "LOADED"), rows))
     return 0
 
 
 def cmd_mount(args, client: AdminClient) -> int:
     path = str(Path(args.path).expanduser().resolve())
     body = client.post(model_path(args.model, "adapters"), {"name": args.name, "path": path})
-    _out(args, body, f"mounted {body['id']} (rank {body['rank']}, {body['layers']} layers)")
+    out(args, body, f"mounted {body['id']} (rank {body['rank']}, {body['layers']} layers)")
     return 0
 
 
 def cmd_unmount(args, client: AdminClient) -> int:
     body = client.delete(f"{model_path(args.model, 'adapters')}/{args.name}")
-    _out(args, body, f"unmounted {args.model}:{args.name}")
+    out(args, body, f"unmounted {args.model}:{args.name}")
     return 0
 
 

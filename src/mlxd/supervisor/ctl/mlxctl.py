@@ -25,16 +25,10 @@ from mlxd.supervisor.ctl.client import AdminClient, CtlError, model_path
 from mlxd.supervisor.ctl.fit_table import fit_text
 from mlxd.supervisor.ctl.parser import OneLineParser
 from mlxd.supervisor.ctl.progress import run_with_progress
+from mlxd.supervisor.ctl.tables import out
 
 DEFAULT_URL = target.DEFAULT_URL
 FOLLOW_INTERVAL_S = 0.5
-
-
-def _out(args: argparse.Namespace, body, text: str) -> None:
-    if args.json:
-        sys.stdout.write(orjson.dumps(body, option=orjson.OPT_INDENT_2).decode() + "\n")
-    elif text:
-        print(text)
 
 
 def cmd_ps(args, client: AdminClient) -> int:
@@ -44,13 +38,13 @@ def cmd_ps(args, client: AdminClient) -> int:
     if not args.json:  # which daemon answered, on stderr: stdout stays the table
         version = client.get("/health").get("version", "?")
         print(f"mlxd {version} at {client.url} (from {client.source})", file=sys.stderr)
-    _out(args, rows, ctl_tables.ps_table(rows))
+    out(args, rows, ctl_tables.ps_table(rows))
     return 0
 
 
 def cmd_models(args, client: AdminClient) -> int:
     rows = client.get("/admin/models")["data"]
-    _out(args, rows, ctl_tables.models_table(rows))
+    out(args, rows, ctl_tables.models_table(rows))
     return 0
 
 
@@ -65,7 +59,7 @@ def cmd_action(args, client: AdminClient) -> int:
             body = run_with_progress(
                 lambda: client.post(path), lambda: poller.get(model_path(args.model))
             )
-    _out(args, body, ctl_tables.action_text(body))
+    out(args, body, ctl_tables.action_text(body))
     return 0
 
 
@@ -75,19 +69,19 @@ def cmd_unload_all(args, client: AdminClient) -> int:
     running = [m["id"] for m in client.get("/admin/models")["data"] if m["state"] != "stopped"]
     bodies = [client.post(model_path(model_id, "unload")) for model_id in running]
     text = "\n".join(ctl_tables.action_text(b) for b in bodies) or "no model is loaded"
-    _out(args, bodies, text)
+    out(args, bodies, text)
     return 0
 
 
 def cmd_show(args, client: AdminClient) -> int:
     body = client.get(model_path(args.model))
-    _out(args, body, ctl_tables.show_text(body))
+    out(args, body, ctl_tables.show_text(body))
     return 0
 
 
 def cmd_fit(args, client: AdminClient) -> int:
     body = client.get("/admin/fit", model=args.model)
-    _out(args, body, fit_text(body))
+    out(args, body, fit_text(body))
     return 0
 
 
@@ -113,13 +107,13 @@ def cmd_run(args, client: AdminClient) -> int:
 
 def cmd_flush(args, client: AdminClient) -> int:
     body = client.post("/admin/cache/flush")
-    _out(args, body, ctl_tables.flush_text(body))
+    out(args, body, ctl_tables.flush_text(body))
     return 1 if body["failed"] else 0
 
 
 def cmd_stats(args, client: AdminClient) -> int:
     body = client.get("/admin/stats")
-    _out(args, body, ctl_tables.stats_text(body))
+    out(args, body, ctl_tables.stats_text(body))
     return 0
 
 
@@ -127,7 +121,7 @@ def cmd_logs(args, client: AdminClient) -> int:
     path = model_path(args.model, "logs")
     body = client.get(path, tail=args.tail)
     if not args.follow:
-        _out(args, body, "\n".join(body["lines"]))
+        out(args, body, "\n".join(body["lines"]))
         return 0
     file, offset = body["file"], body["offset"]
     _print_lines(args, file, body["lines"])
@@ -162,7 +156,7 @@ def cmd_pull(args, client: AdminClient) -> int:
         print("mlxctl: interrupted (pull again to go on from there)", file=sys.stderr)
         return 130
     where = f"into {body['path']}" if "path" in body else f"through mlxd at {body['via']}"
-    _out(args, body, f"pulled {body['model']} ({body['repo']}) {where}")
+    out(args, body, f"pulled {body['model']} ({body['repo']}) {where}")
     return 0
 
 
@@ -176,7 +170,7 @@ def cmd_rm(args, client: AdminClient) -> int:
     if state != "stopped":
         raise CtlError(f"'{args.model}' is {state}; unload it first (mlxctl unload {args.model})")
     path = ctl_local.remove(args.home / "models", args.model)
-    _out(args, {"id": args.model, "removed": str(path)}, f"removed {path}")
+    out(args, {"id": args.model, "removed": str(path)}, f"removed {path}")
     return 0
 
 

@@ -1,12 +1,23 @@
-"""mlxctl's human output: aligned tables, sizes and durations."""
+"""mlxctl's output: aligned tables, sizes and durations, or the body as JSON (--json)."""
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Sequence
+
+import orjson
 
 from mlxd.shared.sizes import format_size
 
 ERROR_WIDTH = 60
+
+
+def out(args, body, text: str) -> None:
+    """`body` as indented JSON with --json, else `text` (if any)."""
+    if args.json:
+        sys.stdout.write(orjson.dumps(body, option=orjson.OPT_INDENT_2).decode() + "\n")
+    elif text:
+        print(text)
 
 
 def table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
