@@ -10,11 +10,20 @@ from __future__ import annotations
 
 import re
 
+from mlxd.shared.errors import BadRequest
+
 ADAPTER_HEADER = "x-mlxd-adapter"
 SEPARATOR = ":"
 # "latest" is Ollama's default tag ("a:latest" is model "a"), so no adapter may take that name.
 ADAPTER_NAME = re.compile(r"^(?!latest$)[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 NAME_RULE = "letters, digits, '.', '_' and '-', at most 64, and not 'latest'"
+
+
+def check_name(name: str, param: str = "adapter") -> str:
+    """`name`, or a 400 (on `param`) when it is no name an adapter may take."""
+    if not ADAPTER_NAME.match(name):
+        raise BadRequest(f"Invalid adapter name {name[:80]!r}: {NAME_RULE}", param=param)
+    return name
 
 
 def split_adapter(model: str) -> tuple[str, str] | None:

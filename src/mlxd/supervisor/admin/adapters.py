@@ -14,8 +14,8 @@ import orjson
 from aiohttp import web
 from pydantic import BaseModel, Field
 
-from mlxd.shared.adapters import ADAPTER_NAME, NAME_RULE, adapter_model_id
-from mlxd.shared.errors import BadRequest, MlxdError, NotFound
+from mlxd.shared.adapters import adapter_model_id, check_name
+from mlxd.shared.errors import MlxdError, NotFound
 from mlxd.shared.wire.bodies import load_json, parse_model
 from mlxd.supervisor.lifecycle.states import State
 from mlxd.supervisor.registry.adapters import adapter_ids, adapters_of
@@ -53,8 +53,7 @@ async def mount(request: web.Request) -> web.Response:
     reg: Registry = request.app["registry"]
     model_id = reg.catalog.resolve(request.match_info["model_id"]).id
     body = parse_model(MountRequest, load_json(await request.read()))
-    if not ADAPTER_NAME.match(body.name):
-        raise BadRequest(f"Invalid adapter name {body.name!r}: {NAME_RULE}", param="name")
+    check_name(body.name, param="name")
     path = Path(body.path).expanduser()
     async with reg.leases.lease(model_id) as slot:  # loads the model if it is not running
         status, reply = await reg.upstream.post_json(

@@ -18,7 +18,6 @@ from pathlib import Path
 import mlx.core as mx
 import mlx.nn as nn
 
-from mlxd.shared.adapters import ADAPTER_NAME, NAME_RULE
 from mlxd.shared.errors import BadRequest, NotFound
 from mlxd.worker.lora.layer import MultiLoRALinear, dims_of
 
@@ -39,12 +38,6 @@ class AdapterWeights:
     rank: int
     digest: str  # sha256 of the weights file: the prompt cache's namespace
     nbytes: int
-
-
-def check_name(name: str) -> str:
-    if not ADAPTER_NAME.match(name):
-        raise BadRequest(f"Invalid adapter name {name[:80]!r}: {NAME_RULE}", param="adapter")
-    return name
 
 
 def read_adapter(path: Path, model: nn.Module) -> AdapterWeights:

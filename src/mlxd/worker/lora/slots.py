@@ -20,9 +20,10 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx.utils import tree_unflatten
 
+from mlxd.shared.adapters import check_name
 from mlxd.shared.errors import NotFound, PayloadTooLarge, Unavailable
 from mlxd.shared.sizes import format_size
-from mlxd.worker.lora.files import AdapterWeights, check_name, read_adapter
+from mlxd.worker.lora.files import AdapterWeights, read_adapter
 from mlxd.worker.lora.layer import MultiLoRALinear, Rows
 from mlxd.worker.model import mlx_lm_seam as seam
 
