@@ -53,15 +53,15 @@ def stable_boundary(tokenizer, messages: list[dict], kwargs: dict, prompt: list[
 
 
 async def make_cache_key(
-    state, prompt: list[int], session: str | None, boundary: int = 0, ns: str | None = None
+    state, prompt: list[int], session: str | None, boundary: int = 0, *, ns: str
 ) -> CacheKey:
-    """Build the key (`ns`: the namespace, else the worker's); when the SSD tier covers more
-    of the prompt than RAM, read it now.
+    """Build the key (`ns`: its namespace, chat/state.py adapter_ns); when the SSD tier
+    covers more of the prompt than RAM, read it now.
 
     The read and its integrity check run in a thread, so the engine never waits on the disk.
     """
     cache = state.prompt_cache
-    key = CacheKey(ns=state.cache_ns if ns is None else ns, session=session, boundary=boundary)
+    key = CacheKey(ns=ns, session=session, boundary=boundary)
     if cache is None:
         return key
     entry = cache.ssd_candidate(key.ns, prompt)

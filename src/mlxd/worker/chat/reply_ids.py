@@ -37,10 +37,10 @@ def assistant_texts(messages: list[dict]) -> set[str]:
 
 
 def splice_replies(
-    state: WorkerState, tokenizer, messages: list[dict], ids: list[int], ns: str | None = None
+    state: WorkerState, tokenizer, messages: list[dict], ids: list[int], ns: str
 ) -> Spliced:
     """`ids` with earlier replies' generated ids back in place, where the text is unchanged
-    (from entries of namespace `ns`, else the worker's).
+    (from entries of namespace `ns`: chat/state.py adapter_ns).
 
     Of the entries near the prompt, the one the spliced prompt then shares most with wins."""
     cache = state.prompt_cache
@@ -49,7 +49,7 @@ def splice_replies(
         return best
     texts = assistant_texts(messages)
     best_n = -1
-    for tokens, replies in cache.near(state.cache_ns if ns is None else ns, ids, CANDIDATES):
+    for tokens, replies in cache.near(ns, ids, CANDIDATES):
         s = splice(ids, tokens, replies, tokenizer.decode, texts)
         n = common_prefix(s.ids, tokens)
         if n > best_n:
