@@ -1,21 +1,18 @@
-"""The wire between the worker and a grammar compile child (compile_child.py): length-prefixed
-frames, and what the worker watches while a child runs (its answer, its memory, its end)."""
+"""The worker's side of the wire to a grammar compile child (compile_child.py, which defines
+the length-prefixed frames): what the worker watches while a child runs (its answer, its
+memory, its end)."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import struct
 
 import orjson
 import psutil
 
-FRAME = struct.Struct(">Q")  # each frame: its length, then its bytes
+from mlxd.worker.grammar.compile_child import FRAME
+
 WATCH_S = 0.05  # how often a child's resident memory is read
-
-
-def frame(payload: bytes) -> bytes:
-    return FRAME.pack(len(payload)) + payload
 
 
 async def read_answer(proc) -> tuple[dict, bytes | None] | None:

@@ -16,17 +16,24 @@ from __future__ import annotations
 
 import pickle
 import resource
+import struct
 import sys
 from typing import Any, BinaryIO
 
 import orjson
 
-from mlxd.worker.grammar.child_io import FRAME, frame
 from mlxd.worker.grammar.limits import GrammarLimits, GrammarTooLarge, check_regex
 from mlxd.worker.grammar.regex import GrammarError, GrammarTooLong, grammar_to_regex
 
 # Any JSON object; nesting is bounded because the automaton is finite.
 JSON_OBJECT_SCHEMA = {"type": "object"}
+# Each frame: its length, then its bytes. Defined here, not in child_io.py, so that this fresh
+# interpreter imports neither asyncio nor psutil (the worker's side of the wire needs both).
+FRAME = struct.Struct(">Q")
+
+
+def frame(payload: bytes) -> bytes:
+    return FRAME.pack(len(payload)) + payload
 
 
 def write_frame(out: BinaryIO, payload: bytes) -> None:
