@@ -46,6 +46,8 @@ WORKER_PATHS = frozenset(r.worker_path for r in ROUTES)
 WORKER_CHAT_PATHS = frozenset(r.worker_path for r in ROUTES if r.kind == "chat")
 # Worker routes only a speech-to-text model's worker serves (multipart in, docs/api.md).
 WORKER_AUDIO_PATHS = frozenset(r.worker_path for r in ROUTES if r.kind == "transcription")
+# The kind of model each worker path serves (every route ending at one path is of one kind).
+WORKER_KINDS: dict[str, Kind] = {r.worker_path: r.kind for r in ROUTES}
 
 # Path areas and who may call them: the API key on the API, the admin token (or loopback) on
 # the admin area.
@@ -63,8 +65,4 @@ def in_area(path: str, areas: tuple[str, ...]) -> bool:
 def kind_of(path: str) -> Kind:
     """The kind of model a public or worker path needs (chat for any path not listed)."""
     route = BY_PATH.get(path)
-    if route is not None:
-        return route.kind
-    if path in WORKER_AUDIO_PATHS:
-        return "transcription"
-    return "embedding" if path in WORKER_PATHS - WORKER_CHAT_PATHS else "chat"
+    return route.kind if route is not None else WORKER_KINDS.get(path, "chat")
