@@ -40,6 +40,14 @@ ENCODER_TYPES = frozenset(
         "deberta-v2",
     }
 )
+# The vision-language families whose images mlxd serves (worker/vision/): model_type -> the
+# tokens that sit inside one image's run of image tokens besides them (Pixtral's row break).
+# Their text models load through mlx-lm with ordinary positions; Qwen-VL's M-RoPE does not yet.
+VISION_FAMILIES: dict[str, tuple[str, ...]] = {
+    "gemma3": (),
+    "mistral3": ("[IMG_BREAK]",),
+}
+
 _EMBED_NAME = re.compile(r"embed", re.IGNORECASE)
 # Markers a chat template uses when the model can think before it answers.
 _REASONING_MARKERS = ("<think>", "enable_thinking", "reasoning_content", "thinking")
@@ -66,7 +74,7 @@ class ModelFacts:
     dtype: str | None = None
     tools: bool = False  # the chat template renders tools
     reasoning: bool = False  # the chat template knows thinking markers
-    vision: bool = False  # the config has a vision tower (mlxd serves text only for now)
+    vision: bool = False  # a vision tower of a family mlxd serves images to (VISION_FAMILIES)
     chat_template: bool = False
 
     @property
@@ -77,10 +85,10 @@ class ModelFacts:
     @property
     def capabilities(self) -> list[str]:
         """What mlxd serves for this model: "embedding", or chat's "completion", "tools",
-        "reasoning". Vision is never listed while image input is refused."""
+        "reasoning", "vision"."""
         if self.type in ("embedding", "transcription"):
             return [self.type]
-        flags = (("tools", self.tools), ("reasoning", self.reasoning))
+        flags = (("tools", self.tools), ("reasoning", self.reasoning), ("vision", self.vision))
         return ["completion"] + [name for name, on in flags if on]
 
 
@@ -196,7 +204,7 @@ def read_model_facts(path: Path, name: str = "", override: ModelType | None = No
         dtype=dtype if isinstance(dtype, str) else None,
         tools="tools" in template,
         reasoning=any(m in template for m in _REASONING_MARKERS),
-        vision=isinstance(config.get("vision_config"), dict),
+        vision=model_type in VISION_FAMILIES and isinstance(config.get("vision_config"), dict),
         chat_template=bool(template),
     )
 

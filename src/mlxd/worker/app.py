@@ -34,6 +34,7 @@ from mlxd.worker.group.lead import GROUP_IDLE_S, GROUP_OFF, join_as_lead, lead_e
 from mlxd.worker.model.load import limit_buffer_cache, load_for_spec
 from mlxd.worker.serving import open_socket, stop_events, unlink
 from mlxd.worker.speech_app import serve_speech
+from mlxd.worker.vision.load import load_vision
 
 log = logging.getLogger("mlxd.worker")
 POLLED_PATHS = frozenset({"/health", "/stats"})
@@ -149,6 +150,11 @@ async def serve(cfg: WorkerSpec) -> int:
         else:
             group = channel.group if channel else None
             state.loaded = await asyncio.to_thread(load_for_spec, cfg, group)
+            if facts.vision and group is None:  # a group's followers have no vision tower
+                _phase(state, "loading the vision tower")
+                state.vision = await asyncio.to_thread(
+                    load_vision, cfg.model_path, state.loaded.model, state.loaded.tokenizer
+                )
             if cfg.speculative == "draft" and cfg.draft_model is not None:
                 _phase(state, "loading the draft model")
                 state.draft = await asyncio.to_thread(load_draft, cfg.draft_model, state.loaded)
@@ -163,7 +169,12 @@ async def serve(cfg: WorkerSpec) -> int:
     state.prompt_cache = await asyncio.to_thread(make_prompt_cache, cfg, state.loaded)
     limit_buffer_cache()
     state.engine = make_engine(
-        cfg, state.loaded, state.prompt_cache, state.draft, engine_cls=lead_engine(channel)
+        cfg,
+        state.loaded,
+        state.prompt_cache,
+        state.draft,
+        engine_cls=lead_engine(channel),
+        vision=state.vision,
     )
     # test-only slow prefill, read by api/generation.py
     state.engine.debug_prefill_delay_s = cfg.debug_prefill_delay_s

@@ -52,6 +52,26 @@ def stable_boundary(tokenizer, messages: list[dict], kwargs: dict, prompt: list[
     return common_prefix(tokenizer.encode(text, add_special_tokens=False), prompt)
 
 
+def suffix_boundary(
+    tokenizer, messages: list[dict], kwargs: dict, text: str, ids: list[int]
+) -> int:
+    """The stable boundary of a prompt whose ids are not the plain tokenization of its text
+    (images expanded by a processor): the conversation rendered without the generation
+    primer is a prefix of the prompt's text, and the primer's tokens end its ids."""
+    try:
+        stable = tokenizer.apply_chat_template(
+            messages, add_generation_prompt=False, tokenize=False, **kwargs
+        )
+    except Exception:
+        return 0
+    if not text.startswith(stable):
+        return 0
+    tail = tokenizer.encode(text[len(stable) :], add_special_tokens=False)
+    if len(tail) >= len(ids) or list(ids[len(ids) - len(tail) :]) != list(tail):
+        return 0
+    return len(ids) - len(tail)
+
+
 async def make_cache_key(
     state, prompt: list[int], session: str | None, boundary: int = 0, *, ns: str
 ) -> CacheKey:

@@ -11,6 +11,7 @@ from mlxd.shared.params import GenerationParams
 from mlxd.worker.cache.keys import CacheKey
 from mlxd.worker.engine.loop import Engine
 from mlxd.worker.engine.rows import Event, Submission
+from mlxd.worker.vision.prompt import VisionInput
 
 
 class Handoff:
@@ -66,6 +67,7 @@ class Generation:
         processors: list | None = None,
         cache_key: CacheKey | None = None,
         adapter: str | None = None,
+        images: VisionInput | None = None,
     ):
         self._engine = engine
         self._queue: asyncio.Queue[Event] = asyncio.Queue()
@@ -77,6 +79,7 @@ class Generation:
             sink=lambda ev: handoff.send(queue, ev),
             processors=processors or [],
             adapter=adapter,
+            images=images,
         )
         if cache_key is not None:
             self._sub.ns = cache_key.ns

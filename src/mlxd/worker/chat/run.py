@@ -16,7 +16,7 @@ from dataclasses import replace
 from mlxd.shared.chat_job import ChatJob
 from mlxd.shared.errors import Unavailable
 from mlxd.shared.structured_output import GuidedSpec
-from mlxd.worker.cache.keys import make_cache_key, stable_boundary
+from mlxd.worker.cache.keys import make_cache_key, stable_boundary, suffix_boundary
 from mlxd.worker.chat.events import (
     CallPart,
     ChatOutput,
@@ -44,6 +44,7 @@ from mlxd.worker.chat.reply_ids import splice_replies
 from mlxd.worker.chat.state import WorkerState, adapter_ns
 from mlxd.worker.chat.think_budget import think_budget
 from mlxd.worker.chat.tool_calls import ToolCall, forced_call_spec
+from mlxd.worker.chat.vision import with_images
 from mlxd.worker.grammar.processor import (
     GuidedProcessor,
     GuidedUnavailable,
@@ -119,6 +120,9 @@ class ChatRun:
         self.prompt = render_job(m, job, self.state.config.enable_thinking)
         if self.prompt.warning:  # tools described as text: the template has no format
             job.warnings.append(self.prompt.warning)
+        images = None  # the images as the vision tower takes them (worker/vision/)
+        if job.images:
+            self.prompt, images = await with_images(self.state, job, self.prompt)
         # The replies it re-sends get the ids the model generated back (cache/replies.py).
         spliced = splice_replies(self.state, m.tokenizer, job.messages, self.prompt.ids, self.ns)
         ids = spliced.ids
@@ -140,13 +144,14 @@ class ChatRun:
             job.warnings.append(warning_header("thinking budget", NO_GRAMMAR, "it was ignored"))
         elif budget is not None:
             processors.append(budget)
-        boundary = (
-            0
-            if self.engine.trimmable
-            else spliced.shift(
-                stable_boundary(m.tokenizer, job.messages, self.prompt.kwargs, self.prompt.ids)
-            )
-        )
+        boundary = 0
+        if not self.engine.trimmable:
+            p = self.prompt
+            if images is None:
+                at = stable_boundary(m.tokenizer, job.messages, p.kwargs, p.ids)
+            else:  # the ids came through the processor: find the primer's tokens at the end
+                at = suffix_boundary(m.tokenizer, job.messages, p.kwargs, p.text, p.ids)
+            boundary = spliced.shift(at)
         key = await make_cache_key(self.state, ids, job.session, boundary, ns=self.ns)
         key.replies = spliced.replies
         self.gen = Generation(
@@ -157,6 +162,7 @@ class ChatRun:
             processors=processors,
             cache_key=key,
             adapter=job.adapter,
+            images=images,
         )
         self.params = params
 

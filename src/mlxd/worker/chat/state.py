@@ -12,6 +12,7 @@ from mlxd.shared.worker_spec import WorkerSpec
 from mlxd.worker.cache.prompt_cache import PromptCache
 from mlxd.worker.engine.loop import Engine
 from mlxd.worker.model.load import LoadedModel
+from mlxd.worker.vision.load import VisionParts
 
 
 @dataclass
@@ -20,6 +21,7 @@ class WorkerState:
     loaded: LoadedModel | None = None
     draft: LoadedModel | None = None  # speculative decoding's draft model, when configured
     engine: Engine | None = None
+    vision: VisionParts | None = None  # a VLM's vision half (worker/vision/): None, text only
     draining: bool = False
     # Start-up finished: model loaded, prompt cache (SSD scan) ready, engine running. /health
     # says ok only after this, so a worker is never READY mid-scan.

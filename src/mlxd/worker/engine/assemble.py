@@ -21,6 +21,7 @@ from mlxd.worker.engine.draft_model import spec_config
 from mlxd.worker.engine.loop import Engine
 from mlxd.worker.engine.sched.planner import MIN_CHUNK, PlanConfig
 from mlxd.worker.model.load import LoadedModel, apply_memory_limit, device_memory_bytes
+from mlxd.worker.vision.load import VisionParts
 
 log = logging.getLogger("mlxd.worker")
 
@@ -38,6 +39,7 @@ def make_engine(
     cache: PromptCache | None,
     draft: LoadedModel | None = None,
     engine_cls: Callable[..., Engine] = Engine,
+    vision: VisionParts | None = None,
 ) -> Engine:
     """The engine with the spec's batch, prefill plan, KV budget and speculative decoding
     (docs/configuration.md); a draft model's weights count in the memory plan. `engine_cls`:
@@ -85,6 +87,7 @@ def make_engine(
             cfg.step_log, cfg.model_id, follower=cfg.group is not None and cfg.group.rank > 0
         ),
         adapter_cache_bytes=cfg.adapter_cache_bytes,
+        vision=vision,
         compile_decode=(
             cfg.compile_decode if cfg.compile_decode is not None else mx.default_device() == mx.cpu
         ),

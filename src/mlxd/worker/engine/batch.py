@@ -17,6 +17,8 @@ from mlxd.worker.cache.replies import Reply
 from mlxd.worker.engine.recovery import Broken, generation_failed
 from mlxd.worker.engine.rows import Event, FirstTokens, Row, Submission
 from mlxd.worker.lora.slots import Adapters
+from mlxd.worker.vision.encode import encode_row
+from mlxd.worker.vision.load import VisionParts
 
 log = logging.getLogger("mlxd.worker.engine.loop")
 
@@ -25,10 +27,15 @@ class Batch:
     """Rows by generator uid (and by submission), plus the counters of how they ended."""
 
     def __init__(
-        self, cache: PromptCache | None, trimmable: bool, adapters: Adapters | None = None
+        self,
+        cache: PromptCache | None,
+        trimmable: bool,
+        adapters: Adapters | None = None,
+        vision: VisionParts | None = None,
     ):
         self.cache = cache
         self.adapters = adapters  # each row's LoRA slot, bound by uid (worker/lora/)
+        self.vision = vision  # image rows' features, bound by uid (worker/vision/)
         # Trimmable caches (plain KV) serve any shared prefix, so one snapshot per request at
         # its end suffices; other cache types need snapshots at exact prompt boundaries.
         self.trimmable = trimmable
@@ -56,15 +63,28 @@ class Batch:
             return 0
         return self.adapters.slot_for(sub.adapter, held)
 
-    def add(self, row: Row) -> None:
+    def images_for(self, sub: Submission, cached: int):
+        """The features of `sub`'s image positions past its `cached` prefix (None: none to
+        prefill), encoded now, before its insertion: a failure fails this row alone."""
+        if sub.images is None:
+            return None
+        if self.vision is None:
+            raise ValueError("this model has no vision tower")
+        return encode_row(self.vision, sub.images, sub.prompt, cached)
+
+    def add(self, row: Row, images=None) -> None:
         self.rows[row.uid] = row
         self._by_sub[id(row.sub)] = row
         if self.adapters is not None:
             self.adapters.bind(row.uid, id(row.sub), row.slot)
+        if self.vision is not None:
+            self.vision.rows.bind(row.uid, images)
 
     def _unbind(self, row: Row) -> None:
         if self.adapters is not None:
             self.adapters.unbind(row.uid, id(row.sub))
+        if self.vision is not None:
+            self.vision.rows.unbind(row.uid)
 
     def resume(self, row: Row) -> None:
         """Put `row` into a fresh batch where it was (a failed step's rebuild): prompt plus
@@ -78,6 +98,7 @@ class Batch:
         the one it would have written; raises on an MLX error (this row only)."""
         seq = [*row.sub.prompt, *row.tokens]
         row.slot = self.slot_for(row.sub, row.slot)
+        images = self.images_for(row.sub, cached)
         max_tokens = row.sub.params.max_tokens
         assert max_tokens is not None  # resolve_params fixed it before the submission
         assert self.eos is not None  # set with the generator
@@ -92,7 +113,7 @@ class Batch:
             stop_sequences=[self.eos],
         )[0]
         row.pos, row.todo, row.started = cached, len(seq) - cached - 1, False
-        self.add(row)
+        self.add(row, images)
 
     def park(self, row: Row) -> None:
         """Take `row` out to resume later (a preemption): its KV, prompt and tokens so far,

@@ -53,6 +53,7 @@ from mlxd.worker.kv.layers import attention_only
 from mlxd.worker.lora.slots import Adapters
 from mlxd.worker.model.load import LoadedModel, apply_wired_limit
 from mlxd.worker.model.prefill_check import padded_prefill_agrees
+from mlxd.worker.vision.load import VisionParts
 
 log = logging.getLogger("mlxd.worker.engine.loop")
 SPEC_OFF = (
@@ -93,8 +94,10 @@ class Engine(EngineCommands, EngineFigures):
         spec: SpecConfig | None = None,
         compile_decode: bool = False,
         adapter_cache_bytes: int = DEFAULT_ADAPTER_CACHE_BYTES,
+        vision: VisionParts | None = None,
     ):
         self.m = loaded
+        self.vision = vision  # a VLM's vision half: image rows' features (worker/vision/)
         # The model's LoRA adapters (worker/lora/): layers are wrapped only at a first mount.
         self.adapters = Adapters(loaded.model, adapter_cache_bytes) if self.lora else None
         self.compile_decode = compile_decode  # the decode forward compiled (engine/compiled.py)
@@ -107,7 +110,7 @@ class Engine(EngineCommands, EngineFigures):
         self.batch_size = batch
         self.plan = plan or PlanConfig()
         self._inbox = Inbox()
-        self._batch = Batch(cache, self.trimmable, self.adapters)
+        self._batch = Batch(cache, self.trimmable, self.adapters, vision)
         self.memory_plan = memory_plan  # where the KV budget came from (/stats reports it)
         why = memory_plan.explain() if memory_plan else "kv_budget_bytes"
         budget = KvBudget.of(loaded.kv_cost, kv_budget_bytes, batch, loaded.context_limit, why)
@@ -282,6 +285,8 @@ class Engine(EngineCommands, EngineFigures):
     def _new_generator(self) -> BatchGenerator:
         if self.adapters is not None:  # the old generator's uids mean nothing to the new one
             self.adapters.reset()
+        if self.vision is not None:
+            self.vision.rows.reset()
         gen = make_generator(
             self.m.model,
             batch=self.batch_size,

@@ -13,6 +13,7 @@ from mlxd.shared.params import GenerationParams
 
 if TYPE_CHECKING:  # no MLX at import time: the inbox and recovery are unit-tested without it
     from mlxd.worker.engine.textstream import TextStream
+    from mlxd.worker.vision.prompt import VisionInput
 
 
 @dataclass
@@ -48,6 +49,7 @@ class Submission:
     restored: tuple | None = None  # (SsdEntry, arrays) read from the SSD tier for this prompt
     replies: tuple = ()  # earlier replies' generated ids in `prompt` (cache/replies.py)
     adapter: str | None = None  # the LoRA adapter this row runs with (worker/lora/)
+    images: VisionInput | None = None  # its images, as the processor made them (vision/)
     # Extra per-row logits processors (e.g. a grammar), run after penalties and bias.
     processors: list = field(default_factory=list)
     cancelled: bool = False

@@ -144,8 +144,9 @@ class Adapters:
         """A new generator: the uids bound so far mean nothing to it."""
         self._bound.clear()
 
-    def set_rows(self, uids: list[int]) -> bool:
-        """Before a forward over rows `uids`: each row's slot; True when any row has one."""
+    def set_rows(self, uids: list[int], chunk: list[tuple[int, int]] | None = None) -> bool:
+        """Before a forward over rows `uids` (the seam's row hook; `chunk` is not needed):
+        each row's slot; True when any row has one."""
         slots = [self._bound.get(u, (0, 0))[1] for u in uids]
         adapted = any(slots)
         self.rows.idx = mx.array(slots, dtype=mx.uint32) if adapted else None

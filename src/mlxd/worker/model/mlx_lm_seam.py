@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import mlx.core as mx
+from mlx.utils import tree_unflatten
 from mlx_lm.generate import BatchGenerator, GenerationBatch, PromptProcessingBatch
 from mlx_lm.models.cache import BatchKVCache
 from mlx_lm.tokenizer_utils import TokenizerWrapper
@@ -200,21 +201,30 @@ def restore_prompt_split() -> None:
     PromptProcessingBatch.split = ORIGINAL_SPLIT  # type: ignore[method-assign]
 
 
-# -- each row's adapter, before every forward mlx-lm runs (worker/lora/) -----------------------
-_ROW_HOOKS: dict[int, Callable[[list[int]], bool]] = {}  # id(model) -> the model's hook
+# -- each row's adapter and images, before every forward mlx-lm runs (worker/lora/, vision/) --
+# A hook gets the forward's rows (uids, in the batch's order) and, for a prefill forward, each
+# row's chunk as (offset in its prompt, length); None for a decode step.
+RowHook = Callable[[list[int], list[tuple[int, int]] | None], bool]
+_ROW_HOOKS: dict[int, dict[str, RowHook]] = {}  # id(model) -> the model's hooks by name
 ORIGINAL_PROMPT = PromptProcessingBatch.prompt
 ORIGINAL_GEN_STEP = GenerationBatch._step
 
 
-def forward_rows(model, uids: list[int]) -> bool:
-    """Tell `model` which rows (by uid, in the batch's order) the next forward runs: what
-    its LoRA layers read. True when any of them has an adapter."""
-    hook = _ROW_HOOKS.get(id(model))
-    return hook(uids) if hook is not None else False
+def forward_rows(model, uids: list[int], chunk: list[tuple[int, int]] | None = None) -> bool:
+    """Tell `model`'s hooks which rows (by uid, in the batch's order) the next forward runs,
+    and for a prefill where each row's chunk starts and how long it is: what its LoRA layers
+    and its image embedding read. True when any row has an adapter."""
+    adapted = False
+    for hook in list(_ROW_HOOKS.get(id(model), {}).values()):
+        adapted = hook(uids, chunk) or adapted
+    return adapted
 
 
 def _prompt_with_rows(self, tokens):
-    forward_rows(self.model, self.uids)
+    # self.tokens: each row's tokens already in its cache (its prefix), so its length is
+    # where this chunk starts in the row's prompt.
+    chunk = [(len(done), len(t)) for done, t in zip(self.tokens, tokens, strict=True)]
+    forward_rows(self.model, self.uids, chunk)
     return ORIGINAL_PROMPT(self, tokens)
 
 
@@ -223,13 +233,27 @@ def _step_with_rows(self):
     return ORIGINAL_GEN_STEP(self)
 
 
-def set_row_hook(model, hook: Callable[[list[int]], bool]) -> None:
+def set_row_hook(model, hook: RowHook, name: str = "lora") -> None:
     """Call `hook` with the rows of every forward of `model` mlx-lm's prompt batch (every
-    prefill chunk) and generation batch (a row's first token) run. Idempotent."""
+    prefill chunk, with each row's chunk) and generation batch (a row's first token) run.
+    One hook per `name`; idempotent."""
     _require(GenerationBatch, "_step")
-    _ROW_HOOKS[id(model)] = hook
+    _ROW_HOOKS.setdefault(id(model), {})[name] = hook
     PromptProcessingBatch.prompt = _prompt_with_rows  # type: ignore[method-assign]
     GenerationBatch._step = _step_with_rows  # type: ignore[method-assign]
+
+
+def swap_embedding(model, wrap: Callable[[Any], Any]) -> Any:
+    """Put `wrap(embedding)` in place of the text model's token embedding (the module named
+    `embed_tokens`, wherever the family nests it) and return the wrapper. The wrapper keeps
+    the original's `as_linear`, which tied output heads call."""
+    named = [(k, m) for k, m in model.named_modules() if k.split(".")[-1] == "embed_tokens"]
+    if len(named) != 1:
+        raise SeamError(f"expected one embed_tokens module, found {[k for k, _ in named]}")
+    key, inner = named[0]
+    wrapper = wrap(inner)
+    model.update_modules(tree_unflatten([(key, wrapper)]))
+    return wrapper
 
 
 # -- MLX's attention kernel, for the whole process -------------------------------------------

@@ -30,6 +30,7 @@ def admit(batch: Batch, sub: Submission, tokenizer) -> Row:
         sub.restored = None  # let the arrays go
     sub.prompt_cached = sub.prompt_done = n
     slot = batch.slot_for(sub)  # an unknown adapter fails this row before it is inserted
+    images = batch.images_for(sub, n)  # so does an image the vision tower cannot encode
     assert p.max_tokens is not None  # resolve_params fixed it before the submission
     assert batch.eos is not None  # set with the generator
     uid = batch.generator().insert_segments(
@@ -53,7 +54,7 @@ def admit(batch: Batch, sub: Submission, tokenizer) -> Row:
         todo=len(sub.prompt) - n - 1,
         slot=slot,
     )
-    batch.add(row)
+    batch.add(row, images)
     return row
 
 

@@ -167,7 +167,8 @@ def penalize(logits: mx.array, t: Table, window: mx.array | None) -> mx.array:
     """Logit bias, then repetition, presence and frequency penalties, for every row at once.
 
     `window` (B, W) holds each row's most recent tokens (prompt included), -1 where a row
-    has fewer; its last column is the token being fed, so it is always a real token.
+    has fewer; its last column is the token being fed, so it is always a real token. Ids
+    past the vocabulary (an image's content ids, worker/vision/ids.py) count as padding.
     """
     rows = mx.arange(logits.shape[0]).reshape(-1, 1)
     if t.bias_idx is not None:
@@ -175,7 +176,7 @@ def penalize(logits: mx.array, t: Table, window: mx.array | None) -> mx.array:
         logits = logits.at[rows, t.bias_idx].add(t.bias_val.astype(logits.dtype))
     if window is None or not t.penalties:
         return logits
-    valid = window >= 0
+    valid = (window >= 0) & (window < logits.shape[-1])
     if t.window_len is not None:  # rows with shorter windows ignore the older columns
         valid = valid & (mx.arange(window.shape[1]) >= window.shape[1] - t.window_len)
     w = mx.where(valid, window, window[:, -1:])  # padding points at a real token: no-op writes
