@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 
+import mlx.core as mx
 from mlx_lm.generate import BatchGenerator, StopSequences
 
 from mlxd.shared.errors import MlxdError
@@ -70,7 +71,8 @@ class Batch:
             return None
         if self.vision is None:
             raise ValueError("this model has no vision tower")
-        return encode_row(self.vision, sub.images, sub.prompt, cached)
+        with mx.stream(self.generator().stream):  # the engine thread's own stream
+            return encode_row(self.vision, sub.images, sub.prompt, cached)
 
     def add(self, row: Row, images=None) -> None:
         self.rows[row.uid] = row
