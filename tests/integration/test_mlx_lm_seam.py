@@ -5,6 +5,7 @@ prefill chunk we plan is the one mlx-lm prefills, and a renamed attribute fails 
 from __future__ import annotations
 
 import mlx.core as mx
+import mlx.nn as nn
 import pytest
 from mlx_lm.generate import GenerationBatch, PromptProcessingBatch
 from mlx_lm.models.cache import BatchKVCache
@@ -157,3 +158,44 @@ def test_rows_leaving_prefill_together_keep_their_kv_without_a_copy(loaded):
     assert part.uids == [1] and again.uids == [0]
     assert part.prompt_cache is not again.prompt_cache
     assert mx.array_equal(part.prompt_cache[0].extract(0).keys, before[1]).item()
+
+
+def test_row_hooks_hear_each_prefill_chunks_place_in_the_prompt(loaded):
+    """The vision hook places a row's image features by where its chunk starts in its prompt:
+    `PromptProcessingBatch.tokens` must hold each row's tokens already in its cache (a cached
+    prefix included) when a chunk's forward starts; decode steps hear no chunk."""
+    heard: list = []
+    seam.set_row_hook(loaded.model, lambda uids, chunk: heard.append(chunk) or False, "probe")
+    try:
+        gen = _gen(loaded, chunk=4)
+        prompt = list(range(5, 19))  # 14 tokens: 3 cached, then chunks of 4
+        (uid,) = gen.insert_segments([[prompt[3:]]], max_tokens=[2], all_tokens=[prompt[:3]])
+        while not any(r.uid == uid and r.finish_reason for r in gen.next()[1]):
+            pass
+    finally:
+        seam._ROW_HOOKS[id(loaded.model)].pop("probe")
+    chunks = [c for c in heard if c is not None]
+    assert chunks[:3] == [[(3, 4)], [(7, 4)], [(11, 2)]]  # the last token goes to decode
+    assert None in heard
+
+
+def test_swap_embedding_puts_a_wrapper_in_the_text_models_place(tiny_model_dir):
+    model = load_model(tiny_model_dir, "tiny").model
+    ids = mx.array([[5, 6, 7]])
+    before = model(ids)
+
+    class Passing(nn.Module):
+        def __init__(self, inner):
+            super().__init__()
+            self.inner, self.calls = inner, 0
+
+        def __call__(self, x):
+            self.calls += 1
+            return self.inner(x)
+
+        def as_linear(self, x):
+            return self.inner.as_linear(x)
+
+    wrapper = seam.swap_embedding(model, Passing)
+    after = model(ids)
+    assert wrapper.calls == 1 and mx.array_equal(before, after)
