@@ -92,7 +92,7 @@ def test_options_map_onto_generation_params():
         ({"options": {"typical_p": 0.5}}, "typical_p"),
         ({"options": {"num_predict": 0}}, "num_predict"),
         ({"options": {"temperature": -1}}, "temperature"),
-        ({"messages": [{"role": "user", "content": "x", "images": ["aGk="]}]}, "images"),
+        ({"messages": [{"role": "user", "content": "x", "images": ["no*base64"]}]}, "images"),
         ({"format": "yaml"}, "format"),
         ({"format": "json", "guided_regex": "a+"}, "format"),
         ({"top_logprobs": 3}, "top_logprobs"),

@@ -5,16 +5,22 @@ OpenAI chat, Anthropic Messages and the Responses API each convert their request
 function shape, the tool choice, template switches, sampling parameters and a structured-output
 constraint. Legacy completions convert into one too, carrying a `RawPrompt` instead of
 messages. The worker runs every job through one driver (worker/api/driver.py).
+
+Images (shared/images.py) ride in `images`, in the order they appear; a message that holds any
+gets its content as a list of parts, `{"type": "text", "text": ...}` and `{"type": "image"}`
+(what vision-language chat templates iterate over). Every other message keeps string content.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import orjson
 
 from mlxd.shared.errors import BadRequest
+from mlxd.shared.images import ImageInput
 from mlxd.shared.params import GenerationParams
 from mlxd.shared.structured_output import GuidedSpec
 from mlxd.shared.wire.tools import ToolOrigin
@@ -51,6 +57,7 @@ class ChatJob:
     surface: Surface = "openai"  # whose wording errors use (the context-limit message)
     raw: RawPrompt | None = None  # a completion of this prompt instead of `messages`
     adapter: str | None = None  # a mounted LoRA adapter's name (the supervisor resolved it)
+    images: list[ImageInput] = field(default_factory=list)  # every message's, in order
 
     @property
     def rendered_tools(self) -> list[dict[str, Any]] | None:
@@ -98,8 +105,22 @@ def tool_mode(
     return "function", name
 
 
+TEXT_KINDS = ("text", "input_text", "output_text")
+# Image parts of every surface (OpenAI chat, Responses, Anthropic), for the refusal outside
+# user messages.
+IMAGE_KINDS = ("image_url", "input_image", "image")
+IMAGE_PART = {"type": "image"}
+
+# How a surface reads one of its content parts as an image: the ImageInput, or None when the
+# part is not an image at all (a 400 about its type follows).
+ImageOf = Callable[[dict[str, Any], str], ImageInput | None]
+
+
 def text_of(content: Any, param: str, sep: str = "") -> str:
-    """The text of a content field: a string, or a list of text parts joined by `sep`."""
+    """The text of a content field: a string, or a list of text parts joined by `sep`.
+
+    For content that must stay text (system, assistant, tool results): an image part here is
+    a 400 saying images go in user messages."""
     if content is None:
         return ""
     if isinstance(content, str):
@@ -107,13 +128,54 @@ def text_of(content: Any, param: str, sep: str = "") -> str:
     parts = []
     for part in content:
         kind = part.get("type") if isinstance(part, dict) else None
-        if kind in ("text", "input_text", "output_text"):
+        if kind in TEXT_KINDS:
             parts.append(str(part.get("text", "")))
+        elif kind in IMAGE_KINDS:
+            raise BadRequest(
+                f"Invalid '{param}': images are accepted in user messages only", param=param
+            )
         else:
             raise BadRequest(
                 f"Invalid '{param}': only text content is supported (got {kind!r})", param=param
             )
     return sep.join(parts)
+
+
+def content_parts(
+    content: Any, param: str, images: list[ImageInput], image_of: ImageOf, sep: str = ""
+) -> str | list[dict[str, Any]]:
+    """A user message's content: its text (as `text_of` joins it) when it holds no image,
+    else its parts in order, text and `{"type": "image"}`, each image appended to `images`."""
+    if not isinstance(content, list) or not any(
+        isinstance(p, dict) and p.get("type") not in TEXT_KINDS for p in content
+    ):
+        return text_of(content, param, sep)
+    parts: list[dict[str, Any]] = []
+    for j, part in enumerate(content):
+        kind = part.get("type") if isinstance(part, dict) else None
+        if kind in TEXT_KINDS:
+            parts.append({"type": "text", "text": str(part.get("text", ""))})
+            continue
+        image = image_of(part, f"{param}.{j}") if isinstance(part, dict) else None
+        if image is None:
+            raise BadRequest(
+                f"Invalid '{param}.{j}': content of type {kind!r} is not supported "
+                "(text and images are)",
+                param=f"{param}.{j}",
+            )
+        images.append(image)
+        parts.append(dict(IMAGE_PART))
+    return parts
+
+
+def refuse_images(job: ChatJob, model_id: str) -> None:
+    """A 400 when `job` carries images for a model without vision (no images: nothing)."""
+    if job.images:
+        raise BadRequest(
+            f"model '{model_id}' does not accept images: it has no vision capability "
+            "(send text only, or use a vision-language model)",
+            param=job.images[0].param,
+        )
 
 
 def arguments_object(arguments: Any) -> Any:
@@ -183,7 +245,7 @@ def fold_system_messages(messages: list[dict]) -> list[dict]:
         elif role == "system":
             pending.append(system_note(text))
         elif role == "user" and pending:
-            out.append({**m, "content": "\n\n".join([*pending, text])})
+            out.append({**m, "content": _joined(pending, m.get("content") or "")})
             pending = []
         else:
             out.append(m)
@@ -191,7 +253,19 @@ def fold_system_messages(messages: list[dict]) -> list[dict]:
         users = [i for i, o in enumerate(out) if o["role"] == "user"]
         if users:
             last = out[users[-1]]
-            out[users[-1]] = {**last, "content": "\n\n".join([last.get("content") or "", *pending])}
+            out[users[-1]] = {**last, "content": _joined([], last.get("content") or "", pending)}
         else:
             out.append({"role": "user", "content": "\n\n".join(pending)})
     return out
+
+
+def _joined(
+    before: list[str], content: str | list[dict[str, Any]], after: Sequence[str] = ()
+) -> str | list[dict[str, Any]]:
+    """`content` with notes before and after it, a blank line apart; content made of parts
+    (images) gets them as text parts of their own."""
+    if isinstance(content, str):
+        return "\n\n".join([*before, content, *after])
+    head = [{"type": "text", "text": "\n\n".join(before) + "\n\n"}] if before else []
+    tail = [{"type": "text", "text": "\n\n" + "\n\n".join(after)}] if after else []
+    return [*head, *content, *tail]

@@ -17,6 +17,7 @@ from typing import Literal
 from pydantic import ConfigDict, Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from mlxd.shared.images import IMAGE_BYTES_CEILING
 from mlxd.shared.sampling import SamplingFields
 from mlxd.shared.sizes import Bytes
 from mlxd.shared.worker_spec import speculation_conflict
@@ -209,6 +210,13 @@ class Settings(BaseSettings):
     grammar_compile_concurrency: int = Field(2, ge=1)  # more wait, then 503
     grammar_queue_timeout_s: float = Field(10.0, ge=0)
     grammar_cache_bytes: Bytes = Field(256 * MiB, ge=0)  # compiled grammars, LRU
+
+    # Images in requests (per worker; docs/security.md): bounds checked before any decode.
+    # image_urls lets workers fetch http(s) image URLs; off, only inline (base64) images.
+    image_urls: bool = False
+    image_max_count: int = Field(16, ge=0)  # images per request
+    image_max_bytes: Bytes = Field(20 * MiB, ge=1, le=IMAGE_BYTES_CEILING)  # one image, encoded
+    image_max_pixels: int = Field(50_000_000, ge=1)  # one image's width × height
 
     # Responses API store under $MLXD_HOME/responses (TTL 0: kept until the byte cap)
     responses_ttl_s: float = Field(30 * 24 * 3600.0, ge=0)

@@ -15,6 +15,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from mlxd.shared.images import ImageLimits
 from mlxd.shared.sampling import NAMES as SAMPLING_NAMES
 from mlxd.shared.sampling import SamplingFields
 
@@ -31,6 +32,8 @@ GRAMMAR_FIELDS = (
     "grammar_queue_timeout_s",
     "grammar_cache_bytes",
 )
+# Bounds on a request's images (shared/images.py, docs/security.md).
+IMAGE_FIELDS = ("image_urls", "image_max_count", "image_max_bytes", "image_max_pixels")
 # A model's request defaults from its config section (over its generation_config.json).
 MODEL_DEFAULT_FIELDS = (
     *SAMPLING_NAMES,
@@ -54,6 +57,7 @@ SAME_AS_SETTINGS = (
     "step_log",
     "log_level",
     *GRAMMAR_FIELDS,
+    *IMAGE_FIELDS,
 )
 
 
@@ -142,6 +146,10 @@ class WorkerSpec(SamplingFields):
     grammar_compile_concurrency: int = Field(2, ge=1)
     grammar_queue_timeout_s: float = 10.0
     grammar_cache_bytes: int = 256 * 1024**2
+    image_urls: bool = False  # fetch http(s) image URLs (off: inline images only)
+    image_max_count: int = Field(16, ge=0)
+    image_max_bytes: int = Field(20 * 1024**2, ge=1)
+    image_max_pixels: int = Field(50_000_000, ge=1)
     group: GroupSpec | None = None  # None: a worker of its own
     # LoRA adapters mounted at start (name -> mlx-lm adapter folder), and the bytes of
     # adapter factors kept loaded (least recently used leave first).
@@ -161,6 +169,16 @@ class WorkerSpec(SamplingFields):
         if (why := speculation_conflict(self.speculative, self.kv_bits, ranks=1)) is not None:
             raise ValueError(why)
         return self
+
+    @property
+    def image_limits(self) -> ImageLimits:
+        """What one request's images may cost on this worker (worker/chat/images.py)."""
+        return ImageLimits(
+            max_count=self.image_max_count,
+            max_bytes=self.image_max_bytes,
+            max_pixels=self.image_max_pixels,
+            fetch_urls=self.image_urls,
+        )
 
     def to_argv(self) -> list[str]:
         """The worker's arguments after `python -m mlxd.worker`."""

@@ -210,6 +210,15 @@ def _flag_parser(log_level: str) -> argparse.ArgumentParser:
         default=log_level,
         help=f"DEBUG, INFO, WARNING or ERROR (default $MLXD_LOG_LEVEL, else INFO: {log_level})",
     )
+    p.add_argument(
+        "--image-urls",
+        action=argparse.BooleanOptionalAction,
+        default=_default("image_urls"),
+        help="fetch http(s) image URLs in requests (default off: inline base64 images only)",
+    )
+    _opt(p, "image_max_count", int, "most images in one request")
+    _opt(p, "image_max_bytes", size_arg, "largest image, in encoded bytes")
+    _opt(p, "image_max_pixels", int, "largest image's width × height, checked before decoding")
     helps = {
         "grammar_max_repeat": "largest repetition count in a constraint ({m,n}, maxLength, …)",
         "grammar_max_bytes": "largest regex, grammar or schema, in bytes",

@@ -7,8 +7,16 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import Field, field_validator
 
-from mlxd.shared.chat_job import ChatJob, ToolMode, function_tool, text_of, tool_call_message
+from mlxd.shared.chat_job import (
+    IMAGE_PART,
+    ChatJob,
+    ToolMode,
+    function_tool,
+    text_of,
+    tool_call_message,
+)
 from mlxd.shared.errors import BadRequest
+from mlxd.shared.images import ImageInput, check_media_type, decode_base64, image_input
 from mlxd.shared.params import (
     MAX_STOP_SEQUENCES,
     GenerationParams,
@@ -125,8 +133,10 @@ class MessagesRequest(GuidedFields, SamplingFields):
         if self.thinking and self.thinking.get("type") in ("enabled", "disabled"):
             kwargs["enable_thinking"] = self.thinking["type"] == "enabled"
         user = (self.metadata or {}).get("user_id")
+        images: list[ImageInput] = []
         return ChatJob(
-            messages=self.chat_messages(),
+            messages=self.chat_messages(images),
+            images=images,
             params=self.to_generation_params(),
             tools=tools or None,
             tool_mode=mode,
@@ -159,8 +169,10 @@ class MessagesRequest(GuidedFields, SamplingFields):
             )
         return "function", choice.name
 
-    def chat_messages(self) -> list[dict[str, Any]]:
-        """The conversation in the chat-template shape (OpenAI roles and tool messages)."""
+    def chat_messages(self, images: list[ImageInput] | None = None) -> list[dict[str, Any]]:
+        """The conversation in the chat-template shape (OpenAI roles and tool messages); the
+        user messages' images are appended to `images` in order."""
+        images = [] if images is None else images
         out: list[dict[str, Any]] = []
         if self.system:
             out.append({"role": "system", "content": text_of(self.system, "system", sep="\n\n")})
@@ -172,30 +184,68 @@ class MessagesRequest(GuidedFields, SamplingFields):
             elif isinstance(msg.content, str):
                 out.append({"role": msg.role, "content": msg.content})
             elif msg.role == "user":
-                out.extend(_user_blocks(msg.content, f"messages.{i}.content"))
+                out.extend(_user_blocks(msg.content, f"messages.{i}.content", images))
             else:
                 out.append(_assistant_blocks(msg.content, f"messages.{i}.content"))
         return out
 
 
-def _user_blocks(blocks: list[dict], param: str) -> list[dict]:
-    """Tool results become tool messages (first, as templates expect), then the text."""
-    tools, texts = [], []
+def _user_blocks(blocks: list[dict], param: str, images: list[ImageInput]) -> list[dict]:
+    """Tool results become tool messages (first, as templates expect), then the text and
+    images: one string when there is no image, else parts in order."""
+    tools, parts = [], []
     for j, b in enumerate(blocks):
         kind = b.get("type")
         if kind == "tool_result":
-            content = text_of(b.get("content"), f"{param}.{j}.content")
+            content = b.get("content")
+            if isinstance(content, list) and any(
+                isinstance(c, dict) and c.get("type") == "image" for c in content
+            ):
+                raise BadRequest(
+                    f"Invalid '{param}.{j}.content': images inside a tool_result are not "
+                    "supported: send the image as an image block of the user message",
+                    param=f"{param}.{j}.content",
+                )
+            text = text_of(content, f"{param}.{j}.content")
             if b.get("is_error"):
-                content = f"Error: {content}"
-            tools.append({"role": "tool", "tool_call_id": b.get("tool_use_id"), "content": content})
+                text = f"Error: {text}"
+            tools.append({"role": "tool", "tool_call_id": b.get("tool_use_id"), "content": text})
         elif kind == "text":
-            texts.append(str(b.get("text", "")))
+            parts.append({"type": "text", "text": str(b.get("text", ""))})
+        elif kind == "image":
+            images.append(_image_block(b, f"{param}.{j}"))
+            parts.append(dict(IMAGE_PART))
         else:
             raise BadRequest(
                 f"Invalid '{param}.{j}': content blocks of type {kind!r} are not supported",
                 param=f"{param}.{j}",
             )
-    return tools + ([{"role": "user", "content": "".join(texts)}] if texts or not tools else [])
+    if not parts and tools:
+        return tools
+    if all(p["type"] == "text" for p in parts):
+        return [*tools, {"role": "user", "content": "".join(p["text"] for p in parts)}]
+    return [*tools, {"role": "user", "content": parts}]
+
+
+def _image_block(block: dict, param: str) -> ImageInput:
+    """An `image` block's source: base64 data of a named type, or a URL."""
+    source = block.get("source")
+    source = source if isinstance(source, dict) else {}
+    kind, param = source.get("type"), f"{param}.source"
+    if kind == "base64":
+        media_type, data = source.get("media_type"), source.get("data")
+        check_media_type(media_type if isinstance(media_type, str) else "(none)", param)
+        if not isinstance(data, str):
+            raise BadRequest(f"Invalid '{param}.data': base64 text is required", param=param)
+        return ImageInput(decode_base64(data, f"{param}.data"), None, f"{param}.data")
+    if kind == "url":
+        return image_input(source.get("url"), f"{param}.url")
+    if kind == "file":
+        raise BadRequest(
+            f"Invalid '{param}': file ids are not supported: send the image as base64 data",
+            param=param,
+        )
+    raise BadRequest(f"Invalid '{param}': give a base64 or url source", param=param)
 
 
 def _assistant_blocks(blocks: list[dict], param: str) -> dict:
@@ -211,6 +261,11 @@ def _assistant_blocks(blocks: list[dict], param: str) -> dict:
         elif kind == "tool_use":
             msg.setdefault("tool_calls", []).append(
                 tool_call_message(b.get("id"), b.get("name"), b.get("input") or {})
+            )
+        elif kind == "image":
+            raise BadRequest(
+                f"Invalid '{param}.{j}': images are accepted in user messages only",
+                param=f"{param}.{j}",
             )
         else:
             raise BadRequest(

@@ -14,8 +14,15 @@ from typing import Any, Literal
 
 from pydantic import Field, field_validator
 
-from mlxd.shared.chat_job import ChatJob, RawPrompt, developer_as_system, tool_call_message
+from mlxd.shared.chat_job import (
+    IMAGE_PART,
+    ChatJob,
+    RawPrompt,
+    developer_as_system,
+    tool_call_message,
+)
 from mlxd.shared.errors import BadRequest
+from mlxd.shared.images import ImageInput, decode_base64, decode_data_url
 from mlxd.shared.params import (
     GenerationParams,
 )
@@ -26,14 +33,23 @@ from mlxd.shared.wire.ollama_options import Options
 from mlxd.shared.wire.tools import chat_tool_set
 
 LATEST = ":latest"
-NO_VISION = "images are not supported: mlxd serves text-only models (there is no vision yet)"
 
 
-def _refuse_images(cls, v):
-    """Images are refused (no vision yet), wherever a body can carry them."""
-    if v:
-        raise ValueError(NO_VISION)
-    return v
+def image_parts(
+    images: list[str] | None, text: str, param: str, into: list[ImageInput]
+) -> str | list[dict[str, Any]]:
+    """A message's content with its `images` (base64, as Ollama sends them): the images first,
+    then the text, as Ollama's own runner renders them; the text alone when there are none.
+    Each image is appended to `into`."""
+    if not images:
+        return text
+    for k, data in enumerate(images):
+        where = f"{param}.{k}"
+        # Ollama sends bare base64; a data: URL is taken too (some clients send one).
+        raw = decode_data_url(data, where) if data[:5].lower() == "data:" else None
+        into.append(ImageInput(raw or decode_base64(data, where), None, where))
+    parts: list[dict[str, Any]] = [dict(IMAGE_PART) for _ in images]
+    return [*parts, {"type": "text", "text": text}] if text else parts
 
 
 def model_id_of(name: str) -> str:
@@ -102,14 +118,19 @@ class ChatMessage(Lenient):
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str = ""
     thinking: str | None = None
-    images: list[Any] | None = None
+    images: list[str] | None = None
     tool_calls: list[ToolCallIn] | None = None
     tool_name: str | None = None
 
-    _no_images = field_validator("images")(_refuse_images)
-
-    def to_template(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"role": self.role, "content": self.content}
+    def to_template(self, i: int, images: list[ImageInput]) -> dict[str, Any]:
+        """This message as chat templates expect it; its images are appended to `images`."""
+        param = f"messages.{i}.images"
+        if self.images and self.role != "user":
+            raise BadRequest(
+                f"Invalid '{param}': images are accepted in user messages only", param=param
+            )
+        content = image_parts(self.images, self.content, param, images)
+        out: dict[str, Any] = {"role": self.role, "content": content}
         if self.thinking:
             out["reasoning_content"] = self.thinking
         if self.tool_calls:
@@ -136,8 +157,10 @@ class ChatRequest(_Generating):
     def to_chat_job(self) -> ChatJob:
         """The worker's view of this request."""
         tool_set = chat_tool_set(self.tools)
+        images: list[ImageInput] = []
         return ChatJob(
-            messages=[m.to_template() for m in self.messages],
+            messages=[m.to_template(i, images) for i, m in enumerate(self.messages)],
+            images=images,
             params=self.generation_params(),
             tools=tool_set.tools or None,
             template_kwargs=self.template_kwargs(),
@@ -157,9 +180,7 @@ class GenerateRequest(_Generating):
     suffix: str | None = None
     template: str | None = None
     context: list[int] | None = None
-    images: list[Any] | None = None
-
-    _no_images = field_validator("images")(_refuse_images)
+    images: list[str] | None = None
 
     @field_validator("suffix", "template")
     @classmethod
@@ -184,11 +205,16 @@ class GenerateRequest(_Generating):
         """The worker's view of this request."""
         params = self.generation_params()
         if self.raw:
+            if self.images:  # a raw prompt has no place for them (Ollama's runner neither)
+                raise BadRequest("Invalid 'images': a raw prompt takes no images", param="images")
             raw = RawPrompt(self.prompt or "")
             return ChatJob(messages=[], params=params, guided=self.guided(), raw=raw)
         system = [{"role": "system", "content": self.system}] if self.system else []
+        images: list[ImageInput] = []
+        content = image_parts(self.images, self.prompt or "", "images", images)
         return ChatJob(
-            messages=[*system, {"role": "user", "content": self.prompt or ""}],
+            messages=[*system, {"role": "user", "content": content}],
+            images=images,
             params=params,
             template_kwargs=self.template_kwargs(),
             guided=self.guided(),

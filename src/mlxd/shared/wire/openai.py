@@ -17,11 +17,13 @@ from pydantic import BaseModel, Field, field_validator, model_serializer, model_
 from mlxd.shared.chat_job import (
     ChatJob,
     arguments_object,
+    content_parts,
     developer_as_system,
     text_of,
     tool_mode,
     with_effort,
 )
+from mlxd.shared.images import ImageInput, image_input
 from mlxd.shared.params import (
     MAX_SEED,
     MAX_STOP_SEQUENCES,
@@ -48,13 +50,18 @@ class ChatMessage(Lenient):
     tool_call_id: str | None = None
     reasoning_content: str | None = None
 
-    def to_template(self, i: int) -> dict[str, Any]:
-        """This message as chat templates expect it: text content, tool-call arguments as
-        objects (a JSON string would be quoted twice by `| tojson`)."""
+    def to_template(self, i: int, images: list[ImageInput]) -> dict[str, Any]:
+        """This message as chat templates expect it: text content (a user message's images as
+        parts, each appended to `images`), tool-call arguments as objects (a JSON string
+        would be quoted twice by `| tojson`)."""
         out = self.model_dump(exclude_none=True)
         if out["role"] == "developer":  # OpenAI's newer name; templates know "system"
             out = developer_as_system(out)
-        out["content"] = text_of(self.content, f"messages.{i}.content")
+        param = f"messages.{i}.content"
+        if self.role == "user":
+            out["content"] = content_parts(self.content, param, images, image_url_part)
+        else:
+            out["content"] = text_of(self.content, param)
         for j, call in enumerate(out.get("tool_calls") or []):
             custom = call.get("custom") if call.get("type") == "custom" else None
             if isinstance(custom, dict):  # a custom tool's call: its function shape here
@@ -70,6 +77,15 @@ class ChatMessage(Lenient):
             if isinstance(fn, dict) and "arguments" in fn:
                 fn["arguments"] = arguments_object(fn["arguments"])
         return out
+
+
+def image_url_part(part: dict[str, Any], param: str) -> ImageInput | None:
+    """An `image_url` part's image (`detail` is accepted and ignored); None for other parts."""
+    if part.get("type") != "image_url":
+        return None
+    value = part.get("image_url")
+    url = value.get("url") if isinstance(value, dict) else value  # some clients send the string
+    return image_input(url, f"{param}.image_url")
 
 
 class SamplingRequest(Lenient, SamplingFields):
@@ -170,17 +186,20 @@ class ChatCompletionRequest(SamplingRequest, GuidedFields):
             reasoning_effort=self.reasoning_effort,
         )
 
-    def template_messages(self) -> list[dict[str, Any]]:
-        """Messages as plain dicts for the chat template (unset fields left out)."""
-        return [m.to_template(i) for i, m in enumerate(self.messages)]
+    def template_messages(self, images: list[ImageInput]) -> list[dict[str, Any]]:
+        """Messages as plain dicts for the chat template (unset fields left out); their
+        images are appended to `images` in order."""
+        return [m.to_template(i, images) for i, m in enumerate(self.messages)]
 
     def to_chat_job(self) -> ChatJob:
         """The worker's view of this request."""
         tool_set = chat_tool_set(self.tools)
         tools = tool_set.tools or None
         mode, forced = tool_mode(self.tool_choice, tools)
+        images: list[ImageInput] = []
         return ChatJob(
-            messages=self.template_messages(),
+            messages=self.template_messages(images),
+            images=images,
             params=self.to_generation_params(),
             tools=tools,
             tool_mode=mode,

@@ -13,6 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_serializer
 
 from mlxd.shared.chat_job import (
     ChatJob,
+    content_parts,
     developer_as_system,
     text_of,
     tool_call_message,
@@ -20,6 +21,7 @@ from mlxd.shared.chat_job import (
     with_effort,
 )
 from mlxd.shared.errors import BadRequest
+from mlxd.shared.images import ImageInput, image_input
 from mlxd.shared.params import Effort, GenerationParams, effort_of
 from mlxd.shared.sampling import SamplingFields, sampling_of
 from mlxd.shared.structured_output import GuidedFields, GuidedSpec, JsonSchemaFormat
@@ -98,8 +100,10 @@ class ResponsesRequest(GuidedFields, SamplingFields):
                 name = qualified_name(choice["namespace"], name)
             choice = {"function": {"name": name}}
         mode, forced = tool_mode(choice, tools)
+        images: list[ImageInput] = []
         return ChatJob(
-            messages=self.chat_messages(),
+            messages=self.chat_messages(images),
+            images=images,
             params=self.to_generation_params(),
             tools=tools,
             tool_mode=mode,
@@ -112,8 +116,10 @@ class ResponsesRequest(GuidedFields, SamplingFields):
             surface="responses",
         )
 
-    def chat_messages(self) -> list[dict[str, Any]]:
-        """Input items as chat-template messages; `instructions` become the system message."""
+    def chat_messages(self, images: list[ImageInput] | None = None) -> list[dict[str, Any]]:
+        """Input items as chat-template messages; `instructions` become the system message.
+        The user messages' images are appended to `images` in order."""
+        images = [] if images is None else images
         out: list[dict[str, Any]] = []
         if self.instructions:
             out.append({"role": "system", "content": self.instructions})
@@ -126,7 +132,13 @@ class ResponsesRequest(GuidedFields, SamplingFields):
                 role = "system" if given == "developer" else given
                 if role not in ("system", "user", "assistant"):
                     raise BadRequest(f"Invalid '{param}.role'", param=f"{param}.role")
-                msg = {"role": role, "content": text_of(item.get("content"), f"{param}.content")}
+                content, where = item.get("content"), f"{param}.content"
+                msg = {
+                    "role": role,
+                    "content": content_parts(content, where, images, input_image_part)
+                    if role == "user"
+                    else text_of(content, where),
+                }
                 if given == "developer":
                     msg = developer_as_system(msg)
                 if role == "assistant" and reasoning:
@@ -163,6 +175,19 @@ class ResponsesRequest(GuidedFields, SamplingFields):
                     f"Invalid '{param}': items of type {kind!r} are not supported", param=param
                 )
         return out
+
+
+def input_image_part(part: dict[str, Any], param: str) -> ImageInput | None:
+    """An `input_image` part's image (`detail` is accepted and ignored); None for others."""
+    if part.get("type") != "input_image":
+        return None
+    if part.get("file_id") is not None and part.get("image_url") is None:
+        raise BadRequest(
+            f"Invalid '{param}.file_id': file ids are not supported: send the image as "
+            "image_url, a data: URL (base64) or an http(s) URL",
+            param=f"{param}.file_id",
+        )
+    return image_input(part.get("image_url"), f"{param}.image_url")
 
 
 # -- the response object -----------------------------------------------------------------

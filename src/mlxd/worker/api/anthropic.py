@@ -5,6 +5,7 @@ from __future__ import annotations
 import orjson
 from aiohttp import web
 
+from mlxd.shared.chat_job import refuse_images
 from mlxd.shared.errors import MlxdError, anthropic_body
 from mlxd.shared.wire.anthropic import CountTokensRequest, MessagesRequest
 from mlxd.shared.wire.anthropic_answers import (
@@ -194,6 +195,7 @@ async def count_tokens(request: web.Request) -> web.Response:
     m, _ = state.ready()
     req = parse_model(CountTokensRequest, load_json(await request.read()))
     job = req.to_chat_job()
+    refuse_images(job, state.config.model_id)  # as a generation would (chat/run.py)
     # What a generation would render: the default system prompt counts, attribution lines not.
     job.messages = prepare_messages(m, job.messages, state.config.strip_attribution_lines)
     prompt = render_job(m, job, state.config.enable_thinking)

@@ -13,7 +13,7 @@ import time
 from collections.abc import AsyncIterator
 from dataclasses import replace
 
-from mlxd.shared.chat_job import ChatJob
+from mlxd.shared.chat_job import ChatJob, refuse_images
 from mlxd.shared.errors import Unavailable
 from mlxd.shared.structured_output import GuidedSpec
 from mlxd.worker.cache.keys import make_cache_key, stable_boundary, suffix_boundary
@@ -94,6 +94,9 @@ class ChatRun:
 
     async def _prepare_chat(self) -> None:
         m, job = self.m, self.job
+        # No engine takes images yet: the vision half replaces this with its model's check
+        # (resolve_images for a vision model, worker/chat/images.py).
+        refuse_images(job, self.state.config.model_id)
         check_params(m, job.params)  # a bad parameter is a 400 before any grammar compiles
         job.messages = prepare_messages(m, job.messages, self.state.config.strip_attribution_lines)
         spec = job.guided
