@@ -48,6 +48,14 @@ VISION_FAMILIES: dict[str, tuple[str, ...]] = {
     "mistral3": ("[IMG_BREAK]",),
 }
 
+
+def serves_images(config: dict[str, Any]) -> bool:
+    """Whether a config.json is a vision-language model of a family mlxd serves images to."""
+    return config.get("model_type") in VISION_FAMILIES and isinstance(
+        config.get("vision_config"), dict
+    )
+
+
 _EMBED_NAME = re.compile(r"embed", re.IGNORECASE)
 # Markers a chat template uses when the model can think before it answers.
 _REASONING_MARKERS = ("<think>", "enable_thinking", "reasoning_content", "thinking")
@@ -204,7 +212,7 @@ def read_model_facts(path: Path, name: str = "", override: ModelType | None = No
         dtype=dtype if isinstance(dtype, str) else None,
         tools="tools" in template,
         reasoning=any(m in template for m in _REASONING_MARKERS),
-        vision=model_type in VISION_FAMILIES and isinstance(config.get("vision_config"), dict),
+        vision=serves_images(config),
         chat_template=bool(template),
     )
 

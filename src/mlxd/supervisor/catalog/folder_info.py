@@ -16,6 +16,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
+from mlxd.shared.model_facts import serves_images
 from mlxd.shared.sampling import NAMES as SAMPLING_NAMES
 
 MAX_JSON_BYTES = 8 << 20  # a config or tokenizer config larger than this is not read
@@ -39,6 +40,7 @@ class FolderInfo:
     modified: float = 0.0  # the config's mtime (seconds since the epoch)
     digest: str = ""  # sha256 over the config and the weights' sizes: changes with the model
     config: dict[str, Any] = field(default_factory=dict)
+    vision: bool = False  # a vision-language model mlxd serves images to
 
     @property
     def parameter_size(self) -> str:
@@ -59,6 +61,8 @@ class FolderInfo:
             caps.append("tools")
         if "<think>" in self.template or "enable_thinking" in self.template:
             caps.append("thinking")
+        if self.vision:
+            caps.append("vision")
         return caps
 
 
@@ -105,6 +109,7 @@ def _cached(path: Path, mtime_ns: int, size: int) -> FolderInfo:
         modified=mtime_ns / 1e9,
         digest=digest.hexdigest(),
         config=text,
+        vision=serves_images(config),
     )
 
 

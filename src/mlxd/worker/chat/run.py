@@ -94,9 +94,8 @@ class ChatRun:
 
     async def _prepare_chat(self) -> None:
         m, job = self.m, self.job
-        # No engine takes images yet: the vision half replaces this with its model's check
-        # (resolve_images for a vision model, worker/chat/images.py).
-        refuse_images(job, self.state.config.model_id)
+        if job.images and self.state.vision is None:  # before any grammar compiles
+            refuse_images(job, self.state.config.model_id)
         check_params(m, job.params)  # a bad parameter is a 400 before any grammar compiles
         job.messages = prepare_messages(m, job.messages, self.state.config.strip_attribution_lines)
         spec = job.guided

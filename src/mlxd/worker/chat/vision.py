@@ -5,9 +5,9 @@ from __future__ import annotations
 import asyncio
 from dataclasses import replace
 
-from mlxd.shared.chat_job import ChatJob
+from mlxd.shared.chat_job import ChatJob, refuse_images
 from mlxd.shared.errors import BadRequest
-from mlxd.worker.chat.images import refuse_images, resolve_images
+from mlxd.worker.chat.images import resolve_images
 from mlxd.worker.chat.prompts import ChatPrompt
 from mlxd.worker.vision.prompt import VisionInput, process
 
@@ -18,7 +18,8 @@ async def with_images(state, job: ChatJob, prompt: ChatPrompt) -> tuple[ChatProm
     vision = state.vision
     if vision is None:
         refuse_images(job, state.config.model_id)
-    checked = await resolve_images(job, state.image_limits)
+    assert vision is not None  # refuse_images raised
+    checked = await resolve_images(job, state.config.image_limits)
     try:
         ids, vin = await asyncio.to_thread(
             process, vision, prompt.text, [c.image for c in checked], [c.sha256 for c in checked]

@@ -20,7 +20,7 @@ from typing import Any
 import mlx.core as mx
 import mlx.nn as nn
 
-from mlxd.shared.model_facts import VISION_FAMILIES
+from mlxd.shared.model_facts import VISION_FAMILIES, serves_images
 from mlxd.worker.model import mlx_lm_seam as seam
 from mlxd.worker.vision.embed import ImageEmbedding, ImageRows
 
@@ -66,10 +66,7 @@ def _loose_arrays(vlm: nn.Module) -> list:
 
 def vision_family(config: dict) -> str | None:
     """The folder's vision family when mlxd serves its images, else None."""
-    kind = config.get("model_type")
-    return (
-        kind if kind in VISION_FAMILIES and isinstance(config.get("vision_config"), dict) else None
-    )
+    return config["model_type"] if serves_images(config) else None
 
 
 def load_vision(path: Path, model: nn.Module, tokenizer) -> VisionParts | None:
