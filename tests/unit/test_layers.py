@@ -33,6 +33,7 @@ LAYERS = {
         ["mlxd.worker.chat"],
         ["mlxd.worker.grammar"],
         ["mlxd.worker.engine"],
+        ["mlxd.worker.vision"],
         ["mlxd.worker.lora"],
         ["mlxd.worker.cache"],
         ["mlxd.worker.importers"],
