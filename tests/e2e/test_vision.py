@@ -192,3 +192,16 @@ def test_a_text_only_model_given_an_image_names_the_model_and_the_capability(d):
     with pytest.raises(openai.BadRequestError) as e:
         ask_openai(d, "chat", "What is it?", [image(20)])
     assert "'chat'" in e.value.message and "vision" in e.value.message
+
+
+def test_anthropic_count_tokens_counts_an_images_tokens(d):
+    body = {
+        "model": "gemma3",
+        "messages": [{"role": "user", "content": [{"type": "text", "text": "Describe it."}]}],
+    }
+    plain = d.http.post("/v1/messages/count_tokens", json=body).json()["input_tokens"]
+    b64 = base64.b64encode(png(image(21))).decode()
+    img = {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": b64}}
+    body["messages"][0]["content"].insert(0, img)
+    with_image = d.http.post("/v1/messages/count_tokens", json=body).json()["input_tokens"]
+    assert with_image > plain  # the image's own tokens (4 features plus its markers here)

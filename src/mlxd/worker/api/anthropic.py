@@ -45,6 +45,7 @@ from mlxd.worker.chat.output import REASONING
 from mlxd.worker.chat.prompts import prepare_messages, render_job
 from mlxd.worker.chat.state import WorkerState
 from mlxd.worker.chat.tool_calls import ToolCall
+from mlxd.worker.chat.vision import with_images
 
 
 def anthropic_usage(u: TokenUsage) -> AnthropicUsage:
@@ -195,10 +196,13 @@ async def count_tokens(request: web.Request) -> web.Response:
     m, _ = state.ready()
     req = parse_model(CountTokensRequest, load_json(await request.read()))
     job = req.to_chat_job()
-    refuse_images(job, state.config.model_id)  # as a generation would (chat/run.py)
+    if job.images and state.vision is None:  # as a generation would (chat/run.py)
+        refuse_images(job, state.config.model_id)
     # What a generation would render: the default system prompt counts, attribution lines not.
     job.messages = prepare_messages(m, job.messages, state.config.strip_attribution_lines)
     prompt = render_job(m, job, state.config.enable_thinking)
+    if job.images:  # each image counts the tokens its features take
+        prompt, _ = await with_images(state, job, prompt)
     return web.Response(
         body=orjson.dumps(CountTokens(input_tokens=len(prompt.ids)).model_dump()),
         content_type="application/json",
