@@ -78,8 +78,10 @@ def test_capabilities_and_quantization(tmp_path):
     facts = read_model_facts(d)
     assert facts.capabilities == ["completion", "tools", "reasoning"]
     assert facts.quantization == {"bits": 4, "group_size": 64, "mode": "affine"}
-    assert facts.vision  # known, but not listed: image input is refused for now
+    assert not facts.vision  # a qwen3 with a vision tower: not a family mlxd serves images to
     assert read_model_facts(_folder(tmp_path, "plain")).capabilities == ["completion"]
+    vlm = read_model_facts(_folder(tmp_path, "v", {"model_type": "gemma3", "vision_config": {}}))
+    assert vlm.vision and vlm.capabilities == ["completion", "vision"]
 
 
 def test_wrong_kind_refusals_say_what_to_do(tmp_path):

@@ -17,6 +17,8 @@ import mlx.core as mx
 from mlx_lm.models.cache import make_prompt_cache, trim_prompt_cache
 
 # Longest and shortest suffix looked up; a 1-token match is a guess too weak to pay its verify.
+from mlxd.worker.vision.ids import BASE as IMAGE_IDS
+
 NGRAM_MAX = 3
 NGRAM_MIN = 2
 # A draft model catches up on a row's tokens (its prompt, the first time) one chunk this long
@@ -60,11 +62,15 @@ class NgramDrafter:
 
 def _copy(tokens: list[int], at: int, k: int) -> list[int]:
     """`k` tokens from `at` on, reading into the copy itself past the end (a repeating
-    stretch near the end continues its period, as an overlapping LZ77 copy does)."""
+    stretch near the end continues its period, as an overlapping LZ77 copy does). It stops
+    at an image's token (worker/vision/ids.py): the model never writes one."""
     out: list[int] = []
     while len(out) < k:
         i = at + len(out)
-        out.append(tokens[i] if i < len(tokens) else out[i - len(tokens)])
+        t = tokens[i] if i < len(tokens) else out[i - len(tokens)]
+        if t >= IMAGE_IDS:
+            break
+        out.append(t)
     return out
 
 
@@ -87,7 +93,9 @@ class ModelDrafter:
         behind = tokens[self._n : -1]
         if behind:
             chunk = behind[:CATCH_UP_CHUNK]
-            self.model(mx.array([chunk]), cache=self._cache)
+            # A text draft model reads an image's tokens as token 0: it has no features.
+            seen = [t if t < IMAGE_IDS else 0 for t in chunk]
+            self.model(mx.array([seen]), cache=self._cache)
             mx.eval([c.state for c in self._cache])
             self._n += len(chunk)
             if len(chunk) < len(behind):
