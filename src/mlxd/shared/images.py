@@ -22,7 +22,6 @@ MiB = 1024 * 1024
 # The most one inline image may decode to whatever the settings say (image_max_bytes stays
 # under it): the wire bodies refuse a longer base64 string by its length, never decoding it.
 IMAGE_BYTES_CEILING = 64 * MiB
-FORMATS = ("PNG", "JPEG", "WebP", "GIF")
 MEDIA_TYPES = {"image/png", "image/jpeg", "image/jpg", "image/webp", "image/gif"}
 _ACCEPTED = "PNG, JPEG, WebP or GIF"
 _BASE64 = re.compile(r"[A-Za-z0-9+/]*={0,2}")
