@@ -154,6 +154,27 @@ def test_anthropic_base64_and_url_images_become_parts_after_tool_results():
     ]
 
 
+def test_anthropic_tool_result_images_join_the_user_turn_after_the_results():
+    result = {
+        "type": "tool_result",
+        "tool_use_id": "t",
+        "content": [{"type": "text", "text": "a screenshot:"}, b64_block(B64_B)],
+    }
+    job = anthropic([{"role": "user", "content": [result, {"type": "text", "text": "Fix it"}]}])
+    assert job.messages == [
+        {"role": "tool", "tool_call_id": "t", "content": "a screenshot:"},
+        {"role": "user", "content": [IMG, TXT("Fix it")]},
+    ]
+    assert [(i.data, i.param) for i in job.images] == [
+        (PNG_B, "messages.0.content.0.content.1.source.data")
+    ]
+    only = anthropic([{"role": "user", "content": [{**result, "content": [b64_block()]}]}])
+    assert only.messages == [
+        {"role": "tool", "tool_call_id": "t", "content": ""},
+        {"role": "user", "content": [IMG]},
+    ]
+
+
 def test_anthropic_count_tokens_carries_images_too():
     body = {"messages": [{"role": "user", "content": [b64_block()]}]}
     assert len(parse_model(CountTokensRequest, body).to_chat_job().images) == 1
@@ -176,9 +197,9 @@ def test_anthropic_count_tokens_carries_images_too():
             "http(s) URL",
         ),
         (
-            {"type": "tool_result", "tool_use_id": "t", "content": [b64_block()]},
-            "messages.0.content.0.content",
-            "inside a tool_result are not supported",
+            {"type": "tool_result", "tool_use_id": "t", "content": [b64_block(data="?")]},
+            "messages.0.content.0.content.0.source.data",
+            "not valid base64",
         ),
     ],
 )
