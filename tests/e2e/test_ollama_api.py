@@ -187,9 +187,9 @@ def test_seed_num_predict_and_num_ctx(client):
 def test_refusals_in_ollamas_error_shape(daemon, client):
     image = [{"role": "user", "content": "What is this?", "images": [b"\x89PNG"]}]
     e = refusal(lambda: client.chat(model="a", messages=image))
-    assert e.status_code == 400 and "images are not supported" in e.error
+    assert e.status_code == 400 and "model 'a' does not accept images" in e.error
     e = refusal(lambda: client.generate(model="a", prompt="x", images=[b"\x89PNG"]))
-    assert e.status_code == 400 and "images" in e.error
+    assert e.status_code == 400 and "no vision capability" in e.error
     e = refusal(lambda: client.chat(model="nope", messages=HI))
     assert e.status_code == 404 and "nope" in e.error
     e = refusal(lambda: client.chat(model="a", messages=HI, options={"mirostat": 2}))

@@ -143,3 +143,18 @@ def test_arguments_nested_too_deep_to_write_leave_the_block_as_text():
         SimpleNamespace(), f'{{"name": "add", "arguments": {{"a": {shallow}}}}}', None, 0
     )
     assert call.arguments == '{"a":' + shallow + "}"
+
+
+def test_a_user_turn_with_images_after_tool_results_keeps_its_images():
+    tools = [{"type": "function", "function": {"name": "f", "parameters": {}}}]
+    call = {"id": "1", "type": "function", "function": {"name": "f", "arguments": {}}}
+    image_turn = [{"type": "image"}, {"type": "text", "text": "see"}]
+    msgs = [
+        {"role": "user", "content": "hi"},
+        {"role": "assistant", "content": "", "tool_calls": [call]},
+        {"role": "tool", "content": "r1"},
+        {"role": "user", "content": image_turn},
+    ]
+    last = with_tools_as_text(msgs, tools)[-1]
+    assert last["role"] == "user" and last["content"][-2:] == image_turn
+    assert "<tool_response>\nr1\n</tool_response>" in last["content"][0]["text"]

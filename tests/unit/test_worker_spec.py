@@ -21,6 +21,8 @@ prompt_cache_bytes = 0
 grammar_max_repeat = 77
 stream_heartbeat_s = 3.5
 drain_timeout_s = 9
+image_urls = true
+image_max_bytes = "5MiB"
 api_key = "sk-very-secret-key"
 admin_token = "admin-very-secret-token"
 [models."org/tuned"]
@@ -74,6 +76,8 @@ def test_spec_from_resolved_settings(settings):
     assert spec.generation == 3 and spec.socket.parent == settings.run_dir
     assert (spec.log_level, spec.prompt_cache_bytes, spec.grace_s) == ("DEBUG", 0, 9.0)
     assert (spec.grammar_max_repeat, spec.stream_heartbeat_s) == (77, 3.5)
+    limits = spec.image_limits  # what the worker checks a request's images against
+    assert (limits.fetch_urls, limits.max_bytes, limits.max_count) == (True, 5 * 1024**2, 16)
     assert spec.ssd_cache_dir == settings.cache_dir
     plain = worker_spec(settings, slot_for(settings, "plain"))
     assert (plain.batch, plain.context_limit, plain.enable_thinking) == (6, None, None)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import binascii
 import hashlib
 import io
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -21,9 +22,9 @@ MiB = 1024 * 1024
 # The most one inline image may decode to whatever the settings say (image_max_bytes stays
 # under it): the wire bodies refuse a longer base64 string by its length, never decoding it.
 IMAGE_BYTES_CEILING = 64 * MiB
-FORMATS = ("PNG", "JPEG", "WebP", "GIF")
 MEDIA_TYPES = {"image/png", "image/jpeg", "image/jpg", "image/webp", "image/gif"}
 _ACCEPTED = "PNG, JPEG, WebP or GIF"
+_BASE64 = re.compile(r"[A-Za-z0-9+/]*={0,2}")
 URLS_OFF = (
     "image URLs are off: send the image inline as base64 (a data: URL), or start mlxd with "
     "image_urls = true"
@@ -77,9 +78,12 @@ def decode_base64(text: str, param: str, max_bytes: int = IMAGE_BYTES_CEILING) -
         raise bad(param, f"the image is over {max_bytes} bytes (by its base64 length)")
     if any(c in text for c in " \t\r\n"):
         text = "".join(text.split())
-    try:
-        data = binascii.a2b_base64(text.encode("ascii"), strict_mode=True)
-    except (binascii.Error, UnicodeEncodeError):
+    # binascii alone skips characters outside the alphabet (its strict mode is 3.11+ only).
+    if not _BASE64.fullmatch(text):
+        raise bad(param, "the image is not valid base64")
+    try:  # padding left out by some clients is put back
+        data = binascii.a2b_base64(text + "=" * (-len(text) % 4) if "=" not in text else text)
+    except binascii.Error:
         raise bad(param, "the image is not valid base64") from None
     if not data:
         raise bad(param, "the image is empty")
@@ -165,10 +169,10 @@ def check_image(data: bytes, limits: ImageLimits, param: str = "image") -> Check
         if width < 1 or height < 1:
             raise bad(param, "the image has no pixels")
         img.load()  # the first frame of an animation
-        img = ImageOps.exif_transpose(img) or img  # as a camera's orientation tag says
-        if img.mode in ("P", "PA") and "transparency" in img.info:
-            img = img.convert("RGBA")
-        rgb = img.convert("RGB")
+        upright = ImageOps.exif_transpose(img) or img  # as a camera's orientation tag says
+        if upright.mode in ("P", "PA") and "transparency" in upright.info:
+            upright = upright.convert("RGBA")
+        rgb = upright.convert("RGB")
     except BadRequest:
         raise
     except Image.DecompressionBombError:

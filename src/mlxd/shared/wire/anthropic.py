@@ -192,21 +192,24 @@ class MessagesRequest(GuidedFields, SamplingFields):
 
 def _user_blocks(blocks: list[dict], param: str, images: list[ImageInput]) -> list[dict]:
     """Tool results become tool messages (first, as templates expect), then the text and
-    images: one string when there is no image, else parts in order."""
-    tools, parts = [], []
+    images: one string when there is no image, else parts in order. A tool result's images
+    (a screenshot, an image file read) join that user turn, in order: templates render a tool
+    message as text."""
+    tools: list[dict] = []
+    parts: list[dict] = []
     for j, b in enumerate(blocks):
         kind = b.get("type")
         if kind == "tool_result":
-            content = b.get("content")
-            if isinstance(content, list) and any(
-                isinstance(c, dict) and c.get("type") == "image" for c in content
-            ):
-                raise BadRequest(
-                    f"Invalid '{param}.{j}.content': images inside a tool_result are not "
-                    "supported: send the image as an image block of the user message",
-                    param=f"{param}.{j}.content",
-                )
-            text = text_of(content, f"{param}.{j}.content")
+            content, where = b.get("content"), f"{param}.{j}.content"
+            if isinstance(content, list):
+                for k, c in enumerate(content):
+                    if isinstance(c, dict) and c.get("type") == "image":
+                        images.append(_image_block(c, f"{where}.{k}"))
+                        parts.append(dict(IMAGE_PART))
+                content = [
+                    c for c in content if not (isinstance(c, dict) and c.get("type") == "image")
+                ]
+            text = text_of(content, where)
             if b.get("is_error"):
                 text = f"Error: {text}"
             tools.append({"role": "tool", "tool_call_id": b.get("tool_use_id"), "content": text})

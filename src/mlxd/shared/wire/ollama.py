@@ -46,8 +46,9 @@ def image_parts(
     for k, data in enumerate(images):
         where = f"{param}.{k}"
         # Ollama sends bare base64; a data: URL is taken too (some clients send one).
-        raw = decode_data_url(data, where) if data[:5].lower() == "data:" else None
-        into.append(ImageInput(raw or decode_base64(data, where), None, where))
+        is_url = data[:5].lower() == "data:"
+        decoded = decode_data_url(data, where) if is_url else decode_base64(data, where)
+        into.append(ImageInput(decoded, None, where))
     parts: list[dict[str, Any]] = [dict(IMAGE_PART) for _ in images]
     return [*parts, {"type": "text", "text": text}] if text else parts
 
@@ -205,7 +206,7 @@ class GenerateRequest(_Generating):
         """The worker's view of this request."""
         params = self.generation_params()
         if self.raw:
-            if self.images:  # a raw prompt has no place for them (Ollama's runner neither)
+            if self.images:  # a raw prompt goes to the tokenizer as it is: no place for them
                 raise BadRequest("Invalid 'images': a raw prompt takes no images", param="images")
             raw = RawPrompt(self.prompt or "")
             return ChatJob(messages=[], params=params, guided=self.guided(), raw=raw)

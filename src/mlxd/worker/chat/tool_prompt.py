@@ -127,13 +127,19 @@ def _text(content: Any) -> str:
 _RESULTS = "_mlxd_tool_results"  # marks a user turn made of tool results, while building
 
 
-def _append_user(out: list[dict], text: str) -> None:
+def _append_user(out: list[dict], content: str | list[dict]) -> None:
     """Results (and the user text right after them) share one user turn: many templates
-    refuse two user turns in a row."""
-    if out and out[-1].get(_RESULTS):
-        out[-1]["content"] += "\n" + text
+    refuse two user turns in a row. A turn with images (`content` as parts) keeps them."""
+    if not (out and out[-1].get(_RESULTS)):
+        out.append({"role": "user", "content": content, _RESULTS: True})
+    elif isinstance(content, str) and isinstance(out[-1]["content"], str):
+        out[-1]["content"] += "\n" + content
     else:
-        out.append({"role": "user", "content": text, _RESULTS: True})
+        out[-1]["content"] = [*_parts(out[-1]["content"]), *_parts("\n"), *_parts(content)]
+
+
+def _parts(content: str | list[dict]) -> list[dict]:
+    return [{"type": "text", "text": content}] if isinstance(content, str) else list(content)
 
 
 def with_tools_as_text(messages: list[dict], tools: list[dict]) -> list[dict]:
@@ -151,7 +157,8 @@ def with_tools_as_text(messages: list[dict], tools: list[dict]) -> list[dict]:
             result = f"<tool_response>\n{_text(msg.get('content'))}\n</tool_response>"
             _append_user(out, result)
         elif role == "user" and out and out[-1].get(_RESULTS):
-            _append_user(out, _text(msg.get("content")))
+            content = msg.get("content")
+            _append_user(out, content if isinstance(content, list) else _text(content))
         else:
             out.append(msg)
     out = [{k: v for k, v in m.items() if k != _RESULTS} for m in out]
