@@ -190,3 +190,33 @@ def test_a_bad_adapter_is_a_clear_error_and_the_engine_serves_on(engine, adapter
     row = Row("after", prompts(1)[0], None, engine.m.eos_ids)
     engine.submit(row.sub)
     assert row.done.wait(60) and row.error is None and len(row.tokens) == OUTPUT
+
+
+def test_an_adapter_changed_on_disk_since_its_mount_is_refused_when_it_loads_again(
+    engine, adapters, tmp_path
+):
+    """An evicted adapter loads again from its folder; weights other than the mounted ones
+    would run under the mounted weights' cache namespace, so its rows get a 409 until it is
+    mounted again."""
+    import shutil
+
+    a = engine.adapters
+    src = tmp_path / "x"
+    shutil.copytree(adapters["qv"], src)
+    on_engine(engine, lambda: a.mount("x", src))
+    a.cap_bytes = a.mounted["x"].nbytes  # room for one adapter: the next mount evicts x
+    on_engine(engine, lambda: a.mount("y", adapters["qv"]))
+    assert {m["name"]: m["loaded"] for m in a.info()} == {"x": False, "y": True}
+    for f in ("adapters.safetensors", "adapter_config.json"):
+        shutil.copy(adapters["all"] / f, src / f)
+    eos = engine.m.eos_ids
+    row = Row("changed", prompts(1)[0], "x", eos)
+    engine.submit(row.sub)
+    assert row.done.wait(60) and row.error is not None
+    assert row.error.status == 409 and "mount it again" in row.error.message
+    assert str(tmp_path) not in row.error.message
+    a.cap_bytes = 1 << 30
+    on_engine(engine, lambda: a.mount("x", src))  # mounted again: its new weights serve
+    again = Row("again", prompts(1)[0], "x", eos)
+    engine.submit(again.sub)
+    assert again.done.wait(60) and again.error is None and len(again.tokens) == OUTPUT

@@ -159,6 +159,10 @@ async def _ffmpeg(data: bytes, fmt: str, max_s: float) -> Audio:
         )
         try:
             pcm, err = await asyncio.wait_for(proc.communicate(), DECODE_TIMEOUT_S)
+        except asyncio.CancelledError:  # the client left: its decoder goes with it
+            proc.kill()
+            await proc.wait()
+            raise
         except asyncio.TimeoutError:
             proc.kill()
             await proc.wait()

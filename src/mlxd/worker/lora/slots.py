@@ -21,7 +21,7 @@ import mlx.nn as nn
 from mlx.utils import tree_unflatten
 
 from mlxd.shared.adapters import check_name
-from mlxd.shared.errors import NotFound, PayloadTooLarge, Unavailable
+from mlxd.shared.errors import Conflict, NotFound, PayloadTooLarge, Unavailable
 from mlxd.shared.sizes import format_size
 from mlxd.worker.lora.files import AdapterWeights, read_adapter
 from mlxd.worker.lora.layer import MultiLoRALinear, Rows
@@ -125,7 +125,13 @@ class Adapters:
         if name in self._loaded:
             self._loaded.move_to_end(name)
             return self._loaded[name]
-        return self._load(name, read_adapter(m.path, self.model))
+        weights = read_adapter(m.path, self.model)
+        if weights.digest != m.digest:  # its rows' cache namespace is the mounted weights'
+            raise Conflict(
+                f"Adapter {name!r} changed on disk since it was mounted: mount it again to "
+                "serve its new weights"
+            )
+        return self._load(name, weights)
 
     def bind(self, uid: int, owner: int, slot: int) -> None:
         self._bound[uid] = (owner, slot)
