@@ -82,8 +82,20 @@ class Baseline:
         raise ValueError(f"unknown op {job['op']!r}")
 
 
+def cap_buffer_cache() -> None:
+    """MLX's buffer cache capped as mlxd's workers (and bench/mlx_lm_capped.py) cap theirs,
+    1/16 of the device: uncapped, two MLX processes on one GPU can run it out of memory."""
+    import mlx.core as mx
+
+    info = mx.device_info() if mx.default_device() != mx.cpu else {}
+    total = next((info[k] for k in ("total_memory", "memory_size") if info.get(k)), 0)
+    if total:
+        mx.set_cache_limit(total // 16)
+
+
 def main(argv: list[str]) -> int:
     answers, sys.stdout = sys.stdout, sys.stderr  # whatever mlx-vlm prints stays off the wire
+    cap_buffer_cache()
     b = Baseline(argv[0])
     print(json.dumps({"ready": True}), file=answers, flush=True)
     for line in sys.stdin:
