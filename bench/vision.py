@@ -280,10 +280,11 @@ class Bench:
         async with self.mlxd.session() as http:
             for image in (img, None):
                 await self.mlxd_chat(http, [{"role": "user", "content": openai_parts(q, image)}], 4)
-        await self.base.job(
-            op="ask", messages=[{"role": "user", "content": vlm_parts(q, img)}],
-            images=[str(img)], max_tokens=4,
-        )  # fmt: skip
+        for image in (img, None):
+            await self.base.job(
+                op="ask", messages=[{"role": "user", "content": vlm_parts(q, image)}],
+                images=[str(image)] if image else [], max_tokens=4,
+            )  # fmt: skip
 
     async def turns(self, run: int) -> None:
         """Turn 1 with a fresh image, then turn 2 about it, on both."""
