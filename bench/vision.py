@@ -44,6 +44,7 @@ from .context import Figure, _order, _percentile, filler
 from .models import MODEL_CACHE, alias_model, load_text_tokenizer, no_eos_bias
 from .servers import (
     StartError,
+    _die_with_parent,
     start_supervisor,
     start_worker,
     supervisor_available,
@@ -180,13 +181,14 @@ class Baseline:
             cwd=ROOT,
             text=True,
             env={**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1"},
+            preexec_fn=_die_with_parent,  # no orphan holding the GPU if the bench is killed
         )
         self.log = log
 
     async def _line(self) -> dict:
         line = await asyncio.to_thread(self.proc.stdout.readline)
         if not line:
-            tail = self.log.read_text(errors="replace").splitlines()[-8:]
+            tail = self.log.read_text(errors="replace").splitlines()[-2:]
             raise BenchError("mlx-vlm baseline exited:\n" + "\n".join(tail))
         answer = json.loads(line)
         if "error" in answer:
@@ -196,9 +198,16 @@ class Baseline:
     async def ready(self) -> None:
         await self._line()
 
+    @property
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
     async def job(self, **job) -> dict:
-        self.proc.stdin.write(json.dumps(job, default=str) + "\n")
-        self.proc.stdin.flush()
+        try:
+            self.proc.stdin.write(json.dumps(job, default=str) + "\n")
+            self.proc.stdin.flush()
+        except OSError as exc:  # it exited: its log says why
+            raise BenchError(f"mlx-vlm baseline gone ({exc}); see {self.log}") from exc
         return await self._line()
 
     def stop(self) -> None:
@@ -280,7 +289,7 @@ class Bench:
         async with self.mlxd.session() as http:
             for image in (img, None):
                 await self.mlxd_chat(http, [{"role": "user", "content": openai_parts(q, image)}], 4)
-        for image in (img, None):
+        for image in (img, None) if self.base.alive else ():
             await self.base.job(
                 op="ask", messages=[{"role": "user", "content": vlm_parts(q, image)}],
                 images=[str(image)] if image else [], max_tokens=4,
@@ -292,7 +301,7 @@ class Bench:
         # One assistant reply for both (a random model's own replies differ by server, and
         # re-encoded they are not the ids it sampled): the same turn 2 prompt on both sides.
         reply = filler(self.sz.reply, f"reply{self._run}-{run}", self.tok)
-        for who in _order(["mlxd", BASE], run):
+        for who in _order(self.sides(), run):
             if who == "mlxd":
                 async with self.mlxd.session() as http:
                     msgs = [{"role": "user", "content": openai_parts(q1, img)}]
@@ -334,7 +343,7 @@ class Bench:
         n_img = min(self.sz.image_rows, self.sz.clients)
         rows = [(self.question("mix"), self.image() if i < n_img else None)
                 for i in range(self.sz.clients)]  # fmt: skip
-        for who in _order(["mlxd", BASE], run):
+        for who in _order(self.sides(), run):
             if who == "mlxd":
                 async with self.mlxd.session() as http:
                     t0 = time.monotonic()
@@ -370,6 +379,10 @@ class Bench:
                 got["txt50"] = _percentile(ttfts[n_img:], 0.5)
             for key, value in got.items():
                 self.figs[key].add(who, value)
+
+    def sides(self) -> list[str]:
+        """mlxd, and mlx-vlm while its process lives (mlxd's figures go on without it)."""
+        return ["mlxd", BASE] if self.base.alive else ["mlxd"]
 
     def _once(self, key: str, text: str) -> None:
         if not any(n.startswith(key) for n in self.notes):
@@ -427,7 +440,11 @@ async def run(a, sz: VisionSizes, model: Path, label: str, work: Path, out: Path
         base = Baseline(model, logs / "mlx_vlm.log")
         servers, target, how = await start_mlxd(model, work, logs)
         meta["mlxd_target"] = how
-        await base.ready()
+        try:
+            await base.ready()
+        except BenchError as exc:  # mlx-vlm missing or broken: mlxd's figures alone
+            notes.append(f"no mlx-vlm baseline: {exc}")
+            print(f"  {exc}", file=sys.stderr, flush=True)
         bench = Bench(sz, model, work, target, base, notes)
         print(f"[{dt.datetime.now():%H:%M:%S}] warm-up (loads the model) ...", flush=True)
         await bench.warm()
