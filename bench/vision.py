@@ -173,16 +173,17 @@ class Baseline:
 
     def __init__(self, model: Path, log: Path):
         log.parent.mkdir(parents=True, exist_ok=True)
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "bench.vision_baseline", str(model)],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=open(log, "ab"),
-            cwd=ROOT,
-            text=True,
-            env={**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1"},
-            preexec_fn=_die_with_parent,  # no orphan holding the GPU if the bench is killed
-        )
+        with open(log, "ab") as err:  # the child holds its own descriptor
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "bench.vision_baseline", str(model)],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=err,
+                cwd=ROOT,
+                text=True,
+                env={**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1"},
+                preexec_fn=_die_with_parent,  # no orphan holding the GPU if the bench is killed
+            )
         self.log = log
 
     async def _line(self) -> dict:
