@@ -22,6 +22,9 @@
 #   bash bench/h200.sh adapters   # issue 36: 32 clients over 1, 4, 16 LoRA adapters on one mlxd
 #                                 # vs all on the base (goal >= 0.8x at 16), mlx_lm.server at 0
 #                                 # and 1 adapter; 8B shape then 0.6B (~7 min, 8B build included)
+#   bash bench/h200.sh vision     # issue 35: gemma3-4b VLM (random bf16, SigLIP 896 px): image TTFT
+#                                 # cold and second turn, 8 clients (4 image, 4 text) at once;
+#                                 # mlxd vs mlx-vlm's generate (~4 min, the 8.6 GB build included)
 # Results go to $OUT (the device tool brings them back).
 set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -101,5 +104,14 @@ adapters)
   timeout -k 20 150 bash bench/gpu_run.sh adapters --shape qwen3-0.6b \
     --out "$out/adapters-0.6b" 2>&1 | grep -v tokenizer | tail -40
   ;;
-*) echo "usage: $0 profile|small|large|large-conc|spec|ttft|masks|group2|agents|agents-8b|claude|families|adapters" >&2; exit 2 ;;
+vision)
+  # Estimated, not yet run: build 8.6 GB ~40-60 s (drawn on the GPU, 2 GiB shards), mlxd and
+  # the mlx-vlm process load side by side ~30 s, warm-up ~10 s; per run two 1024² turns on
+  # each side (~0.2-0.5 s each) and the mix: mlxd's 8 rows batched (~2 s), mlx-vlm's one after
+  # another (8 x 64 tok, ~8 s): 3 runs ~40 s. The report is rewritten after every run, so the
+  # timeout keeps the runs done. Needs mlx-vlm in /tmp/site (.gpu carries its wheel).
+  timeout -k 20 290 bash bench/gpu_run.sh vision --shape gemma3-4b \
+    --out "$out/vision-gemma3-4b" 2>&1 | grep -v tokenizer | tail -40
+  ;;
+*) echo "usage: $0 profile|small|large|large-conc|spec|ttft|masks|group2|agents|agents-8b|claude|families|adapters|vision" >&2; exit 2 ;;
 esac

@@ -17,6 +17,8 @@ BASE_LABELS = {
     "mlxd_cold": "mlxd cold re-prefill",
     "mlxd_resend": "mlxd resend from RAM",
     "mlxd_base": "mlxd, all on the base",
+    "mlx_vlm": "mlx-vlm generate",
+    "mlxd_turn1": "mlxd turn 1 (cold)",
 }
 
 

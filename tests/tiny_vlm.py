@@ -11,6 +11,10 @@ costs a handful of tokens.
 Families: "gemma3" (SigLIP tower, Gemma3 projector, gemma3 text model with sliding windows)
 and "mistral3" (Pixtral tower, patch merger, a mistral text model that mlx-lm loads as llama).
 
+`build_vlm(..., sizes=...)` writes the same folder at other sizes (bench/vision.py's real-size
+shapes): real text and vision configs, the tokenizer padded to the real vocabulary, weights
+drawn one matrix at a time in bf16 and written by the caller's writer (shards).
+
 `oracle(path, messages, images, max_tokens)` is mlx-vlm's greedy generation for a chat, done
 through mlx-vlm's public functions, so tests can check mlxd's vision engine against it.
 Plain module (no pytest) so benchmarks and scripts can use it too.
@@ -197,21 +201,40 @@ def _config(family: str, tok) -> dict:
     }
 
 
-def _tokenizer(family: str):
-    """tiny_model's BPE tokenizer with the family's special tokens appended."""
+def _tokenizer(family: str, vocab_size: int | None = None):
+    """tiny_model's BPE tokenizer with the family's special tokens appended; padded to
+    `vocab_size` ids when given."""
     tok = _build_tokenizer()
     names = list(_GEMMA_TOKENS.values()) + _GEMMA_TURN if family == "gemma3" else _MISTRAL_SPECIAL
     tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in names])
-    return tok
+    return tok if vocab_size is None else _padded(tok, vocab_size)
 
 
-def _processor_files(family: str, dest: pathlib.Path) -> None:
+def _padded(tok, vocab_size: int):
+    """`tok` with plain filler words up to `vocab_size` ids, so a model with the real vocab
+    (its LM head at full size) can decode whatever it samples. No merge reaches the fillers:
+    encoding is unchanged; the added tokens move to the top ids."""
+    from tokenizers import Tokenizer
+
+    data = json.loads(tok.to_str())
+    vocab, added = data["model"]["vocab"], sorted(data["added_tokens"], key=lambda t: t["id"])
+    first_added = vocab_size - len(added)
+    for i in range(len(vocab), first_added):
+        vocab[f"\u0120w{i}"] = i
+    for k, t in enumerate(added):
+        t["id"] = first_added + k
+    return Tokenizer.from_str(json.dumps(data))
+
+
+def _processor_files(
+    family: str, dest: pathlib.Path, image_px: int = IMAGE_PX, image_tokens: int = 4
+) -> None:
     if family == "gemma3":
         pre = {
             "image_processor_type": "Gemma3ImageProcessor",
             "processor_class": "Gemma3Processor",
             "do_resize": True,
-            "size": {"height": IMAGE_PX, "width": IMAGE_PX},
+            "size": {"height": image_px, "width": image_px},
             "resample": 2,
             "do_rescale": True,
             "rescale_factor": 1 / 255,
@@ -221,13 +244,13 @@ def _processor_files(family: str, dest: pathlib.Path) -> None:
             "do_convert_rgb": None,
             "do_pan_and_scan": None,
         }
-        proc = {"processor_class": "Gemma3Processor", "image_seq_length": 4}
+        proc = {"processor_class": "Gemma3Processor", "image_seq_length": image_tokens}
     else:
         pre = {
             "image_processor_type": "PixtralImageProcessor",
             "processor_class": "PixtralProcessor",
             "do_resize": True,
-            "size": {"longest_edge": IMAGE_PX},
+            "size": {"longest_edge": image_px},
             "patch_size": {"height": PATCH, "width": PATCH},
             "resample": 3,
             "do_rescale": True,
@@ -296,28 +319,80 @@ def _weights(family: str, config: dict, seed: int) -> dict[str, mx.array]:
     return out
 
 
+def _drawn_weights(config: dict, seed: int, dtype: str):
+    """(name, lazy array) for mlx-vlm's model class of `config` at real sizes: every matrix
+    drawn afresh, N(0, 1/fan_in), in `dtype`; vectors (norms, biases) as the class makes them.
+    The class's own initial matrices are never evaluated: nothing is materialised until the
+    writer evaluates one shard, so an 8 GB model never sits in memory whole, nor in float32."""
+    from mlx_vlm.utils import get_model_and_args, update_module_configs
+
+    model_class, _ = get_model_and_args(config=config)
+    cfg = json.loads(json.dumps(config))
+    model_config = update_module_configs(
+        model_class.ModelConfig.from_dict(cfg), model_class, cfg, ["text", "vision", "projector"]
+    )
+    mx.random.seed(seed)
+    model = model_class.Model(model_config)
+    dt = getattr(mx, dtype)
+    for key, value in tree_flatten(model.parameters()):
+        if key.endswith("lm_head.weight") and config["model_type"] == "gemma3":
+            continue  # tied to the embeddings
+        if value.ndim < 2:
+            yield key, value.astype(dt)
+        else:
+            fan_in = int(np.prod(value.shape[1:]))
+            yield key, mx.random.normal(value.shape, dtype=dt, scale=fan_in**-0.5)
+
+
+def _save_one_file(dest: pathlib.Path, weights) -> None:
+    mx.save_safetensors(str(dest / "model.safetensors"), dict(weights), metadata={"format": "mlx"})
+
+
 def _write_json(path: pathlib.Path, obj: dict) -> None:
     path.write_text(json.dumps(obj, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
 
 
-def build_vlm(dest: pathlib.Path, family: str, seed: int = 0) -> pathlib.Path:
-    """Write a tiny `family` (one of FAMILIES) vision-language folder at `dest`; return it."""
+def build_vlm(
+    dest: pathlib.Path,
+    family: str,
+    seed: int = 0,
+    *,
+    sizes: dict | None = None,
+    write_weights=None,
+) -> pathlib.Path:
+    """Write a tiny `family` (one of FAMILIES) vision-language folder at `dest`; return it.
+
+    `sizes` makes it another size: {"text": text_config fields, "vision": vision_config
+    fields, "top": top-level config fields (e.g. mm_tokens_per_image), "vocab_size": n,
+    "dtype": "bfloat16"}; its weights are then drawn per matrix (_drawn_weights), not the
+    tiny gains. `write_weights(dest, pairs)` writes (name, lazy array) pairs (default: one
+    model.safetensors; pass a shard writer for large sizes).
+    """
     if family not in FAMILIES:
         raise ValueError(f"unknown family {family!r}; use one of {FAMILIES}")
     dest = pathlib.Path(dest)
     dest.mkdir(parents=True, exist_ok=True)
-    tok = _tokenizer(family)
+    sizes = sizes or {}
+    tok = _tokenizer(family, sizes.get("vocab_size"))
     config = _config(family, tok)
+    if sizes:
+        config["text_config"].update(sizes.get("text", {}))
+        config["vision_config"].update(sizes.get("vision", {}))
+        config.update(sizes.get("top", {}), torch_dtype=sizes.get("dtype", "float32"))
     _write_json(dest / "config.json", config)
     eos = config["eos_token_id"]
     _write_json(
         dest / "generation_config.json",
         {"bos_token_id": config["bos_token_id"], "eos_token_id": eos, "do_sample": False},
     )
-    weights = _weights(family, config, seed)
-    mx.save_safetensors(str(dest / "model.safetensors"), weights, metadata={"format": "mlx"})
+    if sizes:
+        weights = _drawn_weights(config, seed, config["torch_dtype"])
+    else:
+        weights = _weights(family, config, seed).items()
+    (write_weights or _save_one_file)(dest, weights)
     _tokenizer_files(family, dest, tok)
-    _processor_files(family, dest)
+    image_px = config["vision_config"]["image_size"]
+    _processor_files(family, dest, image_px, config.get("mm_tokens_per_image", 4))
     return dest
 
 
