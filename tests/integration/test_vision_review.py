@@ -1,0 +1,188 @@
+"""Image rows under the engine's harder paths, each checked against mlx-vlm's own greedy
+generation on the same chat and images (tests/tiny_vlm.py's oracle): preempted for KV and
+resumed (its features encoded again), with repetition and presence penalties (content ids
+past the vocabulary are no tokens to penalize), and under prompt-lookup speculation."""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+
+import pytest
+from tiny_vlm import FAMILIES, build_vlm, image, oracle
+
+from mlxd.shared.params import GenerationParams
+from mlxd.worker.cache.prompt_cache import PromptCache
+from mlxd.worker.engine.loop import Engine
+from mlxd.worker.engine.rows import Submission
+from mlxd.worker.model.load import load_model
+from mlxd.worker.vision.ids import BASE
+from mlxd.worker.vision.load import load_vision
+from mlxd.worker.vision.prompt import process
+
+# About 230 prompt tokens: admitted on prompt + one block (512 positions), a row outgrows
+# its reservation after ~280 tokens.
+NOTES = " ".join(f"Note {i}: {i * 3} ships." for i in range(16))
+
+
+@pytest.fixture(scope="module", params=FAMILIES)
+def vlm(request, tmp_path_factory):
+    path = build_vlm(tmp_path_factory.mktemp(request.param), request.param)
+    loaded = load_model(path, request.param)
+    parts = load_vision(path, loaded.model, loaded.tokenizer)
+    assert parts is not None
+    return request.param, path, loaded, parts
+
+
+ORACLE: dict = {}  # mlx-vlm's tokens, by everything they depend on: tests share rows
+
+
+def messages(text: str, n_images: int) -> list[dict]:
+    parts = [{"type": "image"} for _ in range(n_images)] + [{"type": "text", "text": text}]
+    return [{"role": "user", "content": parts}]
+
+
+class Row:
+    def __init__(self, rid, prompt, images, params):
+        self.tokens: list[int] = []
+        self.events: list = []
+        self.done = threading.Event()
+        self.sub = Submission(rid, prompt, params, self._sink, images=images)
+
+    def _sink(self, ev):
+        self.events.append(ev)
+        self.tokens += [e["token_id"] for e in ev.logprobs or []]
+        if ev.finish_reason is not None:
+            self.done.set()
+
+    @property
+    def error(self):
+        return next((ev.error for ev in self.events if ev.error is not None), None)
+
+
+def image_row(vlm, rid, text, imgs, max_tokens, **kw):
+    """(the engine's row, mlx-vlm's tokens for it); `kw`: sampling both sides take."""
+    from mlx_vlm.prompt_utils import get_chat_template
+
+    _, path, _, parts = vlm
+    msgs = messages(text, len(imgs))
+    rendered = get_chat_template(parts.processor, msgs, add_generation_prompt=True)
+    hashes = [hashlib.sha256(i.tobytes()).hexdigest() for i in imgs]
+    ids, vin = process(parts, rendered, imgs, hashes)
+    key = (path, rid, text, tuple(hashes), max_tokens, repr(sorted(kw.items())))
+    if key not in ORACLE:
+        ORACLE[key] = oracle(path, msgs, imgs, max_tokens, **kw)[1]
+    want = ORACLE[key]
+    params = GenerationParams(
+        max_tokens=max_tokens,
+        temperature=0.0,
+        top_p=1.0,
+        top_k=0,
+        logprobs=True,
+        logit_bias=kw.get("logit_bias"),
+        repetition_penalty=kw.get("repetition_penalty"),
+        presence_penalty=kw.get("presence_penalty"),
+    )
+    return Row(rid, ids, vin, params), want
+
+
+def run(engine: Engine, rows: list[Row], steps: list | None = None) -> dict:
+    for r in rows:
+        engine.submit(r.sub)
+    engine.start()
+    try:
+        assert all(r.done.wait(120) for r in rows)
+        return engine.stats()
+    finally:
+        engine.stop()
+        assert engine.join(30)
+
+
+@pytest.mark.parametrize("cached", [True, False], ids=["parked-in-ram-cache", "recomputed"])
+def test_a_preempted_image_row_resumes_with_mlx_vlms_tokens(vlm, cached):
+    """Two image rows, room for both at prompt + one block only: as the older outgrows its
+    block the newer is preempted, and resumed once there is room, its image's features
+    encoded again for whatever of its prompt the cache no longer holds."""
+    _, _, loaded, parts = vlm
+    no_end = dict.fromkeys(loaded.eos_ids, -100.0)
+    out = 300
+    rows = [
+        image_row(vlm, f"r{i}", NOTES, [image(40 + i)], out, logit_bias=no_end) for i in range(2)
+    ]
+    assert 200 < len(rows[0][0].sub.prompt) < 256, len(rows[0][0].sub.prompt)
+    steps: list = []
+    engine = Engine(
+        loaded,
+        batch=4,
+        warmup=False,
+        vision=parts,
+        kv_budget_bytes=2 * loaded.kv_cost.padded_row_bytes(512),
+        cache=PromptCache(1 << 30, None, 0) if cached else None,
+        trace=steps.append,
+    )
+    stats = run(engine, [r for r, _ in rows])
+    assert [rid for st in steps for rid in st.preempted] == ["r1"]
+    assert stats["preemptions"] == 1
+    for row, want in rows:
+        assert row.error is None, row.error
+        assert row.tokens == want, row.sub.rid
+    assert not parts.rows.rows
+
+
+def test_penalties_on_an_image_row_give_mlx_vlms_tokens(vlm):
+    """The penalties' window holds the image's content ids (past the vocabulary): they
+    penalize nothing, and the row's tokens are mlx-vlm's with the same penalties."""
+    _, _, loaded, parts = vlm
+    kw = {"repetition_penalty": 1.5, "presence_penalty": 2.0}
+    rows = [image_row(vlm, "p", "Describe it. " * 3, [image(50)], 24, **kw)]
+    run(Engine(loaded, batch=2, warmup=False, vision=parts), [r for r, _ in rows])
+    (row, want), (plain, _) = rows[0], image_row(vlm, "p0", "Describe it. " * 3, [image(50)], 24)
+    assert row.error is None, row.error
+    assert row.tokens == want
+    assert want != ORACLE[next(k for k in ORACLE if k[1] == "p0")]  # the penalties bite
+
+
+def test_prompt_lookup_speculation_on_an_image_row_gives_mlx_vlms_tokens(vlm, monkeypatch):
+    """Prompt lookup drafts from the row's own tokens, the image's among them: the row
+    writes the token its text repeated right before the image (a logit bias), so the
+    lookup's first match is followed by the image's content ids. A draft stops there (the
+    model never writes one), and the row's tokens stay mlx-vlm's."""
+    from mlxd.worker.engine.draft_model import spec_config
+    from mlxd.worker.engine.step.draft import NgramDrafter
+
+    family, path, loaded, parts = vlm
+    if family != "mistral3":
+        pytest.skip("gemma3's sliding windows turn speculation off")
+    drafts: list[list[int]] = []
+    propose = NgramDrafter.propose
+
+    def spy(self, tokens, k):
+        drafts.append(out := propose(self, tokens, k))
+        return out
+
+    monkeypatch.setattr(NgramDrafter, "propose", spy)
+    from mlx_vlm.prompt_utils import get_chat_template
+
+    bang = loaded.tokenizer.encode("!", add_special_tokens=False)
+    assert len(bang) == 1
+    img = image(60)
+    msgs = [
+        {
+            "role": "user",
+            "content": [{"type": "text", "text": "Look!!!!"}, {"type": "image"}],
+        }
+    ]
+    rendered = get_chat_template(parts.processor, msgs, add_generation_prompt=True)
+    ids, vin = process(parts, rendered, [img], [hashlib.sha256(img.tobytes()).hexdigest()])
+    first = next(i for i, t in enumerate(ids) if t >= BASE)
+    assert ids[first - 2 : first] == bang * 2
+    bias = {bang[0]: 100.0}
+    _, want = oracle(path, msgs, [img], 12, logit_bias=bias)
+    params = GenerationParams(max_tokens=12, temperature=0.0, logprobs=True, logit_bias=bias)
+    row = Row("s", ids, vin, params)
+    spec = spec_config("ngram", 4, None)
+    run(Engine(loaded, batch=1, warmup=False, vision=parts, spec=spec), [row])
+    assert row.error is None, row.error
+    assert row.tokens == want
+    assert spec.stats.drafted > 0, spec.stats  # it speculated
+    assert [] in drafts and all(t < BASE for d in drafts for t in d), drafts
