@@ -94,3 +94,212 @@ def test_a_conversation_about_an_image_survives_an_unload_from_the_ssd(make_daem
         [img],
     )
     assert second.choices[0].message.content == want
+
+
+@pytest.fixture(scope="module")
+def folders(tmp_path_factory, gemma):
+    return {"gemma3": gemma, "mistral3": build_vlm(tmp_path_factory.mktemp("m3"), "mistral3")}
+
+
+@pytest.fixture(scope="module")
+def d(module_daemon, folders, tiny_model_dir):
+    return module_daemon(models={**folders, "chat": tiny_model_dir})
+
+
+def b64(data: bytes) -> str:
+    return base64.b64encode(data).decode()
+
+
+def openai_body(model: str, text: str, data: bytes, **kw) -> dict:
+    content = [
+        {"type": "image_url", "image_url": {"url": data_url(data)}},
+        {"type": "text", "text": text},
+    ]
+    return {
+        "model": model,
+        "messages": [{"role": "user", "content": content}],
+        "max_tokens": TOKENS,
+        "temperature": 0,
+        **kw,
+    }
+
+
+def anthropic_body(model: str, text: str, data: bytes) -> dict:
+    src = {"type": "base64", "media_type": "image/png", "data": b64(data)}
+    content = [{"type": "image", "source": src}, {"type": "text", "text": text}]
+    return {
+        "model": model,
+        "max_tokens": TOKENS,
+        "messages": [{"role": "user", "content": content}],
+    }
+
+
+def responses_body(model: str, text: str, data: bytes) -> dict:
+    content = [
+        {"type": "input_image", "image_url": data_url(data)},
+        {"type": "input_text", "text": text},
+    ]
+    return {
+        "model": model,
+        "max_output_tokens": TOKENS,
+        "input": [{"role": "user", "content": content}],
+    }
+
+
+def ollama_chat_body(model: str, text: str, data: bytes) -> dict:
+    msg = {"role": "user", "content": text, "images": [b64(data)]}
+    return {"model": model, "messages": [msg], "stream": False}
+
+
+def ollama_generate_body(model: str, text: str, data: bytes) -> dict:
+    return {"model": model, "prompt": text, "images": [b64(data)], "stream": False}
+
+
+SURFACES = {
+    "/v1/chat/completions": openai_body,
+    "/v1/messages": anthropic_body,
+    "/v1/responses": responses_body,
+    "/api/chat": ollama_chat_body,
+    "/api/generate": ollama_generate_body,
+}
+MARKERS = {"gemma3": ["<start_of_image>", "<image_soft_token>"], "mistral3": ["[IMG]"]}
+
+
+@pytest.mark.parametrize("family", ["gemma3", "mistral3"])
+def test_a_text_spelling_the_image_marker_is_a_400_on_every_surface(d, family):
+    pid = d.worker_pids(family)
+    data = png(image(32))
+    for marker in MARKERS[family]:
+        for path, body in SURFACES.items():
+            r = d.http.post(path, json=body(family, f"What is {marker} this?", data))
+            assert r.status_code == 400, (marker, path, r.status_code, r.text[:300])
+            assert "Traceback" not in r.text
+    assert d.worker_pids(family) == pid or not pid
+    ok = d.http.post("/v1/chat/completions", json=openai_body(family, "Fine?", data))
+    assert ok.status_code == 200, ok.text
+
+
+@pytest.mark.parametrize("path", list(SURFACES))
+def test_images_to_a_text_only_model_are_a_400_naming_it_on_every_surface(d, path):
+    r = d.http.post(path, json=SURFACES[path]("chat", "What is it?", png(image(33))))
+    assert r.status_code == 400, (r.status_code, r.text[:300])
+    assert "'chat'" in r.text and "vision" in r.text, r.text[:300]
+
+
+def odd_images() -> dict[str, bytes]:
+    import numpy as np
+    from PIL import Image
+
+    rgb = image(34, (24, 24))
+    gray16 = Image.fromarray((np.arange(24 * 24).reshape(24, 24) * 97 % 65536).astype(np.uint16))
+    return {
+        "1x1": png(image(35, (1, 1))),
+        "1x4000": png(image(36, (1, 4000))),
+        "4000x1": png(image(37, (4000, 1))),
+        "2x3000": png(image(38, (3000, 2))),
+        "grayscale": png(rgb.convert("L")),
+        "gray+alpha": png(rgb.convert("LA")),
+        "palette": png(rgb.convert("P")),
+        "palette+transparency": png(rgb.convert("P"), transparency=0),
+        "rgba": png(rgb.convert("RGBA")),
+        "16-bit": png(gray16),
+        "cmyk-jpeg": png(rgb.convert("CMYK"), format="JPEG"),
+        "1-bit": png(rgb.convert("1")),
+    }
+
+
+@pytest.mark.parametrize("family", ["gemma3", "mistral3"])
+def test_odd_but_valid_pictures_are_answered(d, family):
+    pid = d.worker_pids(family)
+    bad = {}
+    for name, data in odd_images().items():
+        r = d.http.post("/v1/chat/completions", json=openai_body(family, "What?", data))
+        if r.status_code != 200:
+            bad[name] = (r.status_code, r.text[:300])
+    assert not bad, bad
+    assert d.worker_pids(family) == pid or not pid
+
+
+def test_image_rows_stream_on_every_surface_with_the_plain_answer(d):
+    data = png(image(39))
+    plain = d.http.post("/v1/chat/completions", json=openai_body("gemma3", "Hm?", data)).json()
+    want = plain["choices"][0]["message"]["content"]
+    got = {}
+    for path, body in SURFACES.items():
+        req = body("gemma3", "Hm?", data)
+        req["stream"] = True
+        if path in ("/api/chat", "/api/generate"):
+            req["options"] = {"temperature": 0, "num_predict": TOKENS}
+        else:
+            req["temperature"] = 0
+        with d.http.stream("POST", path, json=req) as r:
+            assert r.status_code == 200, (path, r.read()[:300])
+            got[path] = "".join(r.iter_text())
+    assert all(got.values())
+    assert want
+
+
+def test_logprobs_json_schema_and_tools_on_an_image_row(d):
+    data = png(image(40))
+    r = d.http.post(
+        "/v1/chat/completions", json=openai_body("mistral3", "Hm?", data, logprobs=True, top_logprobs=2)
+    )
+    assert r.status_code == 200, r.text[:300]
+    lp = r.json()["choices"][0]["logprobs"]["content"]
+    assert lp and all(len(e["top_logprobs"]) == 2 for e in lp)
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
+    fmt = {"type": "json_schema", "json_schema": {"name": "x", "schema": schema}}
+    r = d.http.post(
+        "/v1/chat/completions",
+        json=openai_body("mistral3", "Hm?", data, response_format=fmt, max_tokens=40),
+    )
+    assert r.status_code == 200, r.text[:300]
+    content = r.json()["choices"][0]["message"]["content"]
+    if r.json()["choices"][0]["finish_reason"] == "stop":
+        assert isinstance(json.loads(content)["a"], int), content
+    else:
+        assert content.startswith('{"a"') or content.startswith("{"), content
+    tools = [
+        {
+            "type": "function",
+            "function": {"name": "f", "parameters": schema},
+        }
+    ]
+    r = d.http.post(
+        "/v1/chat/completions",
+        json=openai_body("gemma3", "Hm?", data, tools=tools, tool_choice="required", max_tokens=40),
+    )
+    assert r.status_code == 200, r.text[:300]
+    # the tiny template has no tool-call format: described as text, the model left to choose
+    assert "tool" in r.headers.get("warning", ""), r.headers
+
+
+def test_an_anthropic_tool_result_image_is_seen(d):
+    data = png(image(41))
+    src = {"type": "base64", "media_type": "image/png", "data": b64(data)}
+    msgs = [
+        {"role": "user", "content": "Take a screenshot."},
+        {
+            "role": "assistant",
+            "content": [{"type": "tool_use", "id": "t1", "name": "shot", "input": {}}],
+        },
+        {
+            "role": "user",
+            "content": [
+                {
+                    "type": "tool_result",
+                    "tool_use_id": "t1",
+                    "content": [{"type": "text", "text": "here"}, {"type": "image", "source": src}],
+                }
+            ],
+        },
+    ]
+    tools = [{"name": "shot", "input_schema": {"type": "object", "properties": {}}}]
+    body = {"model": "gemma3", "max_tokens": TOKENS, "messages": msgs, "tools": tools}
+    r = d.http.post("/v1/messages", json=body)
+    assert r.status_code == 200, r.text[:300]
+    other = {**src, "data": b64(png(image(42)))}
+    msgs[2]["content"][0]["content"][1]["source"] = other
+    r2 = d.http.post("/v1/messages", json=body)
+    assert r2.status_code == 200, r2.text[:300]
+    assert r.json()["usage"]["input_tokens"] > 20

@@ -186,3 +186,73 @@ def test_prompt_lookup_speculation_on_an_image_row_gives_mlx_vlms_tokens(vlm, mo
     assert row.tokens == want
     assert spec.stats.drafted > 0, spec.stats  # it speculated
     assert [] in drafts and all(t < BASE for d in drafts for t in d), drafts
+
+
+def test_an_image_row_with_a_lora_adapter_gives_mlx_lms_tokens_on_mlx_vlms_embeddings(
+    vlm, tmp_path
+):
+    """One model, an adapter and an image: the row's tokens are mlx-lm's generation with
+    the adapter over mlx-vlm's merged embeddings of the prompt (its image features in), and
+    differ from the same row without the adapter."""
+    import mlx.core as mx
+    from lora_adapters import make_adapter, mlx_lm_model
+    from mlx_lm.generate import generate_step
+    from mlx_lm.sample_utils import make_logits_processors
+
+    family, path, loaded, parts = vlm
+    if family != "mistral3":
+        pytest.skip("gemma3's text model scales the embeddings it is given itself")
+    adapter = make_adapter(path, tmp_path, "all")
+    no_end = dict.fromkeys(loaded.eos_ids, -1e4)
+    row, plain = image_row(vlm, "lora", "Describe it.", [image(70)], 12, logit_bias=no_end)
+    base = Row("base", row.sub.prompt, row.sub.images, row.sub.params)
+    row.sub.adapter = "all"
+    engine = Engine(loaded, batch=4, warmup=False, vision=parts)
+    engine.start()
+    try:
+        job_done = threading.Event()
+
+        class Mount:
+            error = None
+
+            def run(self, stream):
+                try:
+                    with mx.stream(stream):
+                        engine.adapters.mount("all", adapter)
+                except Exception as exc:  # noqa: BLE001
+                    self.error = exc
+                job_done.set()
+
+            def fail(self, err):
+                self.error = err
+                job_done.set()
+
+        mount = Mount()
+        engine.run_job(mount)
+        assert job_done.wait(30) and mount.error is None, mount.error
+        for r in (row, base):
+            engine.submit(r.sub)
+        assert row.done.wait(60) and base.done.wait(60)
+    finally:
+        engine.stop()
+        assert engine.join(30)
+    assert row.error is None and base.error is None, (row.error, base.error)
+    assert base.tokens == plain  # without the adapter: mlx-vlm's own
+    vin = row.sub.images
+    ids = mx.array([vin.ids])
+    extra = {k: mx.array(v) for k, v in vin.arrays.items() if k != "pixel_values"}
+    embeds = parts.vlm.get_input_embeddings(
+        ids, mx.array(vin.arrays["pixel_values"]), mask=mx.ones_like(ids), **extra
+    )
+    embeds = getattr(embeds, "inputs_embeds", embeds)
+    model = mlx_lm_model(path, adapter)
+    out = generate_step(
+        ids[0],
+        model,
+        input_embeddings=embeds[0],
+        max_tokens=12,
+        logits_processors=make_logits_processors(logit_bias=no_end),
+    )
+    want = [int(t) for t, _ in out]
+    assert row.tokens == want
+    assert want != plain  # the adapter changes the answer: the comparison has teeth
