@@ -242,7 +242,8 @@ def test_image_rows_stream_on_every_surface_with_the_plain_answer(d):
 def test_logprobs_json_schema_and_tools_on_an_image_row(d):
     data = png(image(40))
     r = d.http.post(
-        "/v1/chat/completions", json=openai_body("mistral3", "Hm?", data, logprobs=True, top_logprobs=2)
+        "/v1/chat/completions",
+        json=openai_body("mistral3", "Hm?", data, logprobs=True, top_logprobs=2),
     )
     assert r.status_code == 200, r.text[:300]
     lp = r.json()["choices"][0]["logprobs"]["content"]

@@ -79,7 +79,7 @@ def image_row(vlm, rid, text, imgs, max_tokens, **kw):
         top_p=1.0,
         top_k=0,
         logprobs=True,
-        logit_bias=kw.get("logit_bias"),
+        logit_bias=kw.get("logit_bias") or {},
         repetition_penalty=kw.get("repetition_penalty"),
         presence_penalty=kw.get("presence_penalty"),
     )
@@ -133,13 +133,18 @@ def test_penalties_on_an_image_row_give_mlx_vlms_tokens(vlm):
     """The penalties' window holds the image's content ids (past the vocabulary): they
     penalize nothing, and the row's tokens are mlx-vlm's with the same penalties."""
     _, _, loaded, parts = vlm
-    kw = {"repetition_penalty": 1.5, "presence_penalty": 2.0}
-    rows = [image_row(vlm, "p", "Describe it. " * 3, [image(50)], 24, **kw)]
+    # A bias makes one token the model's favourite: unpenalized it comes back again and again.
+    (bang,) = loaded.tokenizer.encode("!", add_special_tokens=False)
+    bias = {bang: 12.0}
+    kw = {"repetition_penalty": 3.0, "presence_penalty": 8.0}
+    text = "Describe it. " * 3
+    rows = [image_row(vlm, "p", text, [image(50)], 24, logit_bias=bias, **kw)]
     run(Engine(loaded, batch=2, warmup=False, vision=parts), [r for r, _ in rows])
-    (row, want), (plain, _) = rows[0], image_row(vlm, "p0", "Describe it. " * 3, [image(50)], 24)
+    row, want = rows[0]
+    _, unpenalized = image_row(vlm, "p0", text, [image(50)], 24, logit_bias=bias)
     assert row.error is None, row.error
     assert row.tokens == want
-    assert want != ORACLE[next(k for k in ORACLE if k[1] == "p0")]  # the penalties bite
+    assert want != unpenalized  # the penalties bite: the comparison has teeth
 
 
 def test_prompt_lookup_speculation_on_an_image_row_gives_mlx_vlms_tokens(vlm, monkeypatch):
@@ -256,3 +261,35 @@ def test_an_image_row_with_a_lora_adapter_gives_mlx_lms_tokens_on_mlx_vlms_embed
     want = [int(t) for t, _ in out]
     assert row.tokens == want
     assert want != plain  # the adapter changes the answer: the comparison has teeth
+
+
+@pytest.mark.parametrize("size", [(1, 4000), (4000, 1), (3, 100)])
+def test_a_strip_of_an_image_is_answered_padded_to_one_patch(vlm, size):
+    """Pixtral keeps an image's aspect ratio as it shrinks it to its longest edge, so a thin
+    strip (a 1×4000 progress bar) shrinks to zero pixels across and mlx-vlm's processor
+    fails: such an image is padded (black, right or bottom) until its short side keeps one
+    pixel, and the row's tokens are mlx-vlm's on the padded image. An image in a
+    conversation's history that failed would fail every later turn of it. Gemma 3's square
+    resize takes any strip as it is."""
+    from mlxd.worker.vision.prompt import fit_aspect
+
+    family, _, _, parts = vlm
+    strip = image(80, size)
+    padded = fit_aspect(parts, strip)
+    if family == "gemma3":
+        assert padded is strip
+    else:
+        assert padded.size != strip.size and min(padded.size) > min(strip.size)
+        assert padded.crop((0, 0, *size)).tobytes() == strip.tobytes()
+    row, want = image_row(vlm, f"strip{size}", "What?", [padded], 8)
+    _, _, loaded, _ = vlm
+    hashes = [hashlib.sha256(strip.tobytes()).hexdigest()]
+    from mlx_vlm.prompt_utils import get_chat_template
+
+    rendered = get_chat_template(parts.processor, messages("What?", 1), add_generation_prompt=True)
+    ids, vin = process(parts, rendered, [strip], hashes)  # the strip itself, as a client sends
+    assert vin.ids == row.sub.images.ids
+    engine_row = Row("strip", ids, vin, row.sub.params)
+    run(Engine(loaded, batch=2, warmup=False, vision=parts), [engine_row])
+    assert engine_row.error is None, engine_row.error
+    assert engine_row.tokens == want

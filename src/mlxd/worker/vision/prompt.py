@@ -35,6 +35,38 @@ class VisionInput:
         return sum(a.nbytes for a in self.arrays.values())
 
 
+def _longest_edge(processor) -> int | None:
+    """The longest side a processor shrinks an image to keeping its aspect ratio (Pixtral's
+    `size["longest_edge"]`), or None for one that resizes to a fixed shape (Gemma 3)."""
+    size = getattr(getattr(processor, "image_processor", None), "size", None)
+    edge = size.get("longest_edge") if isinstance(size, dict) else None
+    if edge is None:
+        edge = getattr(size, "longest_edge", None)
+    return int(edge) if edge else None
+
+
+def fit_aspect(parts: VisionParts, image: Any) -> Any:
+    """`image`, padded with black on the right or bottom when the family's resize (one that
+    keeps the aspect ratio) would shrink its short side to zero pixels: a 1×4000 strip under
+    Pixtral's 1540-pixel edge rounds down to 0 px across, and mlx-vlm's processor fails on it.
+    An image in a conversation's history that fails would fail every later turn, so the
+    strip is served as a thin picture on black. Other images are returned as they are."""
+    edge = _longest_edge(parts.processor)
+    width, height = image.size
+    long = max(width, height)
+    if edge is None or long <= edge:
+        return image
+    # floor(short * edge / long) >= 1, with a margin for the processor's float division
+    need = long // edge + 1
+    if min(width, height) >= need:
+        return image
+    from PIL import Image
+
+    out = Image.new(image.mode, (max(width, need), max(height, need)))
+    out.paste(image, (0, 0))
+    return out
+
+
 def process(parts: VisionParts, text: str, images: list[Any], hashes: list[str]):
     """(the prompt's ids for the engine, its VisionInput). ValueError when the text holds
     another number of image markers than images were sent."""
@@ -42,7 +74,7 @@ def process(parts: VisionParts, text: str, images: list[Any], hashes: list[str])
 
     out = prepare_inputs(
         parts.processor,
-        images=images,
+        images=[fit_aspect(parts, img) for img in images],
         prompts=text,
         image_token_index=parts.image_id,
         add_special_tokens=parts.add_special_tokens,
