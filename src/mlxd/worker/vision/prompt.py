@@ -46,25 +46,23 @@ def _longest_edge(processor) -> int | None:
 
 
 def fit_aspect(parts: VisionParts, image: Any) -> Any:
-    """`image`, padded with black on the right or bottom when the family's resize (one that
-    keeps the aspect ratio) would shrink its short side to zero pixels: a 1×4000 strip under
-    Pixtral's 1540-pixel edge rounds down to 0 px across, and mlx-vlm's processor fails on it.
-    An image in a conversation's history that fails would fail every later turn, so the
-    strip is served as a thin picture on black. Other images are returned as they are."""
+    """`image`, or a strip of one too thin for the family's resize: one that keeps the aspect
+    ratio (Pixtral's, to its longest edge) rounds the short side of a 1×4000 strip down to
+    0 px, and mlx-vlm's processor fails on it. Such a strip is shrunk here to the longest
+    edge and one pixel across, what that resize would make of it with the short side kept
+    at one pixel (an image in a conversation's history that failed would fail every later
+    turn). Shrunk, never padded: a 1×50,000,000 PNG is a few kB, its padding gigabytes."""
     edge = _longest_edge(parts.processor)
     width, height = image.size
     long = max(width, height)
-    if edge is None or long <= edge:
-        return image
-    # floor(short * edge / long) >= 1, with a margin for the processor's float division
-    need = long // edge + 1
-    if min(width, height) >= need:
+    # The processor keeps floor(short * edge / long) pixels across; this many keep one (a
+    # pixel's margin for its float division).
+    if edge is None or long <= edge or min(width, height) >= long // edge + 1:
         return image
     from PIL import Image
 
-    out = Image.new(image.mode, (max(width, need), max(height, need)))
-    out.paste(image, (0, 0))
-    return out
+    size = (edge, 1) if width >= height else (1, edge)
+    return image.resize(size, Image.Resampling.BICUBIC)
 
 
 def process(parts: VisionParts, text: str, images: list[Any], hashes: list[str]):
