@@ -310,3 +310,42 @@ def test_a_strip_is_never_padded_to_its_length():
     assert fit_aspect(parts, strip).size == (1, 1540)  # type: ignore[arg-type]
     wide = Image.new("RGB", (4000, 3))
     assert fit_aspect(parts, wide) is wide  # 3 px keep one across: as it is
+
+
+def test_a_row_cancelled_inside_its_image_leaves_a_prefix_the_next_one_finishes(vlm):
+    """Prefill in chunks of 3 and the client leaves once the row's KV ends inside its image:
+    the partial prefix goes to the prompt cache, and the same request again starts from it,
+    encoding the image's features for the rest of its positions only. Its tokens are
+    mlx-vlm's."""
+    from mlxd.shared.errors import Unavailable
+    from mlxd.worker.engine.sched.planner import PlanConfig
+
+    _, _, loaded, parts = vlm
+    first, want = image_row(vlm, "c1", "What?", [image(90)], 8)
+    again = Row("c2", first.sub.prompt, first.sub.images, first.sub.params)
+    positions = [i for i, t in enumerate(first.sub.prompt) if t >= BASE]
+    # the first step whose chunks end strictly inside the image's run
+    cut = next(k for k in range(1, 100) if positions[0] < 3 * k <= positions[-1])
+    engine = Engine(
+        loaded,
+        batch=2,
+        warmup=False,
+        vision=parts,
+        cache=PromptCache(1 << 30, None, 0),
+        plan=PlanConfig(idle_chunk=3, step_budget=3, min_chunk=1),
+        trace=lambda st: st.step == cut and engine.cancel(first.sub, Unavailable("gone")),
+    )
+    engine.start()
+    try:
+        engine.submit(first.sub)
+        assert first.done.wait(60)
+        assert isinstance(first.error, Unavailable) and not first.tokens
+        engine.submit(again.sub)
+        assert again.done.wait(60)
+    finally:
+        engine.stop()
+        assert engine.join(30)
+    assert positions[0] < again.sub.prompt_cached == 3 * cut <= positions[-1]
+    assert again.error is None, again.error
+    assert again.tokens == want
+    assert not parts.rows.rows
