@@ -8,6 +8,7 @@ from __future__ import annotations
 import hashlib
 import threading
 
+import numpy as np
 import pytest
 from tiny_vlm import FAMILIES, build_vlm, image, oracle
 
@@ -349,3 +350,28 @@ def test_a_row_cancelled_inside_its_image_leaves_a_prefix_the_next_one_finishes(
     assert again.error is None, again.error
     assert again.tokens == want
     assert not parts.rows.rows
+
+
+def test_a_placement_left_by_a_forward_that_never_ran_reaches_no_other_forward():
+    """Features placed for a forward that then never ran (a later row hook raised, the
+    step failed) must not land in the next forward's embedding, whatever its shape: each
+    forward's hook call places its own features or none."""
+    import mlx.core as mx
+    import mlx.nn as nn
+
+    from mlxd.worker.vision.embed import ImageEmbedding, ImageRows, Placed, RowImages
+
+    emb = ImageEmbedding(nn.Embedding(8, 4), image_id=3)
+    rows = ImageRows(emb)
+    stale = Placed((1, 2), mx.array([0], dtype=mx.uint32), mx.ones((1, 4)) * 99)
+    emb.place(stale)
+    rows([7], [(0, 2)])  # a text row's prefill: nothing of its own to place
+    ids = mx.array([[1, 2]])
+    assert mx.array_equal(emb(ids), emb.inner(ids)).item()
+    emb.place(stale)
+    rows([7], None)  # a decode step
+    assert mx.array_equal(emb(mx.array([[1]])), emb.inner(mx.array([[1]]))).item()
+    emb.place(stale)
+    rows.bind(5, RowImages(np.array([1]), mx.ones((1, 4))))
+    rows.reset()  # a rebuilt batch
+    assert mx.array_equal(emb(ids), emb.inner(ids)).item()
