@@ -353,3 +353,47 @@ def test_concurrent_image_requests_all_answer(d, family):
         alone["choices"][0]["message"]["content"]
         == got[5].json()["choices"][0]["message"]["content"]
     )
+
+
+@pytest.mark.parametrize("family", ["gemma3", "mistral3"])
+def test_a_second_turn_with_a_second_image_is_mlx_vlms_answer(d, folders, family):
+    """Turn two re-sends the first image and the reply (its generated ids spliced back from
+    the cache) and adds another image after them: the answer is mlx-vlm's for the chat."""
+    a, b = image(130), image(131)
+    first_user = [
+        {"type": "image_url", "image_url": {"url": data_url(png(a))}},
+        {"type": "text", "text": "What?"},
+    ]
+    oai = d.openai()
+    first = oai.chat.completions.create(
+        model=family,
+        messages=[{"role": "user", "content": first_user}],
+        max_tokens=TOKENS,
+        temperature=0,
+    )
+    said = first.choices[0].message.content
+    second_user = [
+        {"type": "text", "text": "And"},
+        {"type": "image_url", "image_url": {"url": data_url(png(b))}},
+    ]
+    second = oai.chat.completions.create(
+        model=family,
+        messages=[
+            {"role": "user", "content": first_user},
+            {"role": "assistant", "content": said},
+            {"role": "user", "content": second_user},
+        ],
+        max_tokens=TOKENS,
+        temperature=0,
+    )
+    assert second.usage.prompt_tokens_details.cached_tokens > first.usage.prompt_tokens // 2
+    want = decoded(
+        folders[family],
+        [
+            {"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "What?"}]},
+            {"role": "assistant", "content": said},
+            {"role": "user", "content": [{"type": "text", "text": "And"}, {"type": "image"}]},
+        ],
+        [a, b],
+    )
+    assert second.choices[0].message.content == want
