@@ -397,3 +397,47 @@ def test_a_second_turn_with_a_second_image_is_mlx_vlms_answer(d, folders, family
         [a, b],
     )
     assert second.choices[0].message.content == want
+
+
+def test_image_only_messages_and_the_image_count_bound(d):
+    data = png(image(140))
+    only = {"type": "image_url", "image_url": {"url": data_url(data)}}
+    body = {"model": "mistral3", "messages": [{"role": "user", "content": [only]}]}
+    r = d.http.post("/v1/chat/completions", json={**body, "max_tokens": 3})
+    assert r.status_code == 200, r.text[:300]
+    r = d.http.post(
+        "/api/chat",
+        json={
+            "model": "gemma3",
+            "messages": [{"role": "user", "content": "", "images": [b64(data)]}],
+            "stream": False,
+            "options": {"num_predict": 3},
+        },
+    )
+    assert r.status_code == 200, r.text[:300]
+    many = [
+        {"type": "image_url", "image_url": {"url": data_url(png(image(150 + i)))}}
+        for i in range(17)
+    ]
+    r = d.http.post(
+        "/v1/chat/completions",
+        json={
+            "model": "gemma3",
+            "messages": [{"role": "user", "content": many[:16]}],
+            "max_tokens": 3,
+        },
+    )
+    assert r.status_code == 200, r.text[:300]
+    r = d.http.post(
+        "/v1/chat/completions",
+        json={"model": "gemma3", "messages": [{"role": "user", "content": many}], "max_tokens": 3},
+    )
+    assert r.status_code == 400 and "image_max_count" in r.text, r.text[:300]
+    sys_img = [
+        {"role": "system", "content": [only]},
+        {"role": "user", "content": "Hi"},
+    ]
+    r = d.http.post(
+        "/v1/chat/completions", json={"model": "gemma3", "messages": sys_img, "max_tokens": 3}
+    )
+    assert r.status_code == 400 and "user messages only" in r.text, r.text[:300]

@@ -172,6 +172,10 @@ def check_image(data: bytes, limits: ImageLimits, param: str = "image") -> Check
         upright = ImageOps.exif_transpose(img) or img  # as a camera's orientation tag says
         if upright.mode in ("P", "PA") and "transparency" in upright.info:
             upright = upright.convert("RGBA")
+        if upright.mode.startswith("I;16") or upright.mode == "I":
+            # 16-bit grayscale (Pillow opens it as I;16, or I): scaled to 8 bits. Pillow's
+            # own conversion to RGB clips at 255, turning all but the darkest 0.4% white.
+            upright = upright.convert("I").point(lambda v: v * (255 / 65535)).convert("L")
         rgb = upright.convert("RGB")
     except BadRequest:
         raise
