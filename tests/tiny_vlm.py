@@ -410,9 +410,10 @@ def image(seed: int, size: tuple[int, int] = (IMAGE_PX, IMAGE_PX)) -> Image.Imag
 
 
 def oracle(
-    path: pathlib.Path, messages: list[dict], images: list, max_tokens: int
+    path: pathlib.Path, messages: list[dict], images: list, max_tokens: int, **kw
 ) -> tuple[list[int], list[int]]:
     """mlx-vlm's own greedy generation for a chat: (prompt input ids, generated token ids).
+    `kw` goes to mlx-vlm's generate_step (logit_bias, repetition_penalty, ...).
 
     The prompt goes through mlx-vlm's template helper and `prepare_inputs` (the processor),
     then `stream_generate` at temperature 0, as `mlx_vlm.generate` does. It stops at an end
@@ -448,6 +449,7 @@ def oracle(
             max_tokens=max_tokens,
             temperature=0.0,
             **extra,
+            **kw,
         )
     )
     # The last result carries every generated id, the end token that stopped it included.

@@ -170,8 +170,16 @@ def check_image(data: bytes, limits: ImageLimits, param: str = "image") -> Check
             raise bad(param, "the image has no pixels")
         img.load()  # the first frame of an animation
         upright = ImageOps.exif_transpose(img) or img  # as a camera's orientation tag says
-        if upright.mode in ("P", "PA") and "transparency" in upright.info:
-            upright = upright.convert("RGBA")
+        if "A" in upright.getbands() or "transparency" in upright.info:
+            # On white, as transformers' processors (convert_to_rgb) and Ollama do: dropping
+            # the alpha shows the colour hidden under it, black for most drawing tools, so
+            # a black logo on a transparent background would be a black picture.
+            over = upright.convert("RGBA")
+            upright = Image.alpha_composite(Image.new("RGBA", over.size, "white"), over)
+        if upright.mode.startswith("I;16") or upright.mode == "I":
+            # 16-bit grayscale (Pillow opens it as I;16, or I): scaled to 8 bits. Pillow's
+            # own conversion to RGB clips at 255, turning all but the darkest 0.4% white.
+            upright = upright.convert("I").point(lambda v: v * (255 / 65535)).convert("L")
         rgb = upright.convert("RGB")
     except BadRequest:
         raise

@@ -87,6 +87,7 @@ class ImageRows:
 
     def reset(self) -> None:
         self.rows.clear()
+        self.embedding.place(None)
 
     @property
     def nbytes(self) -> int:
@@ -94,7 +95,10 @@ class ImageRows:
 
     def __call__(self, uids: list[int], chunk: list[tuple[int, int]] | None) -> bool:
         """The seam's row hook; `chunk`: each row's (offset, length) in a prefill forward,
-        None for a decode step (no image is ever decoded). Never an adapter: False."""
+        None for a decode step (no image is ever decoded). Never an adapter: False.
+        Whatever an earlier call placed is dropped first: a forward that never ran (a later
+        hook raised, the step failed) must not hand its features to the next one."""
+        self.embedding.place(None)
         if chunk is None or not self.rows:
             return False
         width = max((n for _, n in chunk), default=0)

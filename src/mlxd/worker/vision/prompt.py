@@ -35,6 +35,36 @@ class VisionInput:
         return sum(a.nbytes for a in self.arrays.values())
 
 
+def _longest_edge(processor) -> int | None:
+    """The longest side a processor shrinks an image to keeping its aspect ratio (Pixtral's
+    `size["longest_edge"]`), or None for one that resizes to a fixed shape (Gemma 3)."""
+    size = getattr(getattr(processor, "image_processor", None), "size", None)
+    edge = size.get("longest_edge") if isinstance(size, dict) else None
+    if edge is None:
+        edge = getattr(size, "longest_edge", None)
+    return int(edge) if edge else None
+
+
+def fit_aspect(parts: VisionParts, image: Any) -> Any:
+    """`image`, or a strip of one too thin for the family's resize: one that keeps the aspect
+    ratio (Pixtral's, to its longest edge) rounds the short side of a 1×4000 strip down to
+    0 px, and mlx-vlm's processor fails on it. Such a strip is shrunk here to the longest
+    edge and one pixel across, what that resize would make of it with the short side kept
+    at one pixel (an image in a conversation's history that failed would fail every later
+    turn). Shrunk, never padded: a 1×50,000,000 PNG is a few kB, its padding gigabytes."""
+    edge = _longest_edge(parts.processor)
+    width, height = image.size
+    long = max(width, height)
+    # The processor keeps floor(short * edge / long) pixels across; this many keep one (a
+    # pixel's margin for its float division).
+    if edge is None or long <= edge or min(width, height) >= long // edge + 1:
+        return image
+    from PIL import Image
+
+    size = (edge, 1) if width >= height else (1, edge)
+    return image.resize(size, Image.Resampling.BICUBIC)
+
+
 def process(parts: VisionParts, text: str, images: list[Any], hashes: list[str]):
     """(the prompt's ids for the engine, its VisionInput). ValueError when the text holds
     another number of image markers than images were sent."""
@@ -42,7 +72,7 @@ def process(parts: VisionParts, text: str, images: list[Any], hashes: list[str])
 
     out = prepare_inputs(
         parts.processor,
-        images=images,
+        images=[fit_aspect(parts, img) for img in images],
         prompts=text,
         image_token_index=parts.image_id,
         add_special_tokens=parts.add_special_tokens,
