@@ -215,14 +215,16 @@ def main() -> None:
         f"\nend to end: SsdStore.read {t_read * 1e3:.0f} ms + PromptCache.fetch "
         f"{(t_all - t_read) * 1e3:.0f} ms = {t_all * 1e3:.0f} ms"
     )
-    for f in store.dir.iterdir():
-        f.unlink()
+    for left in store.dir.iterdir():
+        left.unlink()
 
 
 def medians(runs: int) -> None:
     """Before and after, alternating, each in a fresh process; the median of each phase."""
     out = Path(tempfile.mkdtemp(prefix="restore-runs-")) / "runs.jsonl"
-    args = [a for a in sys.argv[1:] if not a.startswith("--runs") and a != str(runs)]
+    args = list(sys.argv[1:])
+    at = next(i for i, x in enumerate(args) if x.startswith("--runs"))
+    del args[at : at + (1 if "=" in args[at] else 2)]
     for _ in range(runs):
         for mode in (["--before"], []):
             cmd = [sys.executable, "-m", "bench.restore", *args, *mode, "--json", str(out)]

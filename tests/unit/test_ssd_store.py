@@ -308,6 +308,10 @@ def test_each_layer_kind_names_its_tensors_and_a_window_or_state_must_match(tmp_
 # -- the digest: pieces hashed on threads, every byte still covered ---------------------------
 
 
+def orjson_load(path) -> dict:
+    return cache_format.orjson.loads(path.read_bytes())
+
+
 def damaged(folder, at: float) -> None:
     """Flip one byte of the folder's data file, `at` of the way in."""
     f = next(folder.glob("*.safetensors"))
@@ -362,10 +366,6 @@ def test_a_read_is_one_pass_of_views_over_the_bytes_read(tmp_path):
     assert not any(a.flags.writeable for a in got.values())  # shared by concurrent restores
 
 
-def orjson_load(path) -> dict:
-    return cache_format.orjson.loads(path.read_bytes())
-
-
 def test_piece_digests_of_parts_and_of_the_file_agree(tmp_path):
     parts = [b"abc", np.arange(100, dtype=np.uint16).data, b"", b"xyz" * 50]
     f = tmp_path / "f"
@@ -374,3 +374,18 @@ def test_piece_digests_of_parts_and_of_the_file_agree(tmp_path):
         _, digest = cache_digest.read_hashed(f, n)
         assert cache_digest.parts_digest(parts, n) == digest
     assert cache_digest.parts_digest(parts, 0) == hashlib.sha256(f.read_bytes()).hexdigest()
+
+
+@pytest.mark.parametrize("piece_bytes", [-1, "4", 1.5, "too small"])
+def test_a_sidecar_with_an_impossible_piece_size_is_corrupt(tmp_path, monkeypatch, piece_bytes):
+    folder = tmp_path / "fp"
+    seeded(folder)
+    meta = next(folder.glob("*.json"))
+    info = orjson_load(meta)
+    info["piece_bytes"] = piece_bytes
+    if piece_bytes == "too small":  # so small that a read would queue a piece per byte
+        monkeypatch.setattr(cache_format, "MAX_PIECES", 8)
+        info["piece_bytes"] = 1
+    meta.write_bytes(cache_format.orjson.dumps(info))
+    store = SsdStore(folder, cap_bytes=1 << 20, layout=LAYOUT)
+    assert store.scan() == 0 and store.stats["corrupt"] == 1

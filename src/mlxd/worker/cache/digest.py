@@ -1,6 +1,6 @@
 """An SSD entry's digest, and its data file read and hashed in one pass.
 
-The digest is a SHA-256 over the SHA-256s of the data file's 16 MiB pieces, in order
+The digest is a SHA-256 over the SHA-256s of the data file's 4 MiB pieces, in order
 (`PIECE_BYTES`, stored in the sidecar as `piece_bytes`). Pieces are read and hashed on a few
 threads (file reads and hashlib both release the GIL), each piece hashed right after it is
 read, while its bytes are still in the CPU's cache: a restore of a 1.5 GB entry otherwise
@@ -15,13 +15,14 @@ import hashlib
 import os
 import threading
 from collections.abc import Iterable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, wait
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-PIECE_BYTES = 16 << 20
+PIECE_BYTES = 4 << 20
+MAX_PIECES = 1 << 16  # a sidecar asking for more (tiny pieces of a big file) is damaged
 MAX_THREADS = 8
 
 _pool: ThreadPoolExecutor | None = None
@@ -93,7 +94,9 @@ def read_hashed(path: Path, piece_bytes: int) -> tuple[np.ndarray, str]:
                 _fill(fd, mv[a:b], a)
                 return hashlib.sha256(mv[a:b]).digest()
 
-            digest = _combine(_threads().map(piece, _spans(size, piece_bytes)))
+            jobs = [_threads().submit(piece, span) for span in _spans(size, piece_bytes)]
+            wait(jobs)  # every piece done with the file before it closes, failed or not
+            digest = _combine(j.result() for j in jobs)
     buf.flags.writeable = False  # shared by every request restoring it (keys._read_once)
     return buf, digest
 

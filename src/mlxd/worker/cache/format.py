@@ -3,7 +3,7 @@
 `<key>.safetensors` holds each cache layer's tensors, named by kind (kinds.py: `<layer>.k` and
 `<layer>.v` for attention KV, a window's `.rot`, a recurrent state's `.a<j>`; bfloat16 stored
 as uint16) and the token ids (`__tokens__`); `<key>.json` holds the namespace, token ids, byte
-size, digest (digest.py: a SHA-256 over its 16 MiB pieces' SHA-256s, `piece_bytes`; a sidecar
+size, digest (digest.py: a SHA-256 over its 4 MiB pieces' SHA-256s, `piece_bytes`; a sidecar
 without it, an older one, the whole file's SHA-256), session and format version. A read checks
 the digest before it parses anything, then takes the tensors as views of the bytes it read
 (no copy). The key is a hash of namespace and token ids, so a renamed file does not index.
@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 import orjson
 
-from mlxd.worker.cache.digest import PIECE_BYTES, parts_digest
+from mlxd.worker.cache.digest import MAX_PIECES, PIECE_BYTES, parts_digest
 from mlxd.worker.cache.kinds import LayoutMismatch, check_layer
 from mlxd.worker.cache.replies import Reply
 
@@ -198,6 +198,8 @@ def entry_from_meta(key: str, meta, data_bytes: int, mtime: float) -> SsdEntry:
     piece_bytes = meta.get("piece_bytes", 0)  # absent: an older sidecar, a plain SHA-256
     if type(piece_bytes) is not int or piece_bytes < 0:
         raise ValueError("bad piece size")
+    if piece_bytes and data_bytes > piece_bytes * MAX_PIECES:  # a read would queue them all
+        raise ValueError("too many pieces")
     session = meta.get("session")
     return SsdEntry(
         key,
