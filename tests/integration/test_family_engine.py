@@ -11,11 +11,12 @@ import pytest
 from families import FAMILIES, build_family_model
 from family_support import ATTENTION_ONLY, KV_BITS, PREFILL_ONE_AT_A_TIME
 from mlx_lm.generate import generate_step
-from mlx_lm.models.cache import make_prompt_cache
+from mlx_lm.models.cache import RotatingKVCache, make_prompt_cache
 
 from mlxd.shared.params import GenerationParams
 from mlxd.worker.cache.format import check_layout
 from mlxd.worker.cache.kv_arrays import from_numpy, kv_layout, to_numpy
+from mlxd.worker.cache.ram import compact
 from mlxd.worker.engine.draft_model import spec_config
 from mlxd.worker.engine.loop import Engine
 from mlxd.worker.engine.rows import Submission
@@ -143,3 +144,25 @@ def _restores_to_the_same_logits(model):
     step = mx.array([[7]])
     want, got = model(step, cache=caches), model(step, cache=restored)
     assert mx.array_equal(want, got)
+
+
+def test_a_window_after_a_chunked_prefill_is_kept_to_its_window_with_the_same_logits(family):
+    """A chunked prefill leaves a sliding window holding window - 1 + chunk positions; the
+    prompt cache keeps (so the SSD tier writes and reads back) only the window, and caches
+    continued from that entry, by a prefill chunk then decode steps, give the same logits."""
+    model = family[1].model
+    layout = kv_layout(model)
+    assert layout is not None
+    caches = make_prompt_cache(model)
+    for a in range(10, 106, 24):  # 96 tokens in chunks of 24: 55-position buffers
+        model(mx.array([list(range(a, a + 24))]), cache=caches)
+    kept = compact(caches)
+    windows = [c for c in kept if type(c) is RotatingKVCache]
+    assert all(c.keys.shape[2] == c.max_size for c in windows)
+    arrays, _, keep = to_numpy(kept)
+    check_layout(arrays, layout, 96)
+    restored = from_numpy({k: v.copy() for k, v in arrays.items()}, layout)
+    for step in (list(range(200, 210)), [7], [8], [9]):
+        want = model(mx.array([step]), cache=caches)
+        got = model(mx.array([step]), cache=restored)
+        assert mx.array_equal(want, got), step

@@ -5,14 +5,17 @@ shapes) cost a miss and a counter, never the worker."""
 from __future__ import annotations
 
 import errno
+import hashlib
 import os
 import time
 
 import numpy as np
 import pytest
 
+from mlxd.worker.cache import digest as cache_digest
 from mlxd.worker.cache import format as cache_format
 from mlxd.worker.cache import kinds as cache_kinds
+from mlxd.worker.cache import ssd as ssd_module
 from mlxd.worker.cache.layout import safe_name, ssd_folder
 from mlxd.worker.cache.ssd import SsdStore
 from mlxd.worker.cache.ssd_leftovers import STALE_S
@@ -247,10 +250,10 @@ def test_read_error_skips_the_entry(tmp_path, monkeypatch):
     store = seeded(tmp_path / "fp")
     entry, _ = store.best("", [1, 2, 3])
 
-    def eio(self):
+    def eio(path, piece_bytes):
         raise OSError(errno.EIO, "Input/output error")
 
-    monkeypatch.setattr(type(tmp_path), "read_bytes", eio)
+    monkeypatch.setattr(ssd_module, "read_hashed", eio)
     assert store.read(entry) is None
     assert store.stats["read_errors"] == 1 and store.best("", [1, 2, 3]) == (None, 0)
 
@@ -300,3 +303,89 @@ def test_each_layer_kind_names_its_tensors_and_a_window_or_state_must_match(tmp_
             cache_format.check_layout(b, layout, n)
     data, sidecar = cache_format.entry_paths(tmp_path, "abc")
     assert (data.name, sidecar.name) == ("abc.safetensors", "abc.json")
+
+
+# -- the digest: pieces hashed on threads, every byte still covered ---------------------------
+
+
+def orjson_load(path) -> dict:
+    return cache_format.orjson.loads(path.read_bytes())
+
+
+def damaged(folder, at: float) -> None:
+    """Flip one byte of the folder's data file, `at` of the way in."""
+    f = next(folder.glob("*.safetensors"))
+    data = bytearray(f.read_bytes())
+    data[min(int(len(data) * at), len(data) - 1)] ^= 0x01
+    f.write_bytes(bytes(data))
+
+
+@pytest.mark.parametrize("piece_bytes", [1, 7, 64, 1 << 20])
+@pytest.mark.parametrize("at", [None, 0.0, 0.01, 0.5, 0.99, 1.0])
+def test_any_flipped_byte_is_caught_whatever_the_piece_size(tmp_path, monkeypatch, piece_bytes, at):
+    monkeypatch.setattr(cache_format, "PIECE_BYTES", piece_bytes)
+    monkeypatch.setattr(ssd_module, "PIECE_BYTES", piece_bytes)
+    folder = tmp_path / "fp"
+    seeded(folder)
+    assert orjson_load(next(folder.glob("*.json")))["piece_bytes"] == piece_bytes
+    if at is not None:
+        damaged(folder, at)  # the header, a tensor, the token ids at the end
+    store = SsdStore(folder, cap_bytes=1 << 20, layout=LAYOUT)
+    assert store.scan() == 1
+    got = store.read(store.best("", [1, 2, 3])[0])
+    if at is None:
+        assert got is not None and np.array_equal(got["0.k"], arrays()["0.k"])
+    else:
+        assert got is None and store.stats["corrupt"] == 1
+        assert list(folder.iterdir()) == []
+
+
+def test_an_entry_hashed_whole_by_an_older_writer_still_reads_and_is_still_checked(tmp_path):
+    for flip in (False, True):
+        folder = tmp_path / f"fp{flip}"
+        seeded(folder)
+        meta = next(folder.glob("*.json"))
+        info = orjson_load(meta)
+        del info["piece_bytes"]  # as written before pieces: the whole file's SHA-256
+        info["sha256"] = hashlib.sha256(meta.with_suffix(".safetensors").read_bytes()).hexdigest()
+        meta.write_bytes(cache_format.orjson.dumps(info))
+        if flip:
+            damaged(folder, 0.5)
+        store = SsdStore(folder, cap_bytes=1 << 20, layout=LAYOUT)
+        assert store.scan() == 1
+        got = store.read(store.best("", [1, 2, 3])[0])
+        assert (got is None) == flip and store.stats["corrupt"] == int(flip)
+
+
+def test_a_read_is_one_pass_of_views_over_the_bytes_read(tmp_path):
+    store = seeded(tmp_path / "fp")
+    got = store.read(store.best("", [1, 2, 3])[0])
+    assert got is not None
+    bases = {id(a.base if a.base is not None else a) for a in got.values()}
+    assert len(bases) == 1  # the tensors share the one buffer the read filled: no copies
+    assert not any(a.flags.writeable for a in got.values())  # shared by concurrent restores
+
+
+def test_piece_digests_of_parts_and_of_the_file_agree(tmp_path):
+    parts = [b"abc", np.arange(100, dtype=np.uint16).data, b"", b"xyz" * 50]
+    f = tmp_path / "f"
+    f.write_bytes(b"".join(bytes(p) for p in parts))
+    for n in (0, 1, 5, 64, 1 << 20):
+        _, digest = cache_digest.read_hashed(f, n)
+        assert cache_digest.parts_digest(parts, n) == digest
+    assert cache_digest.parts_digest(parts, 0) == hashlib.sha256(f.read_bytes()).hexdigest()
+
+
+@pytest.mark.parametrize("piece_bytes", [-1, "4", 1.5, "too small"])
+def test_a_sidecar_with_an_impossible_piece_size_is_corrupt(tmp_path, monkeypatch, piece_bytes):
+    folder = tmp_path / "fp"
+    seeded(folder)
+    meta = next(folder.glob("*.json"))
+    info = orjson_load(meta)
+    info["piece_bytes"] = piece_bytes
+    if piece_bytes == "too small":  # so small that a read would queue a piece per byte
+        monkeypatch.setattr(cache_format, "MAX_PIECES", 8)
+        info["piece_bytes"] = 1
+    meta.write_bytes(cache_format.orjson.dumps(info))
+    store = SsdStore(folder, cap_bytes=1 << 20, layout=LAYOUT)
+    assert store.scan() == 0 and store.stats["corrupt"] == 1

@@ -2,11 +2,14 @@
 
 `<key>.safetensors` holds each cache layer's tensors, named by kind (kinds.py: `<layer>.k` and
 `<layer>.v` for attention KV, a window's `.rot`, a recurrent state's `.a<j>`; bfloat16 stored
-as uint16) and the token ids (`__tokens__`); `<key>.json` holds the namespace, token ids, byte size,
-SHA-256, session and format version. The key is a hash of namespace and token ids, so a renamed
-file does not index. Both files are written atomically (a temporary file, fsync, rename, fsync
-of the folder). Everything a format change touches is here; FORMAT_VERSION is also part of the
-folder's fingerprint (layout.py), so entries of another version are never even listed.
+as uint16) and the token ids (`__tokens__`); `<key>.json` holds the namespace, token ids, byte
+size, digest (digest.py: a SHA-256 over its 4 MiB pieces' SHA-256s, `piece_bytes`; a sidecar
+without it, an older one, the whole file's SHA-256), session and format version. A read checks
+the digest before it parses anything, then takes the tensors as views of the bytes it read
+(no copy). The key is a hash of namespace and token ids, so a renamed file does not index.
+Both files are written atomically (a temporary file, fsync, rename, fsync of the folder).
+Everything a format change touches is here; FORMAT_VERSION is also part of the folder's
+fingerprint (layout.py), so entries of another version are never even listed.
 Pure NumPy and file I/O: safe off the engine thread.
 """
 
@@ -20,8 +23,8 @@ from pathlib import Path
 
 import numpy as np
 import orjson
-import safetensors.numpy as stnp
 
+from mlxd.worker.cache.digest import MAX_PIECES, PIECE_BYTES, parts_digest
 from mlxd.worker.cache.kinds import LayoutMismatch, check_layer
 from mlxd.worker.cache.replies import Reply
 
@@ -46,6 +49,7 @@ class SsdEntry:
     session: str | None
     last_used: float
     replies: tuple[Reply, ...] = ()  # the generated ids among `tokens` (replies.py)
+    piece_bytes: int = 0  # how `sha256` hashes the file (digest.py); 0: the plain SHA-256
 
 
 def entry_key(ns: str, tokens: tuple[int, ...]) -> str:
@@ -75,7 +79,7 @@ def check_layout(arrays: dict[str, np.ndarray], layout: Layout, n_tokens: int) -
         raise LayoutMismatch(f"{len(arrays)} arrays for a model of {len(layout)} layers")
 
 
-_ST_DTYPES = {
+_ST_DTYPES: dict[str, str] = {
     "float32": "F32",
     "float16": "F16",
     "uint16": "U16",
@@ -85,6 +89,7 @@ _ST_DTYPES = {
     "uint8": "U8",
     "int8": "I8",
 }
+_NP_DTYPES = {st: name for name, st in _ST_DTYPES.items()}
 
 
 def safetensors_parts(tensors: dict[str, np.ndarray], metadata: dict[str, str]) -> list:
@@ -122,15 +127,13 @@ def encode_entry(
     tensors = {**arrays, TOKENS_TENSOR: np.asarray(tokens, dtype=np.uint32)}
     parts = safetensors_parts(tensors, {**meta, "format": str(FORMAT_VERSION)})
     size = sum(len(p) for p in parts)
-    h = hashlib.sha256()
-    for part in parts:
-        h.update(part)
-    digest = h.hexdigest()
+    digest = parts_digest(parts, PIECE_BYTES)
     info = {
         "ns": ns,
         "tokens": list(tokens),
         "file_bytes": size,
         "sha256": digest,
+        "piece_bytes": PIECE_BYTES,
         "session": session,
         "format": FORMAT_VERSION,
     }
@@ -139,17 +142,45 @@ def encode_entry(
     return parts, orjson.dumps(info), size, digest
 
 
-def decode_entry(data: bytes, e: SsdEntry, layout: Layout | None) -> dict[str, np.ndarray]:
-    """The arrays of `e`'s data file after checking size, hash, token ids and, given the
-    model's layout, shapes and dtype. Raises (LayoutMismatch for a model mismatch) otherwise."""
-    if len(data) != e.file_bytes or hashlib.sha256(data).hexdigest() != e.sha256:
+def decode_entry(
+    data: np.ndarray, digest: str, e: SsdEntry, layout: Layout | None
+) -> dict[str, np.ndarray]:
+    """The arrays of `e`'s data file (`data`, whose digest.py digest is `digest`) after
+    checking size, digest, token ids and, given the model's layout, shapes and dtype; views of
+    `data`, no copies. Raises (LayoutMismatch for a model mismatch) otherwise."""
+    if len(data) != e.file_bytes or digest != e.sha256:
         raise ValueError("size or hash mismatch")
-    arrays = stnp.load(data)
+    arrays = tensor_views(data)
     if tuple(arrays.pop(TOKENS_TENSOR).tolist()) != e.tokens:
         raise ValueError("token ids mismatch")
     if layout is not None:
         check_layout(arrays, layout, len(e.tokens))
     return arrays
+
+
+def tensor_views(data: np.ndarray) -> dict[str, np.ndarray]:
+    """A safetensors file's tensors as views of its bytes; ValueError unless the header's
+    tensors tile the data exactly (each its dtype's bytes, in order, nothing left over)."""
+    n = int.from_bytes(data[:8].tobytes(), "little")
+    if len(data) < 8 or not 0 < n <= len(data) - 8:
+        raise ValueError("bad header length")
+    header = orjson.loads(data[8 : 8 + n].tobytes())
+    if not isinstance(header, dict):
+        raise ValueError("bad header")
+    header.pop("__metadata__", None)
+    base, end, out = 8 + n, 0, {}
+    for name, t in sorted(header.items(), key=lambda kv: kv[1]["data_offsets"][0]):
+        dtype = np.dtype(_NP_DTYPES[t["dtype"]])
+        shape = tuple(int(x) for x in t["shape"])
+        start, stop = (int(x) for x in t["data_offsets"])
+        count = int(np.prod(shape, dtype=np.int64))
+        if start != end or stop - start != count * dtype.itemsize:
+            raise ValueError(f"tensor {name} does not fit its place in the file")
+        out[name] = np.frombuffer(data, dtype, count, base + start).reshape(shape)
+        end = stop
+    if base + end != len(data):
+        raise ValueError("bytes left over after the tensors")
+    return out
 
 
 def entry_from_meta(key: str, meta, data_bytes: int, mtime: float) -> SsdEntry:
@@ -164,6 +195,11 @@ def entry_from_meta(key: str, meta, data_bytes: int, mtime: float) -> SsdEntry:
         raise ValueError("size mismatch")
     if entry_key(meta["ns"], tokens) != key:
         raise ValueError("name does not match its tokens")
+    piece_bytes = meta.get("piece_bytes", 0)  # absent: an older sidecar, a plain SHA-256
+    if type(piece_bytes) is not int or piece_bytes < 0:
+        raise ValueError("bad piece size")
+    if piece_bytes and data_bytes > piece_bytes * MAX_PIECES:  # a read would queue them all
+        raise ValueError("too many pieces")
     session = meta.get("session")
     return SsdEntry(
         key,
@@ -174,6 +210,7 @@ def entry_from_meta(key: str, meta, data_bytes: int, mtime: float) -> SsdEntry:
         session if isinstance(session, str) else None,
         mtime,
         _replies(meta.get("replies"), len(tokens)),
+        piece_bytes,
     )
 
 

@@ -21,6 +21,7 @@ from mlx_lm.models.cache import (
     CacheList,
     KVCache,
     QuantizedKVCache,
+    RotatingKVCache,
     can_trim_prompt_cache,
     trim_prompt_cache,
 )
@@ -123,7 +124,30 @@ def _compact(c):
         return a
     if isinstance(c, CacheList):
         return CacheList(*(_compact(x) for x in c.caches))
-    return c  # other kinds (rotating windows): their nbytes already counts whole buffers
+    if type(c) is RotatingKVCache:
+        return window_only(c)
+    return c
+
+
+def window_only(c: RotatingKVCache) -> RotatingKVCache:
+    """A sliding window holding no more than its window (`keep` first, then the newest).
+
+    A chunked prefill leaves `window - 1 + chunk` positions in time order (5119 for a 1024
+    window and 4096-token chunks): mlx-lm's next update trims them to `keep` + the newest
+    before any use and BatchRotatingKVCache.merge copies only those, so the rest is dead bytes
+    that RAM would count and the SSD tier would write and read back (issue 34)."""
+    keys, values, offset, keep, window, at = c.state
+    held = 0 if keys is None else keys.shape[2]
+    if held <= window or at != held:  # within its window, or wrapped (then exactly full)
+        return c
+    cut = held - window
+
+    def trim(x: mx.array) -> mx.array:
+        return mx.contiguous(mx.concatenate([x[..., :keep, :], x[..., cut + keep :, :]], axis=2))
+
+    r = RotatingKVCache(max_size=window, keep=keep)
+    r.state = (trim(keys), trim(values), offset, keep, window, window)
+    return r
 
 
 class RamCache:

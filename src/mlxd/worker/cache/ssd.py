@@ -19,6 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
+from mlxd.worker.cache.digest import PIECE_BYTES, read_hashed
 from mlxd.worker.cache.format import (
     DATA_SUFFIX,
     META_SUFFIX,
@@ -198,7 +199,7 @@ class SsdStore:
             return None
         path = data_path(self.dir, e.key)
         try:
-            data = path.read_bytes()
+            data, digest = read_hashed(path, e.piece_bytes)
         except FileNotFoundError:  # evicted meanwhile, or removed by hand: a plain miss
             self.index.forget(e)
             return None
@@ -208,7 +209,7 @@ class SsdStore:
             self._remove(e)
             return None
         try:
-            arrays = decode_entry(data, e, self.layout)
+            arrays = decode_entry(data, digest, e, self.layout)
         except LayoutMismatch as exc:
             log.warning(
                 "discarding SSD cache entry %s made for another model shape: %s", e.key, exc
@@ -264,7 +265,7 @@ class SsdStore:
             if closed_at is not None and (queued_at is None or queued_at <= closed_at):
                 self._delete_files(key)  # the session was closed while this write was queued
                 return None
-            e = SsdEntry(key, ns, tokens, size, digest, session, time.time(), replies)
+            e = SsdEntry(key, ns, tokens, size, digest, session, time.time(), replies, PIECE_BYTES)
             self.index.add(e)
         self.stats["writes"] += 1
         self._enforce_cap()
