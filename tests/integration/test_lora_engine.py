@@ -124,6 +124,37 @@ def test_eight_rows_over_three_adapters_and_the_base_each_give_mlx_lms_tokens(
     assert all(r.tokens != b for r, b in zip(rows, base) if r.sub.adapter is not None)
 
 
+def test_the_cuda_path_taking_each_rows_factors_gives_the_same_tokens(
+    tiny_model_dir, adapters, monkeypatch
+):
+    """CUDA takes each row's A and B before a batched matmul (gather_mm fails there): forced
+    here, the same mix of rows gives mlx-lm's own tokens."""
+    from mlxd.worker.lora import layer
+
+    monkeypatch.setattr(layer, "TAKE_ROWS", True)
+    calls = []
+    real = mx.gather_mm
+    monkeypatch.setattr(mx, "gather_mm", lambda *a, **k: calls.append(1) or real(*a, **k))
+    eng = Engine(load_model(tiny_model_dir, "tiny"), batch=8, warmup=False, compile_decode=False)
+    eng.start()
+    try:
+        mount_all(eng, adapters)
+        names = ["mlp", None, "qv", "all", "qv", "all"]
+        eos = eng.m.eos_ids
+        rows = [Row(f"t{i}", p, names[i], eos) for i, p in enumerate(prompts(6))]
+        for row in rows:
+            eng.submit(row.sub)
+        for row in rows:
+            assert row.done.wait(60) and row.error is None
+    finally:
+        eng.stop()
+        assert eng.join(30)
+    assert not calls  # the path under test, not gather_mm
+    models = {n: mlx_lm_model(tiny_model_dir, adapters.get(n)) for n in {*names}}
+    for row in rows:
+        assert row.tokens == oracle_tokens(models[row.sub.adapter], row.sub.prompt, eos)
+
+
 def oracle_tokens(model, prompt: list[int], eos_ids) -> list[int]:
     from mlx_lm.sample_utils import make_logits_processors
 

@@ -8,13 +8,27 @@ before every forward by the engine; a forward with no adapter row skips the delt
 so a base-only batch runs exactly the base model's operations.
 
 `mx.gather_mm` picks each row's A and B inside the matmul (no copy of them per row): one
-kernel per factor however many adapters share the batch.
+kernel per factor however many adapters share the batch. MLX 0.32's CUDA backend fails that
+kernel with per-row indices (`cudaGraphInstantiate ... misaligned address`, after which the
+process's CUDA context is lost), so on CUDA each row's factors are taken first (`a[idx]`, a
+rank-wide copy per row: kilobytes) and multiplied by a batched matmul in the same order.
 """
 
 from __future__ import annotations
 
 import mlx.core as mx
 import mlx.nn as nn
+
+
+def take_rows() -> bool:
+    """Whether the delta takes each row's factors before a batched matmul (CUDA) instead of
+    `gather_mm` (Metal, CPU). Read at each forward: a test may force either path."""
+    if TAKE_ROWS is not None:
+        return TAKE_ROWS
+    return mx.default_device() == mx.gpu and mx.cuda.is_available()
+
+
+TAKE_ROWS: bool | None = None  # None: by the device (above)
 
 
 class Rows:
@@ -112,6 +126,9 @@ class MultiLoRALinear(nn.Module):
         idx = mx.where(idx < st.slots, idx, 0)
         lead = x.shape[:-1]
         x3 = x.reshape(idx.shape[0], -1, x.shape[-1])
-        z = mx.gather_mm(mx.gather_mm(x3, st.a, None, idx), st.b, None, idx)
+        if take_rows():
+            z = (x3 @ st.a[idx]) @ st.b[idx]
+        else:
+            z = mx.gather_mm(mx.gather_mm(x3, st.a, None, idx), st.b, None, idx)
         scale = st.scale[idx].astype(z.dtype)[:, None, None]
         return y + (scale * z).astype(x.dtype).reshape(*lead, -1)
