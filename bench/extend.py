@@ -39,6 +39,12 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--step-log", type=Path, help="the engine's step log (JSON lines)")
     p.add_argument("--phases", action="store_true", help="where each K's time went")
     p.add_argument("--variant", default="default", help="attention routing to try (extend_phases)")
+    p.add_argument(
+        "--block",
+        type=int,
+        default=-1,
+        help="prefill block, tokens (worker/model/blocks.py; -1: the worker's default, 0: off)",
+    )
     return p.parse_args(argv)
 
 
@@ -55,13 +61,16 @@ def main(argv: list[str]) -> int:
     from mlxd.worker.cache.prompt_cache import PromptCache
     from mlxd.worker.engine.loop import Engine
     from mlxd.worker.engine.rows import Submission
+    from mlxd.worker.engine.sched.planner import PlanConfig
     from mlxd.worker.engine.steplog import open_step_log
-    from mlxd.worker.model.load import load_model
+    from mlxd.worker.model import blocks
+    from mlxd.worker.model.load import choose_block, load_model, use_blocks
 
     from .models import cached_model
 
     path = cached_model(a.shape)
     loaded = load_model(path, "extend")
+    use_blocks(choose_block(loaded.model, None if a.block < 0 else a.block))
     vocab = loaded.model.args.vocab_size if hasattr(loaded.model, "args") else 32000
     trace = open_step_log(a.step_log, "extend") if a.step_log else None
     cache = PromptCache(64 << 30, None, 0)
@@ -72,7 +81,8 @@ def main(argv: list[str]) -> int:
         phases = Phases(mx)
         phases.install(a.variant)
         phases.wrap_model(loaded.model)
-    engine = Engine(loaded, batch=16, cache=cache, trace=trace)
+    plan = PlanConfig(block=blocks.block)
+    engine = Engine(loaded, batch=16, plan=plan, cache=cache, trace=trace)
     engine.start()
     engine.warmed.wait()
     params = GenerationParams(max_tokens=1, temperature=0.0, top_p=1.0, top_k=0, min_p=0.0)
@@ -103,9 +113,11 @@ def main(argv: list[str]) -> int:
 
     print(
         f"model {path} · device {mx.default_device()} · mlx {mx.__version__} · variant {a.variant}"
+        f" · prefill block {blocks.block}"
     )
     print(
-        f"prefix {a.prefix}, row i's history i x {a.history}, +{a.new} new tokens a row; "
+        f"prefix {a.prefix}, row i's history i x {a.history} (+7r+1 in repeat r), +{a.new} new "
+        "tokens a row; "
         f"median of {a.repeats} (min-max)\n"
     )
     cold = [a.prefix / run([fresh(a.prefix)])[0] for _ in range(a.repeats)]
@@ -117,9 +129,11 @@ def main(argv: list[str]) -> int:
     print("|---|---|---|---|---|---|---|")
     for k in [int(x) for x in a.rows.split(",")]:
         eng, plain = [], []
-        for _ in range(a.repeats):
+        for r in range(a.repeats):
             prefix = fresh(a.prefix)
-            hist = [prefix + fresh(i * a.history) for i in range(k)]
+            # Lengths never repeat between repeats, as real sessions' do not (a kernel graph
+            # built for one length would make the next repeat look cheaper than it is).
+            hist = [prefix + fresh(i * a.history + 7 * r + 1) for i in range(k)]
             run(hist)  # each session's history is cached (its previous turn)
             news = [h + fresh(a.new) for h in hist]
             if phases is not None:

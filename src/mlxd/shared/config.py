@@ -177,6 +177,9 @@ class Settings(BaseSettings):
     # (None: 4096 on a GPU, 1024 on the CPU).
     prefill_step: int | None = Field(None, ge=16)
     prefill_budget: int | None = Field(None, ge=16)
+    # Prefill in whole blocks of this many tokens (None: 256 on CUDA, off elsewhere; 0: off):
+    # cuDNN then builds a few attention graphs instead of one per prompt history.
+    prefill_block: int | None = Field(None, ge=0, le=4096)
     kv_budget_bytes: Bytes | None = Field(None, ge=0)  # None: from memory; 0: rows bound by batch
     # Compile the decode forward once per shape (engine/compiled.py). None: on the CPU only,
     # where it measured faster; on the H200 it won at batch 8 on a 0.6B model and lost on 8B.

@@ -20,6 +20,7 @@ from mlxd.worker.engine import steplog
 from mlxd.worker.engine.draft_model import spec_config
 from mlxd.worker.engine.loop import Engine
 from mlxd.worker.engine.sched.planner import MIN_CHUNK, PlanConfig
+from mlxd.worker.model import blocks
 from mlxd.worker.model.load import LoadedModel, apply_memory_limit, device_memory_bytes
 from mlxd.worker.vision.load import VisionParts
 
@@ -48,7 +49,7 @@ def make_engine(
     idle = cfg.prefill_step or default_idle
     # A busy step never prefills more than an idle one.
     budget_tokens = min(cfg.prefill_budget or default_budget, idle)
-    plan = PlanConfig(idle, budget_tokens, min(MIN_CHUNK, budget_tokens))
+    plan = PlanConfig(idle, budget_tokens, min(MIN_CHUNK, budget_tokens), blocks.block)
     cost = loaded.kv_cost
     mem = plan_memory(
         machine_bytes=device_memory_bytes(),

@@ -41,6 +41,7 @@ import weakref
 
 import mlx.core as mx
 
+from mlxd.worker.model import blocks
 from mlxd.worker.model import mlx_lm_seam as seam
 
 log = logging.getLogger("mlxd.worker")
@@ -115,6 +116,8 @@ def routed(q, k, v, *, scale, mask=None, sinks=None, **kw):
     would build a cuDNN graph (small calls) or run cuDNN's slow biased kernel (array masks)."""
     grouped = k.shape[1] > 0 and q.shape[1] % k.shape[1] == 0
     if sinks is None and not kw and grouped and q.shape[2] > 1:
+        if (pieces := _in_blocks(q, k, mask)) is not None:
+            return in_pieces(q, k, v, scale, pieces)
         plain = _plain_mask(mask, q)
         if (plain or isinstance(mask, str) and mask == "causal") and is_small(q, k):
             return unfused(q, k, v, scale, mask)
@@ -139,6 +142,42 @@ def row_by_row(q: mx.array, k: mx.array, v: mx.array, scale: float, left: list[i
             keys, values = k[start:end, :, p:], v[start:end, :, p:]
             out.append(_fused(q[start:end], keys, values, scale=scale, mask="causal"))
             start = end
+    return mx.concatenate(out, axis=0) if len(out) > 1 else out[0]
+
+
+def _in_blocks(q: mx.array, k: mx.array, mask) -> list[tuple[int, int, int]] | None:
+    """For a prefill call whose every row's queries and keys are whole blocks (blocks.py):
+    the pieces (first row, end row, first key) to send to the fused causal kernel, rows of
+    one padding in runs of 1, 2, 4, ... so the kernel meets few batch sizes. None otherwise."""
+    n, s = q.shape[2], k.shape[2]
+    if not blocks.is_whole(n):
+        return None
+    left = [0] * q.shape[0] if isinstance(mask, str) and mask == "causal" else None
+    left = left or _left_padding_of(mask)
+    if left is None:
+        return None
+    if not all(blocks.is_whole(s - p) for p in left):
+        return None
+    pieces, start = [], 0
+    while start < len(left):
+        end = start + 1
+        while end < len(left) and left[end] == left[start]:
+            end += 1
+        while start < end:  # the largest power of two that fits
+            size = 1 << ((end - start).bit_length() - 1)
+            pieces.append((start, start + size, left[start]))
+            start += size
+    return pieces
+
+
+def in_pieces(q, k, v, scale: float, pieces: list[tuple[int, int, int]]) -> mx.array:
+    """Causal attention of block-shaped rows, piece by piece (`_in_blocks`), each on its own
+    keys from its padding on, made contiguous so the kernel's graph depends on shapes only."""
+    out = []
+    for start, end, p in pieces:
+        keys = mx.contiguous(k[start:end, :, p:])
+        values = mx.contiguous(v[start:end, :, p:])
+        out.append(_fused(q[start:end], keys, values, scale=scale, mask="causal"))
     return mx.concatenate(out, axis=0) if len(out) > 1 else out[0]
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import sys
 from collections import Counter
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -13,6 +14,7 @@ import mlx.core as mx
 import psutil
 from mlx.utils import tree_flatten
 from mlx_lm import load
+from mlx_lm.models.cache import KVCache, make_prompt_cache
 
 from mlxd.shared.config import is_template_text
 from mlxd.shared.kv_math import KvCost
@@ -21,6 +23,7 @@ from mlxd.shared.worker_spec import MODEL_DEFAULT_FIELDS, WorkerSpec
 from mlxd.worker.dist.shard import shard_model
 from mlxd.worker.kv.cost import row_cost
 from mlxd.worker.kv.scheme import KvScheme, apply_kv_scheme
+from mlxd.worker.model import blocks
 from mlxd.worker.model import mlx_lm_seam as seam
 from mlxd.worker.model.attention import causal_when_unpadded, route_on_cuda
 
@@ -170,7 +173,7 @@ def context_of(native: int, context_limit: int | None) -> int:
 def load_for_spec(spec: WorkerSpec, group: Any = None) -> LoadedModel:
     """The chat model a WorkerSpec names, with its config defaults and KV scheme (rank 0 and a
     worker group's followers load the same way; `group`: this rank's mx.distributed group)."""
-    return load_model(
+    loaded = load_model(
         spec.model_path,
         spec.model_id,
         spec.context_limit,
@@ -179,6 +182,27 @@ def load_for_spec(spec: WorkerSpec, group: Any = None) -> LoadedModel:
         kv_group_size=spec.kv_group_size,
         group=group,
     )
+    use_blocks(choose_block(loaded.model, spec.prefill_block))
+    return loaded
+
+
+def choose_block(model, setting: int | None) -> int:
+    """The prefill block (blocks.py) for `model`: the setting's, else 256 tokens on CUDA and
+    off elsewhere; off for a model whose caches are not all plain KV."""
+    cuda = sys.platform.startswith("linux") and mx.default_device() == mx.gpu
+    wanted = (blocks.DEFAULT_CUDA_BLOCK if cuda else 0) if setting is None else setting
+    if wanted and not all(type(c) is KVCache for c in make_prompt_cache(model)):
+        log.info("prefill_block off: this model's caches are not all plain KV")
+        return 0
+    return wanted
+
+
+def use_blocks(tokens: int) -> None:
+    """Prefill in whole blocks of `tokens` from now on in this process (0: off)."""
+    blocks.set_block(tokens)
+    if tokens:
+        seam.patch_prompt_blocks()
+        log.info("prefill in blocks of %d tokens (few attention shapes; blocks.py)", tokens)
 
 
 def load_model(

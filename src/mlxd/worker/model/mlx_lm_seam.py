@@ -20,6 +20,8 @@ from mlx_lm.generate import BatchGenerator, GenerationBatch, PromptProcessingBat
 from mlx_lm.models.cache import BatchKVCache
 from mlx_lm.tokenizer_utils import TokenizerWrapper
 
+from mlxd.worker.model import blocks
+
 # (class, private attribute) pairs this module reads or writes; the seam test pins each.
 SEAM: tuple[tuple[type, str], ...] = (
     (BatchGenerator, "_generation_batch"),
@@ -225,12 +227,47 @@ def _prompt_with_rows(self, tokens):
     # where this chunk starts in the row's prompt.
     chunk = [(len(done), len(t)) for done, t in zip(self.tokens, tokens, strict=True)]
     forward_rows(self.model, self.uids, chunk)
+    if blocks.block > 0 and tokens:
+        return _prompt_in_blocks(self, tokens)
     return ORIGINAL_PROMPT(self, tokens)
+
+
+def _prompt_in_blocks(self, tokens: list[list[int]]) -> None:
+    """PromptProcessingBatch.prompt with the forward's width rounded up to whole blocks
+    (blocks.py): the same steps as mlx-lm's (record the tokens, right-pad, prefill in
+    `prefill_step_size` pieces, roll the padding to the left), only wider padding."""
+    if len(self.uids) != len(tokens):
+        raise ValueError("The batch length doesn't match the number of inputs")
+    for done, new in zip(self.tokens, tokens, strict=True):
+        done += new
+    lengths = [len(t) for t in tokens]
+    width = blocks.round_up(max(lengths))
+    padding = [width - n for n in lengths]
+    ids = mx.array([t + [0] * p for t, p in zip(tokens, padding, strict=True)])
+    if max(padding) > 0:
+        for c in self.prompt_cache:
+            c.prepare(lengths=lengths, right_padding=padding)
+    while ids.shape[1] > 0:
+        n = min(self.prefill_step_size, ids.shape[1])
+        self.model(ids[:, :n], cache=self.prompt_cache)
+        mx.eval([c.state for c in self.prompt_cache])
+        mx.clear_cache()
+        ids = ids[:, n:]
+    if max(padding) > 0:
+        for c in self.prompt_cache:
+            c.finalize()
+        mx.eval([c.state for c in self.prompt_cache])
+        mx.clear_cache()
 
 
 def _step_with_rows(self):
     forward_rows(self.model, self.uids)
     return ORIGINAL_GEN_STEP(self)
+
+
+def patch_prompt_blocks() -> None:
+    """Prefill forwards whole blocks wide while `blocks.block` is set (above). Idempotent."""
+    PromptProcessingBatch.prompt = _prompt_with_rows  # type: ignore[method-assign]
 
 
 def set_row_hook(model, hook: RowHook, name: str = "lora") -> None:

@@ -11,7 +11,9 @@ of its prompt batch by the same chunk in one right-padded forward, so a step cos
   prefilled in the step it is admitted instead of waiting behind the long prompt.
 
 The budget is shared among the prefilling rows (right padding makes every row cost the
-longest chunk), never below `min_chunk` each so a crowded step still makes progress.
+longest chunk), never below `min_chunk` each so a crowded step still makes progress. With a
+prefill `block` (worker/model/blocks.py, CUDA) the chunk is whole blocks: rounded up, so a
+step may pass its budget by less than a block a row.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ class PlanConfig:
     idle_chunk: int = 4096
     step_budget: int = 1024
     min_chunk: int = MIN_CHUNK
+    block: int = 0  # chunks in whole blocks of this many tokens (0: any size)
 
     def __post_init__(self):
         if not 1 <= self.min_chunk <= self.step_budget:
@@ -63,7 +66,8 @@ def plan_chunk(decoding: int, rows: Sequence[Prefilling], cfg: PlanConfig) -> in
     budget = cfg.step_budget if is_busy(decoding, rows) else cfg.idle_chunk
     # The longest row's need caps the chunk: a larger one would only be padding.
     need = max(r.todo for r in rows)
-    return max(1, min(need, max(budget // len(rows), cfg.min_chunk)))
+    chunk = max(1, min(need, max(budget // len(rows), cfg.min_chunk)))
+    return -(-chunk // cfg.block) * cfg.block if cfg.block > 0 else chunk
 
 
 # The largest prefill chunk a warm-up runs: its cost is bounded whatever the model's size.

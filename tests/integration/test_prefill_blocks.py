@@ -1,0 +1,122 @@
+"""Prefill in whole blocks (worker/model/blocks.py, CUDA's default, forced here on the CPU):
+sessions extending cached prefixes of any length give mlx-lm's own greedy tokens, and every
+prefill attention call the fused kernel gets is whole blocks of queries and keys in a few
+batch sizes, so cuDNN meets a few shapes instead of one per history."""
+
+from __future__ import annotations
+
+import random
+import threading
+
+import mlx.core as mx
+import pytest
+from mlx_lm.generate import generate_step
+from mlx_lm.models.cache import BatchKVCache
+
+from mlxd.shared.params import GenerationParams
+from mlxd.worker.cache.prompt_cache import PromptCache
+from mlxd.worker.engine.loop import Engine
+from mlxd.worker.engine.rows import Submission
+from mlxd.worker.engine.sched.planner import PlanConfig
+from mlxd.worker.model import attention, blocks
+from mlxd.worker.model.load import load_model, use_blocks
+
+FUSED = attention._fused
+BLOCK = 16
+OUT = 5
+
+
+@pytest.fixture
+def restore():
+    yield
+    mx.fast.scaled_dot_product_attention = FUSED
+    attention.small_scores_bytes = attention.SMALL_SCORES_CAP
+    blocks.set_block(0)
+
+
+def test_whole_block_rows_go_to_the_fused_kernel_in_powers_of_two_with_mlxs_numbers(restore):
+    blocks.set_block(4)
+    attention.causal_when_unpadded()
+    cache = BatchKVCache([0, 4, 4, 4, 8])  # rows of 12, 8, 8, 8 and 4 cached tokens
+    mx.random.seed(3)
+    cache.update_and_fetch(mx.random.normal((5, 2, 12, 8)), mx.random.normal((5, 2, 12, 8)))
+    mask = cache.make_mask(4)
+    q = mx.random.normal((5, 4, 4, 8))
+    k, v = cache.update_and_fetch(mx.random.normal((5, 2, 4, 8)), mx.random.normal((5, 2, 4, 8)))
+    pieces = attention._in_blocks(q, k, mask)
+    assert pieces == [(0, 1, 0), (1, 3, 4), (3, 4, 4), (4, 5, 8)]
+    got = attention.in_pieces(q, k, v, 0.3, pieces)
+    want = FUSED(q, k, v, scale=0.3, mask=mask)  # MLX's own, with the array mask
+    assert mx.allclose(got, want, atol=1e-5).item()
+    # A row whose keys are not whole blocks, or queries that are not: MLX's routes as before.
+    assert attention._in_blocks(q[:, :, :3], k[..., 1:, :], "causal") is None
+    assert attention._in_blocks(q, k[..., 1:, :], "causal") is None
+    blocks.set_block(0)
+    assert attention._in_blocks(q, k, mask) is None
+
+
+def test_sessions_extending_cached_prefixes_give_mlx_lms_tokens_in_few_shapes(
+    tiny_model_dir, restore, monkeypatch
+):
+    loaded = load_model(tiny_model_dir, "tiny")
+    rng = random.Random(11)
+    shared = [rng.randrange(10, 2000) for _ in range(70)]  # not whole blocks
+    turn1 = [shared + [rng.randrange(10, 2000) for _ in range(n)] for n in (9, 23, 41)]
+    shapes: list[tuple[int, int, int]] = []
+
+    def record(q, k, v, **kw):
+        if q.shape[2] > 1:
+            shapes.append((q.shape[0], q.shape[2], k.shape[2]))
+        return FUSED(q, k, v, **kw)
+
+    monkeypatch.setattr(attention, "_fused", record)
+    attention.route_on_cuda(force=True)
+    use_blocks(BLOCK)
+    engine = Engine(
+        loaded,
+        batch=8,
+        plan=PlanConfig(idle_chunk=64, step_budget=64, min_chunk=8, block=BLOCK),
+        cache=PromptCache(1 << 30, None, 0),
+        warmup=False,
+    )
+    engine.start()
+    try:
+        first = run(engine, {f"s{i}": p for i, p in enumerate(turn1)})
+        turn2 = {
+            f"s{i}": p + first[f"s{i}"] + [rng.randrange(10, 2000) for _ in range(5 + 7 * i)]
+            for i, p in enumerate(turn1)
+        }
+        shapes.clear()
+        second = run(engine, turn2)
+    finally:
+        engine.stop()
+        assert engine.join(30)
+    for rid, prompt in turn2.items():
+        want = [int(t) for t, _ in generate_step(mx.array(prompt), loaded.model, max_tokens=OUT)]
+        assert second[rid] == want, rid
+    assert shapes  # the prefills went through the fused kernel
+    assert all(n % BLOCK == 0 and s % BLOCK == 0 for _, n, s in shapes), shapes
+    assert {b for b, _, _ in shapes} <= {1, 2, 4, 8}
+    cached = engine.cache.ram.stats["hit_tokens"]
+    assert cached > 0
+
+
+def run(engine: Engine, prompts: dict[str, list[int]]) -> dict[str, list[int]]:
+    got: dict[str, list[int]] = {rid: [] for rid in prompts}
+    done = {rid: threading.Event() for rid in prompts}
+    subs = []
+    for rid, prompt in prompts.items():
+
+        def sink(ev, rid=rid):
+            got[rid] += [e["token_id"] for e in ev.logprobs or []]
+            if ev.finish_reason is not None:
+                done[rid].set()
+
+        params = GenerationParams(max_tokens=OUT, temperature=0.0, logprobs=True)
+        subs.append(Submission(rid, prompt, params, sink))
+    for sub in subs:
+        engine.submit(sub)
+    assert all(d.wait(120) for d in done.values())
+    for sub in subs:  # each hit was cut to whole blocks
+        assert sub.prompt_cached % BLOCK == 0, (sub.rid, sub.prompt_cached)
+    return got
