@@ -15,6 +15,7 @@ from mlxd.shared.params import GenerationParams
 from mlxd.worker.engine.loop import Engine
 from mlxd.worker.engine.rows import Submission
 from mlxd.worker.engine.sched.planner import PlanConfig
+from mlxd.worker.model import mlx_lm_seam as seam
 from mlxd.worker.model.load import load_model
 from mlxd.worker.vision.ids import BASE
 from mlxd.worker.vision.load import load_vision
@@ -128,3 +129,24 @@ def test_images_cut_across_prefill_chunks_still_give_mlx_vlms_tokens(vlm):
     run(Engine(loaded, batch=2, plan=plan, warmup=False, vision=parts), [r for r, _ in rows])
     for row, want in rows:
         check(row, want)
+
+
+def test_image_rows_prefilled_in_whole_blocks_give_mlx_vlms_tokens(vlm):
+    """CUDA's whole-block prefill (worker/model/blocks.py), forced here: a forward is padded
+    past its longest chunk (the last piece of a prompt that ends near its image), and the
+    features still land on their own positions."""
+    from mlxd.worker.model import blocks
+
+    _, _, loaded, parts = vlm
+    try:
+        for block in (8, 12, 16):
+            rows = [image_row(vlm, "a", "", [image(6)]), image_row(vlm, "b", "?", [image(7)])]
+            plan = PlanConfig(idle_chunk=block, step_budget=block, min_chunk=1, block=block)
+            blocks.set_block(block)
+            seam.patch_prompt_blocks()
+            engine = Engine(loaded, batch=2, plan=plan, warmup=False, vision=parts)
+            run(engine, [r for r, _ in rows])
+            for row, want in rows:
+                check(row, want)
+    finally:
+        blocks.set_block(0)

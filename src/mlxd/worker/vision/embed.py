@@ -21,6 +21,7 @@ import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 
+from mlxd.worker.model import blocks
 from mlxd.worker.vision.ids import BASE
 
 
@@ -101,7 +102,8 @@ class ImageRows:
         self.embedding.place(None)
         if chunk is None or not self.rows:
             return False
-        width = max((n for _, n in chunk), default=0)
+        # the forward is as wide as its longest chunk, in whole blocks when those are on
+        width = blocks.round_up(max((n for _, n in chunk), default=0))
         flat, feats = [], []
         for i, (uid, (off, n)) in enumerate(zip(uids, chunk, strict=True)):
             row = self.rows.get(uid)
