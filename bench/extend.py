@@ -43,7 +43,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         "--block",
         type=int,
         default=-1,
-        help="prefill block, tokens (worker/model/blocks.py; -1: the worker's default, 0: off)",
+        help="prefill block, tokens (worker/model/blocks.py; -1: the worker's default, off)",
     )
     return p.parse_args(argv)
 
@@ -70,6 +70,7 @@ def main(argv: list[str]) -> int:
 
     path = cached_model(a.shape)
     loaded = load_model(path, "extend")
+    blocks.ANY_DEVICE = True  # measured on any device, the CPU included (off there in a worker)
     use_blocks(choose_block(loaded.model, None if a.block < 0 else a.block))
     vocab = loaded.model.args.vocab_size if hasattr(loaded.model, "args") else 32000
     trace = open_step_log(a.step_log, "extend") if a.step_log else None

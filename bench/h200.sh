@@ -16,6 +16,9 @@
 #                                 # the 8B build; ~4 min when it is already built)
 #   bash bench/h200.sh claude     # Claude-Code-shaped sessions, 8B shape: /v1/messages on mlxd,
 #                                 # the same content via chat on both servers (~4 min, built)
+#   bash bench/h200.sh blocks     # issue 33: rows extending a cached 6k prefix (8B shape, K=1,4,8,
+#                                 # lengths new every repeat), prefill blocks off then on (256),
+#                                 # with where the time went (~6 min, the 8B build included)
 #   bash bench/h200.sh families  # issue 34: gemma3-12b (sliding window) then nemotron-h-8b
 #                                 # (hybrid), random bf16 weights: multi-turn with an unload and
 #                                 # reload, single, 8 clients; mlxd vs mlx_lm.server (~8 min)
@@ -81,6 +84,12 @@ claude)
   timeout 500 bash bench/gpu_run.sh claude --shape qwen3-8b --instructions 6000 \
     --out "$out/claude-8b" 2>&1 | grep -v tokenizer | tail -25
   ;;
+blocks)
+  for b in 0 256; do
+    timeout 270 python3 -m bench extend --shape qwen3-8b --prefix 6000 --history 300 --new 270 \
+      --rows 1,4,8 --repeats 3 --phases --block $b 2>&1 | grep -v tokenizer | tee "$out/extend-8b-block$b.md"
+  done
+  ;;
 families)
   # Estimated on an H200 (the 8B shape's figures above; not yet run): gemma3-12b ~4.5 min =
   # build 22 GiB ~30 s, both servers loaded and warm ~40 s, multi-turn x2 ~2.5 min (per run
@@ -113,5 +122,5 @@ vision)
   timeout -k 20 290 bash bench/gpu_run.sh vision --shape gemma3-4b \
     --out "$out/vision-gemma3-4b" 2>&1 | grep -v tokenizer | tail -40
   ;;
-*) echo "usage: $0 profile|small|large|large-conc|spec|ttft|masks|group2|agents|agents-8b|claude|families|adapters|vision" >&2; exit 2 ;;
+*) echo "usage: $0 profile|small|large|large-conc|spec|ttft|masks|group2|agents|agents-8b|claude|blocks|families|adapters|vision" >&2; exit 2 ;;
 esac

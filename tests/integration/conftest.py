@@ -7,6 +7,7 @@ import tempfile
 from pathlib import Path
 
 import pytest
+from tiny_vlm import FAMILIES, build_vlm
 
 from procs import CONTEXT_LIMIT, MAX_BODY_BYTES, start_worker, stop, uds_client, uds_openai
 
@@ -45,3 +46,17 @@ def oai(worker):
 def http(worker):
     with uds_client(worker) as c:
         yield c
+
+
+@pytest.fixture(scope="module", params=FAMILIES)
+def vlm(request, tmp_path_factory):
+    """A tiny VLM of each family (tests/tiny_vlm.py) loaded as the worker loads one: (family,
+    folder, the mlx-lm text model, its vision parts)."""
+    from mlxd.worker.model.load import load_model
+    from mlxd.worker.vision.load import load_vision
+
+    path = build_vlm(tmp_path_factory.mktemp(request.param), request.param)
+    loaded = load_model(path, request.param)
+    parts = load_vision(path, loaded.model, loaded.tokenizer)
+    assert parts is not None
+    return request.param, path, loaded, parts

@@ -107,25 +107,17 @@ def mount_all(engine: Engine, adapters: dict) -> None:
 def test_eight_rows_over_three_adapters_and_the_base_each_give_mlx_lms_tokens(
     engine, adapters, tiny_model_dir
 ):
-    mount_all(engine, adapters)
-    names = [None, "qv", "mlp", "all", "qv", None, "all", "mlp"]
-    eos = engine.m.eos_ids
-    rows = [Row(f"r{i}", p, names[i], eos) for i, p in enumerate(prompts(8))]
-    for row in rows:
-        engine.submit(row.sub)
-    for row in rows:
-        assert row.done.wait(60) and row.error is None
-    models = {n: mlx_lm_model(tiny_model_dir, adapters.get(n)) for n in {*names}}
-    for row in rows:
-        want = oracle_tokens(models[row.sub.adapter], row.sub.prompt, eos)
-        assert row.tokens == want, (row.sub.rid, row.sub.adapter)
+    rows = run_mix(
+        engine, adapters, tiny_model_dir, [None, "qv", "mlp", "all", "qv", None, "all", "mlp"]
+    )
     # Each adapter changes what the model writes (B is not zero): the comparison has teeth.
-    base = [oracle_tokens(models[None], r.sub.prompt, eos) for r in rows]
-    assert all(r.tokens != b for r, b in zip(rows, base) if r.sub.adapter is not None)
+    base = mlx_lm_model(tiny_model_dir, None)
+    eos = engine.m.eos_ids
+    assert all(r.tokens != oracle_tokens(base, r.sub.prompt, eos) for r in rows if r.sub.adapter)
 
 
 def test_the_cuda_path_taking_each_rows_factors_gives_the_same_tokens(
-    tiny_model_dir, adapters, monkeypatch
+    engine, adapters, tiny_model_dir, monkeypatch
 ):
     """CUDA takes each row's A and B before a batched matmul (gather_mm fails there): forced
     here, the same mix of rows gives mlx-lm's own tokens."""
@@ -135,24 +127,25 @@ def test_the_cuda_path_taking_each_rows_factors_gives_the_same_tokens(
     calls = []
     real = mx.gather_mm
     monkeypatch.setattr(mx, "gather_mm", lambda *a, **k: calls.append(1) or real(*a, **k))
-    eng = Engine(load_model(tiny_model_dir, "tiny"), batch=8, warmup=False, compile_decode=False)
-    eng.start()
-    try:
-        mount_all(eng, adapters)
-        names = ["mlp", None, "qv", "all", "qv", "all"]
-        eos = eng.m.eos_ids
-        rows = [Row(f"t{i}", p, names[i], eos) for i, p in enumerate(prompts(6))]
-        for row in rows:
-            eng.submit(row.sub)
-        for row in rows:
-            assert row.done.wait(60) and row.error is None
-    finally:
-        eng.stop()
-        assert eng.join(30)
+    run_mix(engine, adapters, tiny_model_dir, ["mlp", None, "qv", "all", "qv", "all"])
     assert not calls  # the path under test, not gather_mm
-    models = {n: mlx_lm_model(tiny_model_dir, adapters.get(n)) for n in {*names}}
+
+
+def run_mix(engine: Engine, adapters: dict, model_dir, names: list) -> list[Row]:
+    """Rows over `names`' adapters (None: the base) at once; each gives mlx-lm's own tokens
+    with its adapter alone."""
+    mount_all(engine, adapters)
+    eos = engine.m.eos_ids
+    rows = [Row(f"r{i}", p, names[i], eos) for i, p in enumerate(prompts(len(names)))]
     for row in rows:
-        assert row.tokens == oracle_tokens(models[row.sub.adapter], row.sub.prompt, eos)
+        engine.submit(row.sub)
+    for row in rows:
+        assert row.done.wait(60) and row.error is None
+    models = {n: mlx_lm_model(model_dir, adapters.get(n)) for n in {*names}}
+    for row in rows:
+        want = oracle_tokens(models[row.sub.adapter], row.sub.prompt, eos)
+        assert row.tokens == want, (row.sub.rid, row.sub.adapter)
+    return rows
 
 
 def oracle_tokens(model, prompt: list[int], eos_ids) -> list[int]:

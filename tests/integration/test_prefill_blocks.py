@@ -120,3 +120,19 @@ def run(engine: Engine, prompts: dict[str, list[int]]) -> dict[str, list[int]]:
     for sub in subs:  # each hit was cut to whole blocks
         assert sub.prompt_cached % BLOCK == 0, (sub.rid, sub.prompt_cached)
     return got
+
+
+def test_blocks_are_off_unless_set_on_cuda_and_for_caches_that_are_not_plain(
+    tiny_model_dir, restore, monkeypatch
+):
+    from mlx_lm.models.cache import RotatingKVCache
+
+    from mlxd.worker.model import load
+
+    model = load_model(tiny_model_dir, "tiny").model
+    assert load.choose_block(model, None) == 0  # off by default
+    assert load.choose_block(model, 256) == 0  # the CPU builds no graphs: never here
+    monkeypatch.setattr(blocks, "ANY_DEVICE", True)
+    assert load.choose_block(model, 256) == 256
+    monkeypatch.setattr(load, "make_prompt_cache", lambda m: [RotatingKVCache(max_size=8)])
+    assert load.choose_block(model, 256) == 0  # a sliding window's cache: its own rules

@@ -8,29 +8,17 @@ from __future__ import annotations
 import hashlib
 import threading
 
-import pytest
-from tiny_vlm import FAMILIES, build_vlm, image, oracle
+from tiny_vlm import image, oracle
 
 from mlxd.shared.params import GenerationParams
 from mlxd.worker.engine.loop import Engine
 from mlxd.worker.engine.rows import Submission
 from mlxd.worker.engine.sched.planner import PlanConfig
 from mlxd.worker.model import mlx_lm_seam as seam
-from mlxd.worker.model.load import load_model
 from mlxd.worker.vision.ids import BASE
-from mlxd.worker.vision.load import load_vision
 from mlxd.worker.vision.prompt import process
 
 TOKENS = 10
-
-
-@pytest.fixture(scope="module", params=FAMILIES)
-def vlm(request, tmp_path_factory):
-    path = build_vlm(tmp_path_factory.mktemp(request.param), request.param)
-    loaded = load_model(path, request.param)
-    parts = load_vision(path, loaded.model, loaded.tokenizer)
-    assert parts is not None
-    return request.param, path, loaded, parts
 
 
 def png_hash(img) -> str:

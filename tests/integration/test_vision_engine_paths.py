@@ -10,29 +10,18 @@ import threading
 
 import numpy as np
 import pytest
-from tiny_vlm import FAMILIES, build_vlm, image, oracle
+from tiny_vlm import image, oracle
 
 from mlxd.shared.params import GenerationParams
 from mlxd.worker.cache.prompt_cache import PromptCache
 from mlxd.worker.engine.loop import Engine
 from mlxd.worker.engine.rows import Submission
-from mlxd.worker.model.load import load_model
 from mlxd.worker.vision.ids import BASE
-from mlxd.worker.vision.load import load_vision
 from mlxd.worker.vision.prompt import process
 
 # About 230 prompt tokens: admitted on prompt + one block (512 positions), a row outgrows
 # its reservation after ~280 tokens.
 NOTES = " ".join(f"Note {i}: {i * 3} ships." for i in range(16))
-
-
-@pytest.fixture(scope="module", params=FAMILIES)
-def vlm(request, tmp_path_factory):
-    path = build_vlm(tmp_path_factory.mktemp(request.param), request.param)
-    loaded = load_model(path, request.param)
-    parts = load_vision(path, loaded.model, loaded.tokenizer)
-    assert parts is not None
-    return request.param, path, loaded, parts
 
 
 ORACLE: dict = {}  # mlx-vlm's tokens, by everything they depend on: tests share rows

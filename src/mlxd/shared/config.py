@@ -177,8 +177,8 @@ class Settings(BaseSettings):
     # (None: 4096 on a GPU, 1024 on the CPU).
     prefill_step: int | None = Field(None, ge=16)
     prefill_budget: int | None = Field(None, ge=16)
-    # Prefill in whole blocks of this many tokens (None: 256 on CUDA, off elsewhere; 0: off):
-    # cuDNN then builds a few attention graphs instead of one per prompt history.
+    # Prefill in whole blocks of this many tokens on CUDA (None or 0: off; 256 is the value
+    # to try): cuDNN then builds a few attention graphs instead of one per prompt history.
     prefill_block: int | None = Field(None, ge=0, le=4096)
     kv_budget_bytes: Bytes | None = Field(None, ge=0)  # None: from memory; 0: rows bound by batch
     # Compile the decode forward once per shape (engine/compiled.py). None: on the CPU only,

@@ -108,7 +108,7 @@ class WorkerSpec(SamplingFields):
     context_limit: int | None = None  # None: the model's own
     prefill_step: int | None = Field(None, ge=16)  # ... while nothing decodes; None: by device
     prefill_budget: int | None = Field(None, ge=16)  # ... while rows decode; None: by device
-    prefill_block: int | None = Field(None, ge=0, le=4096)  # None: 256 on CUDA; 0: off
+    prefill_block: int | None = Field(None, ge=0, le=4096)  # None or 0: off (CUDA only)
     kv_budget_bytes: int | None = Field(None, ge=0)  # None: from memory; 0: no KV bound
     kv_bits: Literal[4, 8] | None = None  # quantized KV (None: the model's float dtype)
     kv_group_size: Literal[32, 64, 128] = 64  # elements sharing one scale and bias

@@ -187,10 +187,15 @@ def load_for_spec(spec: WorkerSpec, group: Any = None) -> LoadedModel:
 
 
 def choose_block(model, setting: int | None) -> int:
-    """The prefill block (blocks.py) for `model`: the setting's, else 256 tokens on CUDA and
-    off elsewhere; off for a model whose caches are not all plain KV."""
+    """The prefill block (blocks.py) for `model`: the setting's (None: off until the H200
+    measures it against the padding it costs); off for a model whose caches are not all
+    plain KV, and where MLX has no CUDA (Metal and the CPU build no graphs: padding would
+    only cost)."""
     cuda = sys.platform.startswith("linux") and mx.default_device() == mx.gpu
-    wanted = (blocks.DEFAULT_CUDA_BLOCK if cuda else 0) if setting is None else setting
+    wanted = setting or 0
+    if wanted and not cuda and not blocks.ANY_DEVICE:
+        log.info("prefill_block off: only CUDA builds a kernel graph per attention shape")
+        return 0
     if wanted and not all(type(c) is KVCache for c in make_prompt_cache(model)):
         log.info("prefill_block off: this model's caches are not all plain KV")
         return 0
