@@ -21,6 +21,7 @@ from mlxd.worker.cache.replies import Reply, clip
 from mlxd.worker.cache.ssd import SsdEntry, SsdStore
 from mlxd.worker.cache.trie import common_prefix
 from mlxd.worker.cache.write_policy import WritePolicy
+from mlxd.worker.model.blocks import aligned_hit
 
 log = logging.getLogger("mlxd.worker.cache")
 
@@ -110,7 +111,8 @@ class PromptCache:
     def fetch(
         self, ns: str, prompt: list[int], restored: tuple[SsdEntry, dict] | None = None
     ) -> tuple[list | None, int, str]:
-        """Caches for the longest reusable prefix and where they came from."""
+        """Caches for the longest reusable prefix and where they came from; in whole prefill
+        blocks when those are on (worker/model/blocks.py, CUDA)."""
         if restored is not None and self.ssd is not None:
             try:
                 hit = self._restore(ns, prompt, *restored)
@@ -118,8 +120,9 @@ class PromptCache:
                 self.ssd.discard(restored[0], exc)
                 hit = None
             if hit is not None:
-                return hit
-        layers, n = self.ram.fetch(ns, prompt)
+                layers, n = aligned_hit(hit[0], hit[1])
+                return layers, n, hit[2]
+        layers, n = aligned_hit(*self.ram.fetch(ns, prompt))
         return layers, n, "ram" if layers is not None else "none"
 
     def _restore(

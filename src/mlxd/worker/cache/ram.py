@@ -28,6 +28,7 @@ from mlx_lm.models.cache import (
 
 from mlxd.worker.cache.replies import Reply
 from mlxd.worker.cache.trie import TokenTrie
+from mlxd.worker.kv.layers import plain_only
 
 # A reuse at least this long saves a real prefill: it earns an entry its SSD write, and an SSD
 # restore must save this much. Unrelated prompts share ~10 chat-template tokens, never this many.
@@ -78,7 +79,7 @@ def usable_length(
 
 def view(layers: list, length: int, full: int) -> list:
     """Caches holding the first `length` tokens, safe to hand to a batch (never mutated)."""
-    if all(type(c) is KVCache for c in layers):
+    if plain_only(layers):
         out = []
         for c in layers:
             v = KVCache()

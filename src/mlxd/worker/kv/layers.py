@@ -12,3 +12,9 @@ def attention_only(caches: list) -> bool:
     (RotatingKVCache) trims only while it has not wrapped, so the engine treats it as it
     treats recurrent states: snapshots at exact prompt lengths."""
     return all(type(c) is KVCache or isinstance(c, QuantizedKVCache) for c in caches)
+
+
+def plain_only(caches: list) -> bool:
+    """Whether every layer is mlx-lm's float KVCache (not quantized, not a window, not a
+    recurrent state): its arrays and an offset, nothing else."""
+    return all(type(c) is KVCache for c in caches)

@@ -135,14 +135,16 @@ def row_by_row(q: mx.array, k: mx.array, v: mx.array, scale: float, left: list[i
     neighbouring rows with the same padding in one call on their own keys (from the padding
     on): what the array mask says, without scores and without attending the padding. Rows of
     one padding (newcomers admitted together) share a call, so a cuDNN graph per padding."""
-    out, start = [], 0
+    return in_pieces(q, k, v, scale, list(_runs(left)), contiguous=False)
+
+
+def _runs(left: list[int]):
+    """(first row, end row, padding) of each run of neighbouring rows with equal padding."""
+    start = 0
     for end in range(1, len(left) + 1):
         if end == len(left) or left[end] != left[start]:
-            p = left[start]
-            keys, values = k[start:end, :, p:], v[start:end, :, p:]
-            out.append(_fused(q[start:end], keys, values, scale=scale, mask="causal"))
+            yield start, end, left[start]
             start = end
-    return mx.concatenate(out, axis=0) if len(out) > 1 else out[0]
 
 
 def _in_blocks(q: mx.array, k: mx.array, mask) -> list[tuple[int, int, int]] | None:
@@ -152,31 +154,34 @@ def _in_blocks(q: mx.array, k: mx.array, mask) -> list[tuple[int, int, int]] | N
     n, s = q.shape[2], k.shape[2]
     if not blocks.is_whole(n):
         return None
-    left = [0] * q.shape[0] if isinstance(mask, str) and mask == "causal" else None
-    left = left or _left_padding_of(mask)
-    if left is None:
+    left: list[int] | None
+    if isinstance(mask, str) and mask == "causal":
+        left = [0] * q.shape[0]
+    else:
+        left = _left_padding_of(mask)
+    if left is None or not all(blocks.is_whole(s - p) for p in left):
         return None
-    if not all(blocks.is_whole(s - p) for p in left):
-        return None
-    pieces, start = [], 0
-    while start < len(left):
-        end = start + 1
-        while end < len(left) and left[end] == left[start]:
-            end += 1
+    pieces = []
+    for start, end, p in _runs(left):
         while start < end:  # the largest power of two that fits
             size = 1 << ((end - start).bit_length() - 1)
-            pieces.append((start, start + size, left[start]))
+            pieces.append((start, start + size, p))
             start += size
     return pieces
 
 
-def in_pieces(q, k, v, scale: float, pieces: list[tuple[int, int, int]]) -> mx.array:
-    """Causal attention of block-shaped rows, piece by piece (`_in_blocks`), each on its own
-    keys from its padding on, made contiguous so the kernel's graph depends on shapes only."""
+def in_pieces(
+    q, k, v, scale: float, pieces: list[tuple[int, int, int]], contiguous: bool = True
+) -> mx.array:
+    """Causal attention through the fused kernel, piece by piece (first row, end row,
+    padding), each on its own keys from its padding on; `contiguous`: those keys copied out
+    of the batch's buffer, so the kernel's graph depends on the piece's shape only (whole
+    blocks, `_in_blocks`)."""
     out = []
     for start, end, p in pieces:
-        keys = mx.contiguous(k[start:end, :, p:])
-        values = mx.contiguous(v[start:end, :, p:])
+        keys, values = k[start:end, :, p:], v[start:end, :, p:]
+        if contiguous:
+            keys, values = mx.contiguous(keys), mx.contiguous(values)
         out.append(_fused(q[start:end], keys, values, scale=scale, mask="causal"))
     return mx.concatenate(out, axis=0) if len(out) > 1 else out[0]
 

@@ -29,8 +29,6 @@ state and quantized KV have their own rules for reuse).
 
 from __future__ import annotations
 
-from mlx_lm.models.cache import KVCache
-
 block = 0  # tokens; 0: off
 ANY_DEVICE = False  # benchmarks measuring the cost on the CPU turn the device check off
 
@@ -42,9 +40,11 @@ def set_block(tokens: int) -> None:
     block = tokens
 
 
-def round_up(n: int) -> int:
-    """`n` rounded up to a whole number of blocks (itself when off)."""
-    return n if block <= 0 else -(-n // block) * block
+def round_up(n: int, size: int | None = None) -> int:
+    """`n` rounded up to whole blocks of `size` (None: the process's block); itself when off.
+    Pure: the planner rounds its chunk with it (no MLX imported by this module)."""
+    size = block if size is None else size
+    return n if size <= 0 else -(-n // size) * size
 
 
 def is_whole(n: int) -> bool:
@@ -54,11 +54,12 @@ def is_whole(n: int) -> bool:
 
 def aligned_hit(layers: list | None, n: int) -> tuple[list | None, int]:
     """A prompt-cache hit of `n` tokens cut down to whole blocks: the same caches at the
-    shorter offset (`layers` are the RAM tier's views, fresh objects over shared arrays, so
-    only their offset changes). Anything but plain KV caches is left as it is."""
-    if block <= 0 or layers is None or n % block == 0:
-        return layers, n
-    if not all(type(c) is KVCache for c in layers):
+    shorter offset (`layers` are the cache's views, fresh objects over shared arrays, so
+    only their offset changes; PromptCache.fetch cuts every hit it hands out). Anything but
+    plain KV caches is left as it is."""
+    from mlxd.worker.kv.layers import plain_only
+
+    if block <= 0 or layers is None or n % block == 0 or not plain_only(layers):
         return layers, n
     cut = n - n % block
     if cut == 0:

@@ -14,7 +14,7 @@ import mlx.core as mx
 import psutil
 from mlx.utils import tree_flatten
 from mlx_lm import load
-from mlx_lm.models.cache import KVCache, make_prompt_cache
+from mlx_lm.models.cache import make_prompt_cache
 
 from mlxd.shared.config import is_template_text
 from mlxd.shared.kv_math import KvCost
@@ -22,6 +22,7 @@ from mlxd.shared.sampling import SamplingDefaults, resolve_defaults
 from mlxd.shared.worker_spec import MODEL_DEFAULT_FIELDS, WorkerSpec
 from mlxd.worker.dist.shard import shard_model
 from mlxd.worker.kv.cost import row_cost
+from mlxd.worker.kv.layers import plain_only
 from mlxd.worker.kv.scheme import KvScheme, apply_kv_scheme
 from mlxd.worker.model import blocks
 from mlxd.worker.model import mlx_lm_seam as seam
@@ -196,7 +197,7 @@ def choose_block(model, setting: int | None) -> int:
     if wanted and not cuda and not blocks.ANY_DEVICE:
         log.info("prefill_block off: only CUDA builds a kernel graph per attention shape")
         return 0
-    if wanted and not all(type(c) is KVCache for c in make_prompt_cache(model)):
+    if wanted and not plain_only(make_prompt_cache(model)):
         log.info("prefill_block off: this model's caches are not all plain KV")
         return 0
     return wanted

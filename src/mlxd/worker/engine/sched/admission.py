@@ -12,7 +12,6 @@ from mlxd.worker.engine.recovery import guard_processor, guard_sampler
 from mlxd.worker.engine.rows import Row, Submission
 from mlxd.worker.engine.step.sampling import RowSampling, make_row_processors
 from mlxd.worker.engine.textstream import TextStream, make_detokenizer
-from mlxd.worker.model.blocks import aligned_hit
 
 
 def admit(batch: Batch, sub: Submission, tokenizer) -> Row:
@@ -28,7 +27,6 @@ def admit(batch: Batch, sub: Submission, tokenizer) -> Row:
     layers, n = None, 0
     if batch.cache is not None:
         layers, n, _ = batch.cache.fetch(sub.ns, sub.prompt, sub.restored)
-        layers, n = aligned_hit(layers, n)  # whole blocks (CUDA): few attention shapes
         sub.restored = None  # let the arrays go
     sub.prompt_cached = sub.prompt_done = n
     slot = batch.slot_for(sub)  # an unknown adapter fails this row before it is inserted

@@ -21,6 +21,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from mlxd.worker.model.blocks import round_up
+
 # The smallest share of a crowded step's budget a prefilling row gets, in tokens.
 MIN_CHUNK = 64
 SMALL_CHUNK = 16  # the warm-up's prefill chunk on the CPU
@@ -66,8 +68,7 @@ def plan_chunk(decoding: int, rows: Sequence[Prefilling], cfg: PlanConfig) -> in
     budget = cfg.step_budget if is_busy(decoding, rows) else cfg.idle_chunk
     # The longest row's need caps the chunk: a larger one would only be padding.
     need = max(r.todo for r in rows)
-    chunk = max(1, min(need, max(budget // len(rows), cfg.min_chunk)))
-    return -(-chunk // cfg.block) * cfg.block if cfg.block > 0 else chunk
+    return round_up(max(1, min(need, max(budget // len(rows), cfg.min_chunk))), cfg.block)
 
 
 # The largest prefill chunk a warm-up runs: its cost is bounded whatever the model's size.

@@ -44,11 +44,8 @@ def park(batch: Batch, row: Row) -> None:
 def resume(batch: Batch, row: Row) -> Row:
     """Insert a parked `row` into the batch again: prompt plus the tokens it sent, from the
     prompt cache's longest prefix of them. Raises on an MLX error (this row only)."""
-    from mlxd.worker.model.blocks import aligned_hit
-
     layers, n = None, 0
     if batch.cache is not None:
         layers, n, _ = batch.cache.fetch(row.sub.ns, [*row.sub.prompt, *row.tokens])
-        layers, n = aligned_hit(layers, n)
     batch.reinsert(row, layers, n)
     return row

@@ -23,7 +23,7 @@ import time
 from typing import cast
 
 import mlx.core as mx
-from mlx_lm.models.cache import BatchKVCache, KVCache, TokenBuffer
+from mlx_lm.models.cache import BatchKVCache, TokenBuffer
 
 from mlxd.worker.engine.step.compiled import CompiledStep, for_model
 from mlxd.worker.engine.step.logprobs import join_rows
@@ -37,6 +37,7 @@ from mlxd.worker.engine.step.sampling import (
 )
 from mlxd.worker.engine.step.speculate import SpecConfig, SpecState, speculate
 from mlxd.worker.engine.step.token import Clock, Token
+from mlxd.worker.kv.layers import plain_only
 from mlxd.worker.kv.quant import BatchQuantizedKVCache, head
 from mlxd.worker.model import mlx_lm_seam as seam
 
@@ -164,7 +165,7 @@ class DecodeBatch:
         self._batch_types = [type(c) for c in self.prompt_cache]
         self.prompt_cache = [c.extract(0) for c in self.prompt_cache]
         self._lone = True
-        self._float = all(type(c) is KVCache for c in self.prompt_cache)
+        self._float = plain_only(self.prompt_cache)
 
     def _leave_lone(self) -> None:
         if self._lone:
