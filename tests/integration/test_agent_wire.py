@@ -24,7 +24,8 @@ from mlxd.shared.params import GenerationParams
 from mlxd.shared.wire.anthropic import MessagesRequest
 from mlxd.shared.wire.bodies import parse_model
 from mlxd.shared.wire.openai import ChatCompletionRequest
-from mlxd.shared.wire.responses import FunctionCallItem, ResponsesRequest
+from mlxd.shared.wire.responses import ResponsesRequest
+from mlxd.shared.wire.responses_out import FunctionCallItem
 from mlxd.shared.wire.tools import CUSTOM_INPUT, chat_tool_set, qualified_name
 from mlxd.supervisor.http import routes
 from mlxd.supervisor.http.auth import auth_middleware

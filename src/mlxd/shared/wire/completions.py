@@ -13,7 +13,8 @@ from pydantic import BaseModel, Field, field_validator
 
 from mlxd.shared.chat_job import ChatJob, RawPrompt
 from mlxd.shared.structured_output import GuidedFields
-from mlxd.shared.wire.openai import SamplingRequest, Usage
+from mlxd.shared.wire.openai import SamplingRequest
+from mlxd.shared.wire.openai_out import Usage
 
 
 class CompletionRequest(SamplingRequest, GuidedFields):

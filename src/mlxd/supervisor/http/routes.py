@@ -13,7 +13,7 @@ from mlxd.shared.errors import BadRequest, ModelNotFound
 from mlxd.shared.logs import bind_log_context
 from mlxd.shared.routes import FORWARDED_PATHS
 from mlxd.shared.wire.bodies import load_json
-from mlxd.shared.wire.openai import ModelCard, ModelList
+from mlxd.shared.wire.openai_out import ModelCard, ModelList
 from mlxd.supervisor.catalog.cards import card_fields, check_route
 from mlxd.supervisor.catalog.discovery import ModelEntry
 from mlxd.supervisor.http.audio import add_audio_routes

@@ -8,7 +8,7 @@ from aiohttp import web
 
 from mlxd.shared.errors import MlxdError
 from mlxd.shared.wire.completions import Completion, CompletionChoice, CompletionRequest
-from mlxd.shared.wire.openai import Usage
+from mlxd.shared.wire.openai_out import Usage
 from mlxd.worker.api import sse
 from mlxd.worker.api.driver import Surface, Writer, serve
 from mlxd.worker.api.openai import openai_usage, stream_error

@@ -15,7 +15,7 @@ from aiohttp import web
 from mlxd.shared.errors import BadRequest
 from mlxd.shared.wire.admin import WorkerHealth
 from mlxd.shared.wire.bodies import load_json
-from mlxd.shared.wire.openai import ModelCard, ModelList
+from mlxd.shared.wire.openai_out import ModelCard, ModelList
 from mlxd.shared.worker_spec import WorkerSpec
 from mlxd.worker.chat.state import WorkerState
 from mlxd.worker.engine.loop import Engine

@@ -8,11 +8,11 @@ from aiohttp import web
 
 from mlxd.shared.chat_job import ChatJob
 from mlxd.shared.errors import MlxdError, openai_body
-from mlxd.shared.wire.openai import (
+from mlxd.shared.wire.openai import ChatCompletionRequest
+from mlxd.shared.wire.openai_out import (
     ChatChoice,
     ChatCompletion,
     ChatCompletionChunk,
-    ChatCompletionRequest,
     ChunkChoice,
     ChunkDelta,
     ResponseMessage,

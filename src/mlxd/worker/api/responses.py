@@ -12,7 +12,8 @@ from aiohttp import web
 
 from mlxd.shared.chat_job import ChatJob
 from mlxd.shared.errors import MlxdError
-from mlxd.shared.wire.responses import (
+from mlxd.shared.wire.responses import ResponsesRequest
+from mlxd.shared.wire.responses_out import (
     CustomToolCallItem,
     FunctionCallItem,
     MessageItem,
@@ -20,7 +21,6 @@ from mlxd.shared.wire.responses import (
     ReasoningItem,
     ReasoningText,
     Response,
-    ResponsesRequest,
     ResponseUsage,
     StreamEvent,
 )

@@ -21,7 +21,7 @@ from mlxd.shared.model_facts import ModelFacts, kind_refusal
 from mlxd.shared.wire.admin import WorkerHealth
 from mlxd.shared.wire.audio import unpack
 from mlxd.shared.wire.memory import ModelMemory
-from mlxd.shared.wire.openai import ModelCard, ModelList
+from mlxd.shared.wire.openai_out import ModelCard, ModelList
 from mlxd.shared.worker_spec import WorkerSpec
 from mlxd.worker.chat.state import WorkerState
 from mlxd.worker.speech.formats import render
