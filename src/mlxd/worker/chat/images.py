@@ -23,6 +23,7 @@ from mlxd.shared.images import (
     check_count,
     check_image,
 )
+from mlxd.worker.chat.image_memo import DecodedImages
 
 log = logging.getLogger("mlxd.worker.images")
 
@@ -30,11 +31,16 @@ CHUNK_BYTES = 64 * 1024
 
 
 async def resolve_images(
-    job: ChatJob, limits: ImageLimits, session: aiohttp.ClientSession | None = None
+    job: ChatJob,
+    limits: ImageLimits,
+    session: aiohttp.ClientSession | None = None,
+    memo: DecodedImages | None = None,
 ) -> list[CheckedImage]:
     """`job.images` checked and decoded, in order. URL images are fetched through `session`
     (None: a session of this call's own) when `limits.fetch_urls`, else refused; the count
-    and the refusal come before any fetch or decode."""
+    and the refusal come before any fetch or decode. With `memo`, an image decoded before
+    is taken from it."""
+    check = memo.check if memo is not None else check_image
     images = job.images
     check_count(images, limits)
     urls = [img for img in images if img.url is not None]
@@ -51,7 +57,7 @@ async def resolve_images(
     for i, img in enumerate(images):
         data = img.data if img.data is not None else fetched[i]
         # One at a time: a decoded image may be large, and several at once would hold more.
-        out.append(await asyncio.to_thread(check_image, data, limits, img.param))
+        out.append(await asyncio.to_thread(check, data, limits, img.param))
     return out
 
 

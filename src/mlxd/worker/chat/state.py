@@ -10,6 +10,7 @@ from mlxd.shared.errors import BadRequest, NotFound, Unavailable
 from mlxd.shared.model_facts import ModelFacts
 from mlxd.shared.worker_spec import WorkerSpec
 from mlxd.worker.cache.prompt_cache import PromptCache
+from mlxd.worker.chat.image_memo import DecodedImages
 from mlxd.worker.engine.loop import Engine
 from mlxd.worker.model.load import LoadedModel
 from mlxd.worker.vision.load import VisionParts
@@ -22,6 +23,7 @@ class WorkerState:
     draft: LoadedModel | None = None  # speculative decoding's draft model, when configured
     engine: Engine | None = None
     vision: VisionParts | None = None  # a VLM's vision half (worker/vision/): None, text only
+    images: DecodedImages = field(default_factory=DecodedImages)  # decoded once per content
     draining: bool = False
     # Start-up finished: model loaded, prompt cache (SSD scan) ready, engine running. /health
     # says ok only after this, so a worker is never READY mid-scan.

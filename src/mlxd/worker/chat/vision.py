@@ -19,7 +19,7 @@ async def with_images(state, job: ChatJob, prompt: ChatPrompt) -> tuple[ChatProm
     if vision is None:
         refuse_images(job, state.config.model_id)
     assert vision is not None  # refuse_images raised
-    checked = await resolve_images(job, state.config.image_limits)
+    checked = await resolve_images(job, state.config.image_limits, memo=state.images)
     try:
         ids, vin = await asyncio.to_thread(
             process, vision, prompt.text, [c.image for c in checked], [c.sha256 for c in checked]
