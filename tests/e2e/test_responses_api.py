@@ -139,3 +139,25 @@ def test_conversation_survives_the_worker_being_unloaded(make_daemon):
     assert items[1]["type"] == "message" and items[1]["role"] == "assistant"
     assert items[1]["content"][0]["text"] == "Nice to meet you, Ada"
     assert items[2]["content"] == "What is my name?"
+
+
+def test_a_chain_grown_past_the_body_limit_is_a_413_naming_it(make_daemon):
+    """Each request is under max_body_bytes, but the conversation the supervisor rebuilds from
+    previous_response_id is not: a clear 413 in OpenAI's envelope, and the chain's first
+    response is still there to branch from."""
+    d = make_daemon(config="max_body_bytes = 4096\n")
+    client = d.openai()
+    words = " ".join(["word"] * 500)  # ~2.5 kB a turn
+    first = client.responses.create(model="a", input=words, extra_body={"guided_regex": "Noted"})
+    with pytest.raises(openai.APIStatusError) as err:
+        client.responses.create(
+            model="a",
+            input=words,
+            previous_response_id=first.id,
+            extra_body={"guided_regex": "Noted"},
+        )
+    assert err.value.status_code == 413
+    body = err.value.body
+    assert body["param"] == "previous_response_id", body
+    assert "max_body_bytes" in body["message"] and "4096" in body["message"], body
+    assert client.responses.retrieve(first.id).output_text == "Noted"

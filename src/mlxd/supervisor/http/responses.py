@@ -13,7 +13,7 @@ import logging
 import orjson
 from aiohttp import web
 
-from mlxd.shared.errors import NotFound
+from mlxd.shared.errors import NotFound, PayloadTooLarge
 from mlxd.shared.wire.bodies import load_json, parse_model
 from mlxd.shared.wire.responses import ResponsesRequest
 from mlxd.supervisor.catalog.cards import check_route
@@ -85,6 +85,14 @@ async def create_response(request: web.Request) -> web.StreamResponse:
     # The stored response keeps the name the client used for an adapter ("base:adapter").
     named = model if request[ADAPTER] else entry.id
     body = orjson.dumps({**data, "model": named, "input": items})
+    limit = reg.settings.max_body_bytes
+    if req.previous_response_id and len(body) > limit:
+        raise PayloadTooLarge(
+            f"The conversation continued from '{req.previous_response_id}' is {len(body)} bytes "
+            f"with its earlier turns (images included), over max_body_bytes ({limit}): start a "
+            "new chain, or send the turns you need as `input`",
+            param="previous_response_id",
+        )
     capture = _FinalEvent()
     chained = request.get(ON_STREAM_CHUNK)
     request[ON_STREAM_CHUNK] = capture.chain(chained)
