@@ -225,7 +225,10 @@ def server() -> web.Application:
     return app
 
 
-URLS_ON = ImageLimits(fetch_urls=True, url_timeout_s=0.5, url_max_redirects=3, max_bytes=64 * 1024)
+# The local server is on loopback: these tests let URLs reach it (url_guard's own tests below).
+URLS_ON = ImageLimits(
+    fetch_urls=True, url_private=True, url_timeout_s=0.5, url_max_redirects=3, max_bytes=64 * 1024
+)
 
 
 def test_with_urls_on_an_image_is_fetched_and_checked():

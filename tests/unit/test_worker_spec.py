@@ -22,6 +22,7 @@ grammar_max_repeat = 77
 stream_heartbeat_s = 3.5
 drain_timeout_s = 9
 image_urls = true
+image_url_private = true
 image_max_bytes = "5MiB"
 api_key = "sk-very-secret-key"
 admin_token = "admin-very-secret-token"
@@ -78,6 +79,7 @@ def test_spec_from_resolved_settings(settings):
     assert (spec.grammar_max_repeat, spec.stream_heartbeat_s) == (77, 3.5)
     limits = spec.image_limits  # what the worker checks a request's images against
     assert (limits.fetch_urls, limits.max_bytes, limits.max_count) == (True, 5 * 1024**2, 16)
+    assert limits.url_private
     assert spec.ssd_cache_dir == settings.cache_dir
     plain = worker_spec(settings, slot_for(settings, "plain"))
     assert (plain.batch, plain.context_limit, plain.enable_thinking) == (6, None, None)

@@ -122,6 +122,7 @@ class Settings(BaseSettings):
     # Images in requests (per worker; docs/security.md): bounds checked before any decode.
     # image_urls lets workers fetch http(s) image URLs; off, only inline (base64) images.
     image_urls: bool = False
+    image_url_private: bool = False  # URLs may also reach loopback/private/link-local hosts
     image_max_count: int = Field(16, ge=0)  # images per request
     image_max_bytes: Bytes = Field(20 * MiB, ge=1, le=IMAGE_BYTES_CEILING)  # one image, encoded
     image_max_pixels: int = Field(50_000_000, ge=1)  # one image's width × height

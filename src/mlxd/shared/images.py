@@ -41,6 +41,7 @@ class ImageLimits:
     fetch_urls: bool = False  # http(s) image URLs fetched by the worker (image_urls)
     url_timeout_s: float = 10.0  # one fetch, redirects and body included
     url_max_redirects: int = 3
+    url_private: bool = False  # URLs may reach loopback, private and link-local addresses
 
 
 @dataclass(frozen=True)

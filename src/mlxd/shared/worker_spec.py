@@ -33,7 +33,13 @@ GRAMMAR_FIELDS = (
     "grammar_cache_bytes",
 )
 # Bounds on a request's images (shared/images.py, docs/security.md).
-IMAGE_FIELDS = ("image_urls", "image_max_count", "image_max_bytes", "image_max_pixels")
+IMAGE_FIELDS = (
+    "image_urls",
+    "image_url_private",
+    "image_max_count",
+    "image_max_bytes",
+    "image_max_pixels",
+)
 # A model's request defaults from its config section (over its generation_config.json).
 MODEL_DEFAULT_FIELDS = (
     *SAMPLING_NAMES,
@@ -149,6 +155,7 @@ class WorkerSpec(SamplingFields):
     grammar_queue_timeout_s: float = 10.0
     grammar_cache_bytes: int = 256 * 1024**2
     image_urls: bool = False  # fetch http(s) image URLs (off: inline images only)
+    image_url_private: bool = False  # ... also from loopback, private and link-local addresses
     image_max_count: int = Field(16, ge=0)
     image_max_bytes: int = Field(20 * 1024**2, ge=1)
     image_max_pixels: int = Field(50_000_000, ge=1)
@@ -180,6 +187,7 @@ class WorkerSpec(SamplingFields):
             max_bytes=self.image_max_bytes,
             max_pixels=self.image_max_pixels,
             fetch_urls=self.image_urls,
+            url_private=self.image_url_private,
         )
 
     def to_argv(self) -> list[str]:

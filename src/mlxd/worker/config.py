@@ -217,6 +217,12 @@ def _flag_parser(log_level: str) -> argparse.ArgumentParser:
         default=_default("image_urls"),
         help="fetch http(s) image URLs in requests (default off: inline base64 images only)",
     )
+    p.add_argument(
+        "--image-url-private",
+        action=argparse.BooleanOptionalAction,
+        default=_default("image_url_private"),
+        help="let image URLs reach loopback, private and link-local addresses (default off)",
+    )
     _opt(p, "image_max_count", int, "most images in one request")
     _opt(p, "image_max_bytes", size_arg, "largest image, in encoded bytes")
     _opt(p, "image_max_pixels", int, "largest image's width × height, checked before decoding")

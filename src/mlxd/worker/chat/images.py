@@ -11,6 +11,7 @@ import asyncio
 import logging
 
 import aiohttp
+from yarl import URL
 
 from mlxd.shared.chat_job import ChatJob
 from mlxd.shared.errors import BadRequest
@@ -24,6 +25,7 @@ from mlxd.shared.images import (
     check_image,
 )
 from mlxd.worker.chat.image_memo import DecodedImages
+from mlxd.worker.chat.url_guard import PublicResolver, literal_refused, refusal_of
 
 log = logging.getLogger("mlxd.worker.images")
 
@@ -49,7 +51,10 @@ async def resolve_images(
     fetched: dict[int, bytes] = {}
     if urls:
         if session is None:
-            async with aiohttp.ClientSession() as own:
+            resolver = None if limits.url_private else PublicResolver()
+            async with aiohttp.ClientSession(
+                connector=aiohttp.TCPConnector(resolver=resolver)
+            ) as own:
                 fetched = await _fetch_all(own, images, limits)
         else:
             fetched = await _fetch_all(session, images, limits)
@@ -70,20 +75,30 @@ async def _fetch_all(
     return dict(zip(indexes, bodies, strict=True))
 
 
-async def fetch_image(
-    session: aiohttp.ClientSession, image: ImageInput, limits: ImageLimits
-) -> bytes:
-    """One URL image's bytes: http(s) only, within the timeout (redirects and body included),
-    at most `url_max_redirects` redirects, the body stopped once over `max_bytes`."""
-    url, param = image.url or "", image.param
+REDIRECTS = (301, 302, 303, 307, 308)
+
+
+def _check_url(url: str, param: str, limits: ImageLimits) -> None:
+    """A 400 for a URL (the client's, or a redirect's) the worker does not fetch."""
     if not url.lower().startswith(("http://", "https://")):
         raise bad(param, "an image URL must be http(s)")
-    timeout = aiohttp.ClientTimeout(total=limits.url_timeout_s)
+    if not limits.url_private:
+        refused = literal_refused(URL(url).raw_host or "")
+        if refused is not None:
+            raise bad(param, str(refused))
+
+
+async def _follow(
+    session: aiohttp.ClientSession, url: str, param: str, limits: ImageLimits
+) -> bytes:
+    """The body at `url`, redirects followed one by one, each hop's URL checked first."""
     too_big = f"the image at the URL is over {limits.max_bytes} bytes (image_max_bytes)"
-    try:
-        async with session.get(
-            url, timeout=timeout, max_redirects=limits.url_max_redirects, allow_redirects=True
-        ) as resp:
+    for _hop in range(limits.url_max_redirects + 1):
+        _check_url(url, param, limits)
+        async with session.get(url, allow_redirects=False) as resp:
+            if resp.status in REDIRECTS and "Location" in resp.headers:
+                url = str(resp.url.join(URL(resp.headers["Location"])))
+                continue
             if resp.status != 200:
                 raise bad(param, f"fetching the image URL answered HTTP {resp.status}")
             if resp.content_length is not None and resp.content_length > limits.max_bytes:
@@ -94,16 +109,27 @@ async def fetch_image(
                 if len(body) > limits.max_bytes:
                     raise bad(param, too_big)
             return bytes(body)
+    raise bad(param, f"the image URL redirects more than {limits.url_max_redirects} times")
+
+
+async def fetch_image(
+    session: aiohttp.ClientSession, image: ImageInput, limits: ImageLimits
+) -> bytes:
+    """One URL image's bytes: http(s) only, public addresses only unless `url_private`
+    (url_guard.py: every hop checked), within the timeout (redirects and body included), at
+    most `url_max_redirects` redirects, the body stopped once over `max_bytes`."""
+    url, param = image.url or "", image.param
+    try:
+        return await asyncio.wait_for(_follow(session, url, param, limits), limits.url_timeout_s)
     except BadRequest:
         raise
-    except aiohttp.TooManyRedirects:
-        raise bad(
-            param, f"the image URL redirects more than {limits.url_max_redirects} times"
-        ) from None
-    except TimeoutError:
+    except (TimeoutError, asyncio.TimeoutError):  # one class from Python 3.11
         raise bad(
             param, f"the image URL was not fetched within {limits.url_timeout_s:g} s"
         ) from None
     except (aiohttp.ClientError, ValueError) as exc:
+        refused = refusal_of(exc)
+        if refused is not None:
+            raise bad(param, str(refused)) from None
         log.info("image fetch failed param=%s: %r", param, exc)
         raise bad(param, f"the image URL could not be fetched ({type(exc).__name__})") from None
