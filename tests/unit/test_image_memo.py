@@ -77,7 +77,7 @@ def test_a_tighter_pixel_limit_checks_again():
 
 
 def test_the_memo_holds_at_most_its_bound_least_recently_used_out_first(decodes):
-    one = 40 * 30 * 3
+    one = 40 * 30 * 4  # what Pillow holds for RGB
     memo = DecodedImages(max_bytes=2 * one)
     a, b, c = (png((i, 0, 0)) for i in (1, 2, 3))
     memo.check(a, LIMITS)

@@ -20,7 +20,7 @@ from mlxd.shared.errors import BadRequest
 from mlxd.shared.images import ImageInput, ImageLimits
 from mlxd.shared.params import GenerationParams
 from mlxd.worker.chat.images import resolve_images
-from mlxd.worker.chat.url_guard import PrivateAddress, PublicResolver, is_private
+from mlxd.worker.chat.url_guard import PrivateAddress, PublicResolver, is_private, literal_refused
 
 PUBLIC_ONLY = ImageLimits(fetch_urls=True, url_timeout_s=2)
 ANY_HOST = ImageLimits(fetch_urls=True, url_private=True, url_timeout_s=2)
@@ -42,6 +42,14 @@ ANY_HOST = ImageLimits(fetch_urls=True, url_private=True, url_timeout_s=2)
         "fd12:3456::1",
         "::ffff:127.0.0.1",
         "::ffff:10.0.0.1",
+        "::127.0.0.1",  # IPv4-compatible
+        "::a9fe:a9fe",
+        "::ffff:0:7f00:1",  # IPv4-translated
+        "64:ff9b::a9fe:a9fe",  # NAT64 of 169.254.169.254
+        "64:ff9b:1::a00:1",
+        "2002:7f00:1::1",  # 6to4 of 127.0.0.1
+        "2001:0:4136:e378:8000:63bf:f5ff:fffe",  # Teredo, client 10.0.0.1
+        "fec0::1",  # site-local
         "not-an-address",
     ],
 )
@@ -49,7 +57,17 @@ def test_loopback_private_link_local_and_odd_addresses_are_private(addr):
     assert is_private(addr)
 
 
-@pytest.mark.parametrize("addr", ["8.8.8.8", "1.1.1.1", "2606:4700:4700::1111", "::ffff:8.8.8.8"])
+@pytest.mark.parametrize(
+    "addr",
+    [
+        "8.8.8.8",
+        "1.1.1.1",
+        "2606:4700:4700::1111",
+        "::ffff:8.8.8.8",
+        "64:ff9b::808:808",  # NAT64 of 8.8.8.8
+        "2002:808:808::1",  # 6to4 of 8.8.8.8
+    ],
+)
 def test_public_addresses_are_not(addr):
     assert not is_private(addr)
 
@@ -71,13 +89,28 @@ class Named(DefaultResolver):
         return await super().resolve(host, port, family)
 
 
+@pytest.mark.parametrize(
+    "host", ["127.1", "2130706433", "0", "0x7f.1", "0177.0.0.1", "127.0.0.1.", "[::127.0.0.1]"]
+)
+def test_a_private_ip_in_any_form_a_connect_reads_is_refused(host):
+    refused = literal_refused(host)
+    assert refused is not None and refused.host == host
+
+
+@pytest.mark.parametrize("host", ["8.8.8.8", "0x8080808", "example.com", "deadbeef", "[2606::1]"])
+def test_names_and_public_ips_are_left_to_the_resolver(host):
+    assert literal_refused(host) is None
+
+
 def test_the_resolver_refuses_a_name_with_a_private_address():
     async def go():
         guard = PublicResolver(Named({"intranet.test": "10.0.0.7", "cdn.test": "8.8.8.8"}))
         assert (await guard.resolve("cdn.test", 80))[0]["host"] == "8.8.8.8"
         with pytest.raises(PrivateAddress) as err:
             await guard.resolve("intranet.test", 80)
-        assert "10.0.0.7" in str(err.value) and "image_url_private = true" in str(err.value)
+        # The host as the client wrote it, never what it resolved to (no DNS lookups for it).
+        assert "intranet.test" in str(err.value) and "10.0.0.7" not in str(err.value)
+        assert "image_url_private = true" in str(err.value) and err.value.addr == "10.0.0.7"
         await guard.close()
 
     asyncio.run(go())

@@ -22,7 +22,8 @@ MEMO_BYTES = 128 * 1024 * 1024  # decoded RGB pixels held (about 20 1080p screen
 
 
 def pixel_bytes(img: CheckedImage) -> int:
-    return img.width * img.height * 3
+    """What Pillow holds for a decoded RGB image: 4 bytes a pixel (it stores RGB as RGBX)."""
+    return img.width * img.height * 4
 
 
 class DecodedImages:

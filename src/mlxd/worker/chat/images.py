@@ -130,6 +130,8 @@ async def fetch_image(
     except (aiohttp.ClientError, ValueError) as exc:
         refused = refusal_of(exc)
         if refused is not None:
+            where = (refused.host, refused.addr)
+            log.info("image URL refused param=%s host=%s addr=%s", param, *where)
             raise bad(param, str(refused)) from None
         log.info("image fetch failed param=%s: %r", param, exc)
         raise bad(param, f"the image URL could not be fetched ({type(exc).__name__})") from None
