@@ -152,7 +152,11 @@ def main(argv: list[str]) -> int:
         )
     engine.stop()
     engine.join(30)
-    return 0
+    # As the worker does (mlxd/worker/__main__.py): skip the interpreter's teardown, where
+    # MLX's per-thread streams of the engine thread abort a clean exit ("terminate called").
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 def _plain(model, hist, new: int, fresh, make_prompt_cache, mx) -> float:
