@@ -93,6 +93,36 @@ FAMILIES: dict[str, dict] = {
         "max_position_embeddings": 4096,
         "full_attention_interval": 2,
     },
+    # Qwen3.5 / 3.6: Qwen3-Next's layer kinds (gated delta + attention) in a dense model, its
+    # text config nested under the multimodal one as the real checkpoints ship it.
+    "qwen3_5": {
+        "model_type": "qwen3_5",
+        "text_config": {
+            "model_type": "qwen3_5_text",
+            "hidden_size": _H,
+            "num_hidden_layers": 4,
+            "intermediate_size": 256,
+            "num_attention_heads": 4,
+            "num_key_value_heads": 2,
+            "head_dim": 32,
+            "linear_num_value_heads": 4,
+            "linear_num_key_heads": 2,
+            "linear_key_head_dim": 32,
+            "linear_value_head_dim": 32,
+            "linear_conv_kernel_dim": 4,
+            "rms_norm_eps": 1e-6,
+            "full_attention_interval": 2,
+            "max_position_embeddings": 4096,
+            "tie_word_embeddings": False,
+            "rope_parameters": {
+                "rope_type": "default",
+                "mrope_section": [2, 1, 1],
+                "rope_theta": 10000.0,
+                "partial_rotary_factor": 0.25,
+            },
+        },
+        "tie_word_embeddings": False,
+    },
     "nemotron_h": {
         "model_type": "nemotron_h",
         "hidden_size": _H,
@@ -187,11 +217,10 @@ def build_family_model(dest: pathlib.Path, family: str, seed: int = 0) -> pathli
     dest = pathlib.Path(dest)
     build_tiny_model(dest, arch="llama", seed=seed)
     base = json.loads((dest / "config.json").read_text())
-    config = {
-        **FAMILIES[family],
-        **{k: base[k] for k in ("vocab_size", "bos_token_id", "eos_token_id")},
-        "torch_dtype": "float32",
-    }
+    ids = {k: base[k] for k in ("vocab_size", "bos_token_id", "eos_token_id")}
+    config = {**FAMILIES[family], **ids, "torch_dtype": "float32"}
+    if "text_config" in config:  # a multimodal config: the text model reads its own
+        config["text_config"] = {**config["text_config"], **ids}
     module = importlib.import_module(f"mlx_lm.models.{config['model_type']}")
     mx.random.seed(seed)
     model = module.Model(module.ModelArgs.from_dict(config))
