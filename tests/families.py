@@ -53,6 +53,25 @@ FAMILIES: dict[str, dict] = {
         "rms_norm_eps": 1e-6,
         "max_position_embeddings": 4096,
     },
+    # Gemma 4: sliding-window and global layers of different head sizes, the last layers
+    # reading earlier layers' KV (num_kv_shared_layers), per-layer input embeddings.
+    "gemma4": {
+        "model_type": "gemma4_text",
+        "hidden_size": _H,
+        "num_hidden_layers": 4,
+        "intermediate_size": 256,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 1,
+        "head_dim": 32,
+        "global_head_dim": 64,
+        "num_kv_shared_layers": 2,
+        "hidden_size_per_layer_input": 16,
+        "sliding_window": WINDOW,
+        "layer_types": ["sliding_attention", "full_attention"] * 2,
+        "rms_norm_eps": 1e-6,
+        "max_position_embeddings": 4096,
+        "use_double_wide_mlp": False,
+    },
     "gpt_oss": {
         "model_type": "gpt_oss",
         "hidden_size": _H,
@@ -219,6 +238,8 @@ def build_family_model(dest: pathlib.Path, family: str, seed: int = 0) -> pathli
     base = json.loads((dest / "config.json").read_text())
     ids = {k: base[k] for k in ("vocab_size", "bos_token_id", "eos_token_id")}
     config = {**FAMILIES[family], **ids, "torch_dtype": "float32"}
+    if family == "gemma4":
+        config["vocab_size_per_layer_input"] = ids["vocab_size"]  # per-layer inputs' table
     if "text_config" in config:  # a multimodal config: the text model reads its own
         config["text_config"] = {**config["text_config"], **ids}
     module = importlib.import_module(f"mlx_lm.models.{config['model_type']}")

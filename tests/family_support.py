@@ -11,6 +11,10 @@ from __future__ import annotations
 FAMILY_ROWS = {
     "dense": ("Qwen3, Llama 3, Mistral, SmolLM2", "attention KV"),
     "gemma3": ("Gemma 3", "sliding window + attention KV"),
+    "gemma4": (
+        "Gemma 4",
+        "sliding window + attention KV, KV shared across layers, per-layer inputs",
+    ),
     "gpt_oss": ("gpt-oss 20B/120B", "sliding window + attention KV, sinks, MoE"),
     "qwen3_next": ("Qwen3-Next", "gated delta (recurrent) + attention KV, MoE"),
     "qwen3_5": ("Qwen3.5, Qwen3.6", "gated delta (recurrent) + attention KV"),

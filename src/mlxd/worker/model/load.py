@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any, cast
 
 import mlx.core as mx
+import mlx.nn as nn
 import psutil
 from mlx.utils import tree_flatten
 from mlx_lm import load
@@ -166,6 +167,22 @@ def upcast_on_the_cpu(model) -> None:
         mx.eval(model.parameters())  # here: lazy arrays belong to this thread's stream
 
 
+def loose_arrays(model: nn.Module) -> list:
+    """Arrays a model holds outside its parameters: private module entries (mlx-lm's
+    Llama 3, YaRN and proportional RoPE tables as `_freqs`) and arrays on plain objects
+    (Pixtral's rotary table). They are lazy, and a lazy array made on the loading thread
+    cannot be evaluated on another thread's stream (MLX 0.32: "There is no Stream(cpu, 0)
+    in current thread"), so `load_model` evaluates them where they were made."""
+    kept = mx.array | nn.Module | dict | list  # arrays, and what may hold them
+    every = model.filter_and_map(lambda _m, _k, v: isinstance(v, kept))
+    out = [v for _, v in tree_flatten(every)]
+    for module in model.modules():
+        for value in vars(module).values():
+            if not isinstance(value, nn.Module | mx.array) and hasattr(value, "__dict__"):
+                out += [v for v in vars(value).values() if isinstance(v, mx.array)]
+    return out
+
+
 def context_of(native: int, context_limit: int | None) -> int:
     """The context a worker serves: the model's own, or the configured limit below it."""
     return min(context_limit, native) if context_limit else native
@@ -241,6 +258,7 @@ def load_model(
         _set_chat_template(tokenizer, overrides.pop("chat_template"))
     if upcast_on_cpu:
         upcast_on_the_cpu(model)
+    mx.eval(loose_arrays(model))  # here, on the loading thread (the engine's is another)
     kv = apply_kv_scheme(model, kv_bits, kv_group_size)
     limit = context_of(int(config.get("max_position_embeddings") or 0) or 32768, context_limit)
     loaded = LoadedModel(

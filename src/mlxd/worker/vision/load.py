@@ -22,6 +22,7 @@ import mlx.nn as nn
 
 from mlxd.shared.model_facts import VISION_FAMILIES, serves_images
 from mlxd.worker.model import mlx_lm_seam as seam
+from mlxd.worker.model.load import loose_arrays
 from mlxd.worker.vision.embed import ImageEmbedding, ImageRows
 
 log = logging.getLogger("mlxd.worker.vision")
@@ -48,20 +49,6 @@ class VisionParts:
     embedding: ImageEmbedding
     rows: ImageRows
     add_special_tokens: bool  # what mlx-vlm tokenizes the rendered prompt with
-
-
-def _loose_arrays(vlm: nn.Module) -> list:
-    """Arrays a family computes at construction outside its parameters (Pixtral's rotary
-    table lives on a plain object): evaluated at load, on the loading thread, since a lazy
-    array made there cannot be evaluated later on the engine thread's stream."""
-    out = []
-    for module in vlm.modules():
-        for value in vars(module).values():
-            holders = [value] if isinstance(value, mx.array) else []
-            if not isinstance(value, nn.Module | mx.array) and hasattr(value, "__dict__"):
-                holders = [v for v in vars(value).values() if isinstance(v, mx.array)]
-            out += holders
-    return out
 
 
 def vision_family(config: dict) -> str | None:
@@ -92,7 +79,7 @@ def load_vision(path: Path, model: nn.Module, tokenizer) -> VisionParts | None:
     image_id = int(vlm.config.image_token_index)
     embedding = seam.swap_embedding(model, lambda inner: ImageEmbedding(inner, image_id))
     vlm.language_model = _Text(embedding.inner)  # the text weights mlx-vlm listed go unread
-    mx.eval(vlm.parameters(), _loose_arrays(vlm))
+    mx.eval(vlm.parameters(), loose_arrays(vlm))
     processor = load_processor(Path(path), add_detokenizer=False)
     vocab = tokenizer.get_vocab() if hasattr(tokenizer, "get_vocab") else {}
     inside = frozenset(vocab[t] for t in VISION_FAMILIES[family] if t in vocab)
