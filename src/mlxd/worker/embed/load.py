@@ -13,10 +13,17 @@ import logging
 from pathlib import Path
 from typing import Any
 
+import mlx.core as mx
 from mlx_lm.utils import _get_classes, load_model, load_tokenizer
 
 from mlxd.shared.model_facts import ModelFacts
-from mlxd.worker.model.load import LoadedModel, SamplingDefaults, context_of, upcast_on_the_cpu
+from mlxd.worker.model.load import (
+    LoadedModel,
+    SamplingDefaults,
+    context_of,
+    loose_arrays,
+    upcast_on_the_cpu,
+)
 
 log = logging.getLogger("mlxd.worker.embed")
 
@@ -74,6 +81,7 @@ def load_embedder(
     backbone(model)  # fail at load, not at the first request
     tokenizer = load_tokenizer(path, eos_token_ids=config.get("eos_token_id"))
     upcast_on_the_cpu(model)
+    mx.eval(loose_arrays(model))  # on the loading thread: requests run on another
     limit = context_of(facts.context_length or FALLBACK_CONTEXT, context_limit)
     log.info("embedding model=%s pooling=%s width=%s", model_id, facts.pooling, facts.hidden_size)
     return LoadedModel(

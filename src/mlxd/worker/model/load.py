@@ -175,7 +175,7 @@ def loose_arrays(model: nn.Module) -> list:
     in current thread"), so `load_model` evaluates them where they were made."""
     kept = mx.array | nn.Module | dict | list  # arrays, and what may hold them
     every = model.filter_and_map(lambda _m, _k, v: isinstance(v, kept))
-    out = [v for _, v in tree_flatten(every)]
+    out: list = [pair[1] for pair in tree_flatten(every)]
     for module in model.modules():
         for value in vars(module).values():
             if not isinstance(value, nn.Module | mx.array) and hasattr(value, "__dict__"):
