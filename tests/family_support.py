@@ -18,6 +18,7 @@ FAMILY_ROWS = {
     "gpt_oss": ("gpt-oss 20B/120B", "sliding window + attention KV, sinks, MoE"),
     "qwen3_next": ("Qwen3-Next", "gated delta (recurrent) + attention KV, MoE"),
     "qwen3_5": ("Qwen3.5, Qwen3.6", "gated delta (recurrent) + attention KV"),
+    "lfm2": ("LFM2", "short convolutions (rolling state) + attention KV"),
     "nemotron_h": ("Nemotron-H", "Mamba2 (recurrent) + attention KV"),
     "granitemoehybrid": ("Granite 4.0 hybrid", "Mamba2 (recurrent) + attention KV, MoE"),
     "deepseek_v3": ("DeepSeek V3, Kimi K2", "MLA latent KV, MoE"),
@@ -30,7 +31,15 @@ ATTENTION_ONLY = {"dense", "deepseek_v3", "qwen3_moe"}
 # Families whose attention KV quantizes (kv_bits): attention-only ones but MLA, whose attention
 # reads the cache's arrays itself, and hybrids (their recurrent states stay as they are);
 # sliding windows have no quantized form in mlx-lm.
-KV_BITS = {"dense", "qwen3_moe", "qwen3_next", "qwen3_5", "nemotron_h", "granitemoehybrid"}
+KV_BITS = {
+    "dense",
+    "qwen3_moe",
+    "qwen3_next",
+    "qwen3_5",
+    "lfm2",
+    "nemotron_h",
+    "granitemoehybrid",
+}
 # Families whose layers ignore a batched prefill's padding on the pinned mlx-lm.
 PREFILL_ONE_AT_A_TIME = {"nemotron_h"}
 
