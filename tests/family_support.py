@@ -40,6 +40,8 @@ KV_BITS = {
     "nemotron_h",
     "granitemoehybrid",
 }
+# Families with recurrent layers (a state per row that does not grow with tokens).
+RECURRENT = {"qwen3_next", "qwen3_5", "lfm2", "nemotron_h", "granitemoehybrid"}
 # Families whose layers ignore a batched prefill's padding on the pinned mlx-lm.
 PREFILL_ONE_AT_A_TIME = {"nemotron_h"}
 

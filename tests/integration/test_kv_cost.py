@@ -10,6 +10,7 @@ import json
 import mlx.core as mx
 import pytest
 from families import FAMILIES, WINDOW, build_family_model
+from family_support import RECURRENT
 from mlx_lm.models.cache import ArraysCache, CacheList, QuantizedKVCache, make_prompt_cache
 
 from mlxd.shared.fit import dtype_bytes_of
@@ -83,7 +84,7 @@ def test_sliding_window_and_recurrent_layers_are_counted_as_such(family):
     assert (cost.window, bool(cost.windowed_per_token)) == (
         (WINDOW, True) if windowed else (0, False)
     )
-    hybrid = name in ("qwen3_next", "nemotron_h", "granitemoehybrid")
+    hybrid = name in RECURRENT
     assert bool(cost.per_row) == hybrid
     # A window's tokens stop costing once it is full; a state never grows with tokens.
     grown = cost.row_bytes(2 * PROMPT) - cost.row_bytes(PROMPT)

@@ -89,7 +89,8 @@ class KvLayout:
             attention = _attention(cfg)
             latent = bool(cfg.get("kv_lora_rank") and cfg.get("qk_rope_head_dim"))
             latent = latent and cfg.get("model_type") not in FULL_HEAD_MLA
-            return cls(tuple(_layer(kind, attention, cfg) for kind in kinds), latent)
+            layers = [_layer(kind, attention, cfg) for kind in kinds]
+            return cls(tuple(_gemma4_layers(cfg, kinds, layers)), latent)
         except (KeyError, TypeError, ValueError, ZeroDivisionError):
             return None
 
@@ -205,6 +206,27 @@ def _layer(kind: str, attention: KvLayer, cfg: dict) -> KvLayer:
     return KvLayer()
 
 
+def _gemma4_layers(cfg: dict, kinds: list[str], layers: list[KvLayer]) -> list[KvLayer]:
+    """Gemma 4's: full-attention layers with their own head size (`global_head_dim`; with
+    K-eq-V their own head count), and the last `num_kv_shared_layers` reading earlier
+    layers' K and V, holding none (mlx-lm makes no cache for them; it defaults to 20 when
+    a gemma4 config leaves the count out). Other configs pass through unchanged."""
+    out = list(layers)
+    if cfg.get("global_head_dim"):
+        heads = int(cfg.get("num_key_value_heads") or cfg["num_attention_heads"])
+        if cfg.get("attention_k_eq_v") and cfg.get("num_global_key_value_heads"):
+            heads = int(cfg["num_global_key_value_heads"])
+        dim = int(cfg["global_head_dim"])
+        out = [KvLayer(heads, dim, dim) if kind == "full" else x for kind, x in zip(kinds, out)]
+    shared = cfg.get("num_kv_shared_layers")
+    if shared is None and str(cfg.get("model_type", "")).startswith("gemma4"):
+        shared = 20
+    first = len(out) - int(shared or 0)
+    if 0 < first < len(out):
+        out[first:] = [KvLayer()] * (len(out) - first)
+    return out
+
+
 def _recurrent(cfg: dict) -> KvLayer:
     """A recurrent layer's state per row: (conv kernel - 1) x conv channels at the dtype, and
     the state in float32."""
@@ -213,6 +235,8 @@ def _recurrent(cfg: dict) -> KvLayer:
         hv, dv = int(cfg["linear_num_value_heads"]), int(cfg["linear_value_head_dim"])
         conv = (int(cfg["linear_conv_kernel_dim"]) - 1) * (2 * hk * dk + hv * dv)
         return KvLayer(state_elems=hv * dv * dk, tail_elems=conv)
+    if cfg.get("conv_L_cache"):  # LFM2's short convolutions: the last L-1 inputs
+        return KvLayer(tail_elems=(int(cfg["conv_L_cache"]) - 1) * int(cfg["hidden_size"]))
     mamba = _mamba(cfg)
     if mamba is None:
         return KvLayer()  # a recurrent kind not modelled here: its worker measures it
