@@ -74,7 +74,9 @@ def main(argv: list[str]) -> int:
     use_blocks(choose_block(loaded.model, None if a.block < 0 else a.block))
     vocab = loaded.model.args.vocab_size if hasattr(loaded.model, "args") else 32000
     trace = open_step_log(a.step_log, "extend") if a.step_log else None
-    cache = PromptCache(64 << 30, None, 0)
+    # The RAM tier holds every row's history at K = 8 on the 8B (~10 GB); 64 GiB left an H100
+    # (80 GB) no room for the plain baseline's caches beside the model.
+    cache = PromptCache(16 << 30, None, 0)
     phases = None
     if a.phases or a.variant != "default":
         from .extend_phases import Phases
