@@ -24,6 +24,7 @@ from mlxd.shared.model_facts import VISION_FAMILIES, serves_images
 from mlxd.worker.model import mlx_lm_seam as seam
 from mlxd.worker.model.load import loose_arrays
 from mlxd.worker.vision.embed import ImageEmbedding, ImageRows
+from mlxd.worker.vision.processor_memo import ProcessorMemo
 
 log = logging.getLogger("mlxd.worker.vision")
 
@@ -81,6 +82,8 @@ def load_vision(path: Path, model: nn.Module, tokenizer) -> VisionParts | None:
     vlm.language_model = _Text(embedding.inner)  # the text weights mlx-vlm listed go unread
     mx.eval(vlm.parameters(), loose_arrays(vlm))
     processor = load_processor(Path(path), add_detokenizer=False)
+    if getattr(processor, "image_processor", None) is not None:  # each image resized once
+        processor.image_processor = ProcessorMemo(processor.image_processor)
     vocab = tokenizer.get_vocab() if hasattr(tokenizer, "get_vocab") else {}
     inside = frozenset(vocab[t] for t in VISION_FAMILIES[family] if t in vocab)
     rows = ImageRows(embedding)

@@ -1,0 +1,128 @@
+"""A family's image processor with a memory: each image's pixels (resized, normalized) kept by
+the image's content, so a conversation about a screenshot resizes it once, not at every turn
+(every turn re-sends the whole history, and the processor runs over all of it again: ~45 ms
+per 1024² image at Gemma 3's 896 px on a 2-core x86 CPU, the largest cost of a cached turn 2
+beside the transport, docs/benchmarks.md, Images).
+
+It wraps the processor's `image_processor` (what transformers' processors call with the
+prompt's images) and answers a call image by image: an image seen before from memory, a new one
+by the real processor alone. That is exact only where the processor treats images
+independently and each image is one entry of every output (Gemma 3: `pixel_values` [n, 3, H,
+W] and `num_crops` [n]); anything else (a crop count per image, sizes that need padding to a
+batch, a nesting it does not know) goes to the real processor whole, as before. Bounded by the
+bytes it holds (`MEMO_BYTES`), least recently used out first.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+from collections import OrderedDict
+from typing import Any
+
+import numpy as np
+
+MEMO_BYTES = 256 * 1024 * 1024  # processed pixels held (float32: ~9.6 MB per 896² image)
+
+
+def _content_key(img: Any) -> str | None:
+    """A PIL image's pixels, mode and size as a key (None: not a PIL image)."""
+    tobytes = getattr(img, "tobytes", None)
+    if tobytes is None or not hasattr(img, "mode") or not hasattr(img, "size"):
+        return None
+    digest = hashlib.blake2b(tobytes(), digest_size=16).hexdigest()
+    return f"{img.mode}:{img.size[0]}x{img.size[1]}:{digest}"
+
+
+def _one_each(out: Any) -> bool:
+    """Whether every output is one entry for the one image it was given."""
+    items = getattr(out, "items", None)
+    if items is None:
+        return False
+    for _, value in items():
+        if isinstance(value, np.ndarray):
+            if value.ndim == 0 or value.shape[0] != 1:
+                return False
+        elif not (isinstance(value, list) and len(value) == 1):
+            return False
+    return True
+
+
+def _join(parts: list[Any]) -> Any:
+    """The outputs of images one by one as one output of them all (ValueError: they do not
+    stack, e.g. different sizes)."""
+    first = parts[0]
+    data: dict[str, Any] = {}
+    for key, value in first.items():
+        values = [p[key] for p in parts]
+        if isinstance(value, np.ndarray):
+            data[key] = np.concatenate(values, axis=0)
+        else:
+            data[key] = [x for v in values for x in v]
+    return type(first)(data)
+
+
+def _nbytes(out: Any) -> int:
+    return sum(v.nbytes for _, v in out.items() if isinstance(v, np.ndarray))
+
+
+class ProcessorMemo:
+    """`inner` (an image processor) answering from memory for images it has seen."""
+
+    def __init__(self, inner: Any, max_bytes: int = MEMO_BYTES):
+        self._inner = inner
+        self.max_bytes = max_bytes
+        self.held = 0
+        self.hits = 0
+        self._items: OrderedDict[str, Any] = OrderedDict()
+        self._lock = threading.Lock()  # prompts are processed in threads
+
+    def __getattr__(self, name: str) -> Any:  # size, resample, ...: the processor's own
+        if name.startswith("__") or name == "_inner":  # copies and reprs before __init__
+            raise AttributeError(name)
+        return getattr(self._inner, name)
+
+    def __repr__(self) -> str:
+        return f"ProcessorMemo({self._inner!r})"
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def __call__(self, images: Any, **kwargs: Any) -> Any:
+        nested = isinstance(images, list) and len(images) == 1 and isinstance(images[0], list)
+        flat = images[0] if nested else images
+        keys = [_content_key(img) for img in flat] if isinstance(flat, list) and flat else []
+        if not keys or any(k is None for k in keys):
+            return self._inner(images, **kwargs)
+        settings = repr(sorted(kwargs.items()))
+        parts = []
+        for img, key in zip(flat, keys, strict=True):
+            full = f"{key}|{settings}"
+            with self._lock:
+                hit = self._items.get(full)
+                if hit is not None:
+                    self._items.move_to_end(full)
+                    self.hits += 1
+            if hit is None:
+                hit = self._inner([[img]] if nested else [img], **kwargs)
+                if not _one_each(hit):
+                    return self._inner(images, **kwargs)
+                self._keep(full, hit)
+            parts.append(hit)
+        try:
+            return _join(parts)
+        except ValueError:  # sizes that need the batch's padding: the processor's own way
+            return self._inner(images, **kwargs)
+
+    def _keep(self, key: str, out: Any) -> None:
+        size = _nbytes(out)
+        if size > self.max_bytes:
+            return
+        with self._lock:
+            if key in self._items:
+                return
+            self._items[key] = out
+            self.held += size
+            while self.held > self.max_bytes:
+                _, old = self._items.popitem(last=False)
+                self.held -= _nbytes(old)
