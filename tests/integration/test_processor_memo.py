@@ -4,6 +4,9 @@ list, for both VLM families."""
 
 from __future__ import annotations
 
+import copy
+import pickle
+
 import numpy as np
 import pytest
 from mlx_vlm.utils import load_processor, prepare_inputs
@@ -25,6 +28,8 @@ class Counted:
         self.inner, self.images = inner, 0
 
     def __getattr__(self, name):
+        if name == "inner":
+            raise AttributeError(name)
         return getattr(self.inner, name)
 
     def __call__(self, images, **kwargs):
@@ -63,20 +68,39 @@ def test_each_turn_gives_what_the_processor_gives_and_resizes_only_new_images(pr
     assert counted.images == 3 and memo.image_processor.hits == 5
 
 
-def test_the_memo_holds_at_most_its_bound(processors):
+def test_the_memo_holds_at_most_its_bound_as_the_worker_calls_it(processors):
+    """Through mlx-vlm's prepare_inputs, as the worker renders a prompt (the processor then
+    gets lists of arrays back, not one stacked array)."""
     family, _plain, memo, _counted = processors
-    if family != "gemma3":
-        pytest.skip("only one-entry-per-image outputs are kept")
     inner = memo.image_processor._inner
-    one = ProcessorMemo(inner, max_bytes=1)  # smaller than any image's pixels
-    one([picture(7)], return_tensors="np")
-    assert len(one) == 0 and one.held == 0
-    size = ProcessorMemo(inner)
-    size([picture(8)], return_tensors="np")
-    two = ProcessorMemo(inner, max_bytes=2 * size.held)
+    probe = ProcessorMemo(inner)
+    memo.image_processor = probe
+    run(memo, family, [picture(8)])
+    one = probe.held
+    assert one > 0 and len(probe) == 1
+    memo.image_processor = small = ProcessorMemo(inner, max_bytes=2 * one)
     for seed in (9, 10, 11):
-        two([picture(seed)], return_tensors="np")
-    assert len(two) == 2 and two.held == 2 * size.held
+        run(memo, family, [picture(seed)])
+    assert len(small) == 2 and small.held == 2 * one
+    memo.image_processor = tiny = ProcessorMemo(inner, max_bytes=one - 1)
+    run(memo, family, [picture(12)])
+    assert len(tiny) == 0 and tiny.held == 0
+
+
+def test_what_it_returns_is_a_copy_and_the_processor_still_serializes(processors):
+    family, plain, memo, counted = processors
+    memo.image_processor = ProcessorMemo(counted.inner)  # the processor itself underneath
+    images = memo.image_processor  # called as the family's processor calls it
+    first = images([[picture(20)]])
+    for arr in first["pixel_values"]:  # a caller writing into what it got
+        arr[...] = 0
+    again, want = images([[picture(20)]]), plain.image_processor([[picture(20)]])
+    assert images.hits == 1
+    assert all(np.array_equal(a, b) for a, b in zip(again["pixel_values"], want["pixel_values"]))
+    # transformers' to_dict / save_pretrained deep-copy the processor; repr uses to_dict.
+    assert repr(memo) and memo.to_dict().keys() == plain.to_dict().keys()
+    assert type(copy.deepcopy(memo.image_processor)) is type(plain.image_processor)
+    assert type(pickle.loads(pickle.dumps(memo.image_processor))) is type(plain.image_processor)
 
 
 def test_outputs_that_are_not_one_entry_per_image_go_to_the_processor_whole():
@@ -95,3 +119,5 @@ def test_outputs_that_are_not_one_entry_per_image_go_to_the_processor_whole():
     out = memo([picture(1), picture(2)])
     assert out["pixel_values"].shape[0] == 4 and len(memo) == 0
     assert inner.calls == [1, 2]  # tried the first alone, then the whole list
+    memo([picture(1), picture(2)])
+    assert inner.calls == [1, 2, 2]  # known to crop: the whole list at once, no second try

@@ -184,3 +184,49 @@ def test_windows_and_states_change_what_a_budget_holds():
     assert n.max_rows(GiB, 1) == GiB // (n.per_token * KV_STEP + n.per_row)
     assert KvCost(0, 100, 128, 10).max_context(GiB) == UNBOUNDED  # windows and states only
     assert KvCost(0, 0, 0, GiB + 1).max_context(GiB) == 0  # not even one row's state fits
+
+
+GEMMA4_SPELLED = {  # every field mlx-lm's gemma4_text would otherwise default, spelled out
+    "model_type": "gemma4_text",
+    "hidden_size": 1536,
+    "num_hidden_layers": 35,
+    "num_attention_heads": 8,
+    "head_dim": 256,
+    "global_head_dim": 512,
+    "num_key_value_heads": 1,
+    "sliding_window": 512,
+    "sliding_window_pattern": 5,
+    "num_kv_shared_layers": 20,
+}
+
+
+def test_a_gemma4_config_leaving_fields_out_is_planned_with_mlx_lms_defaults():
+    spelled = kv_cost_of_config(GEMMA4_SPELLED, BF16)
+    sparse = {k: GEMMA4_SPELLED[k] for k in ("model_type", "hidden_size", "num_hidden_layers")}
+    sparse["num_attention_heads"] = 8
+    assert kv_cost_of_config(sparse, BF16) == spelled
+    # Nested in a multimodal config whose text part names no model type.
+    wrapped = {"model_type": "gemma4", "text_config": {**sparse, "model_type": None}}
+    assert kv_cost_of_config(wrapped, BF16) == spelled
+    # 15 layers hold KV (20 read others'): 12 windows of 512 (1 KV head × 256) and 3 global
+    # layers (1 × 512), K and V in bf16.
+    assert spelled is not None and spelled.window == 512
+    assert spelled.per_token == 3 * 2 * 512 * BF16
+    assert spelled.windowed_per_token == 12 * 2 * 256 * BF16
+
+
+def test_lfm2_without_layer_types_reads_its_attention_indices():
+    base = {
+        "model_type": "lfm2",
+        "hidden_size": 2048,
+        "num_hidden_layers": 16,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 8,
+        "conv_L_cache": 3,
+    }
+    full = [2, 5, 8, 10, 12, 14]
+    types = ["full_attention" if i in full else "conv" for i in range(16)]
+    by_types = kv_cost_of_config({**base, "layer_types": types}, BF16)
+    assert kv_cost_of_config({**base, "full_attn_idxs": full}, BF16) == by_types
+    assert by_types is not None and by_types.per_token == 6 * 2 * 8 * 64 * BF16
+    assert by_types.per_row == 10 * 2 * 2048 * BF16  # each conv layer's last 2 inputs

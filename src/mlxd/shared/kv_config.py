@@ -31,6 +31,16 @@ FULL_HEAD_MLA = frozenset({"deepseek_v2", "minicpm3"})
 NO_WINDOW = frozenset({"gemma2"})
 # mlx-lm's defaults where a config leaves `sliding_window_pattern` out.
 DEFAULT_PATTERN = {"gemma3_text": 6, "gemma3": 6, "cohere2": 4, "gemma4_text": 5, "gpt_oss": 2}
+# mlx-lm's gemma4_text defaults for what a Gemma 4 config may leave out.
+GEMMA4_DEFAULTS = {
+    "model_type": "gemma4_text",
+    "head_dim": 256,
+    "global_head_dim": 512,
+    "num_key_value_heads": 1,
+    "sliding_window": 512,
+    "sliding_window_pattern": 5,
+    "num_kv_shared_layers": 20,
+}
 # How layer_types / layers_block_type name layers that are not full attention; a name not
 # here counts as full attention (never less than the cache holds).
 SLIDING = frozenset({"sliding_attention", "local_attention"})
@@ -84,6 +94,8 @@ class KvLayout:
         """From a config.json (multimodal wrappers nest it in text_config); None when it
         does not say."""
         cfg = config.get("text_config") or config
+        if str(cfg.get("model_type") or config.get("model_type") or "").startswith("gemma4"):
+            cfg = {**GEMMA4_DEFAULTS, **cfg}
         try:
             kinds = _layer_kinds(cfg)
             attention = _attention(cfg)
@@ -152,6 +164,9 @@ def _layer_kinds(cfg: dict) -> list[str]:
     types = cfg.get("layers_block_type") or cfg.get("layer_types")
     if types:
         return [_kind_of(t, cfg) for t in types]
+    full = cfg.get("full_attn_idxs")  # LFM2 without layer_types: these attend, the rest convolve
+    if full is not None:
+        return ["full" if i in set(full) else "state" for i in range(n)]
     interval = cfg.get("full_attention_interval")  # Qwen3-Next, Qwen3.5: every k-th attends
     if interval:
         return ["state" if (i + 1) % int(interval) else "full" for i in range(n)]

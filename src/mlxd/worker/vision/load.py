@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -42,8 +42,9 @@ class _Text(nn.Module):
 class VisionParts:
     """A loaded model's vision half, and the text model's image embedding and row hook."""
 
-    vlm: Any  # mlx-vlm's Model, its text model a stub (_Text)
-    processor: Any  # the family's processor (images -> pixels, the prompt's image tokens)
+    vlm: Any = field(repr=False)  # mlx-vlm's Model, its text model a stub (_Text)
+    # the family's processor (images -> pixels, the prompt's image tokens)
+    processor: Any = field(repr=False)
     model_type: str
     image_id: int  # the token the processor repeats per image feature
     inside: frozenset[int]  # tokens inside one image besides image tokens (row breaks)

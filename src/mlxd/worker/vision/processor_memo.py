@@ -15,6 +15,7 @@ bytes it holds (`MEMO_BYTES`), least recently used out first.
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import threading
 from collections import OrderedDict
@@ -57,13 +58,20 @@ def _join(parts: list[Any]) -> Any:
         values = [p[key] for p in parts]
         if isinstance(value, np.ndarray):
             data[key] = np.concatenate(values, axis=0)
-        else:
-            data[key] = [x for v in values for x in v]
+        else:  # copies: the memory's arrays never leave it
+            data[key] = [np.array(x) if isinstance(x, np.ndarray) else x for v in values for x in v]
     return type(first)(data)
 
 
 def _nbytes(out: Any) -> int:
-    return sum(v.nbytes for _, v in out.items() if isinstance(v, np.ndarray))
+    """The bytes of an output's arrays, whole or in lists (transformers 5's processors give
+    `pixel_values` as a list of arrays when no tensor type is asked for)."""
+    arrays = (a for _, v in out.items() for a in (v if isinstance(v, list) else [v]))
+    return sum(a.nbytes for a in arrays if isinstance(a, np.ndarray))
+
+
+def _unwrapped(inner: Any) -> Any:
+    return inner
 
 
 class ProcessorMemo:
@@ -75,6 +83,7 @@ class ProcessorMemo:
         self.held = 0
         self.hits = 0
         self._items: OrderedDict[str, Any] = OrderedDict()
+        self._whole: set[str] = set()  # images whose output is not one entry (crops)
         self._lock = threading.Lock()  # prompts are processed in threads
 
     def __getattr__(self, name: str) -> Any:  # size, resample, ...: the processor's own
@@ -84,6 +93,14 @@ class ProcessorMemo:
 
     def __repr__(self) -> str:
         return f"ProcessorMemo({self._inner!r})"
+
+    # A processor's to_dict / save_pretrained deep-copy it, and pickling copies it: those see
+    # the processor itself (the memory and its lock stay behind).
+    def __deepcopy__(self, memo: dict) -> Any:
+        return copy.deepcopy(self._inner, memo)
+
+    def __reduce__(self) -> tuple:
+        return (_unwrapped, (self._inner,))
 
     def __len__(self) -> int:
         return len(self._items)
@@ -95,6 +112,8 @@ class ProcessorMemo:
         if not keys or any(k is None for k in keys):
             return self._inner(images, **kwargs)
         settings = repr(sorted(kwargs.items()))
+        if any(f"{key}|{settings}" in self._whole for key in keys):
+            return self._inner(images, **kwargs)
         parts = []
         for img, key in zip(flat, keys, strict=True):
             full = f"{key}|{settings}"
@@ -106,6 +125,10 @@ class ProcessorMemo:
             if hit is None:
                 hit = self._inner([[img]] if nested else [img], **kwargs)
                 if not _one_each(hit):
+                    with self._lock:
+                        if len(self._whole) > 4096:  # a bound: forget, ask again
+                            self._whole.clear()
+                        self._whole.add(full)
                     return self._inner(images, **kwargs)
                 self._keep(full, hit)
             parts.append(hit)
