@@ -18,6 +18,7 @@ FAMILY_ROWS = {
     "gpt_oss": ("gpt-oss 20B/120B", "sliding window + attention KV, sinks, MoE"),
     "qwen3_next": ("Qwen3-Next", "gated delta (recurrent) + attention KV, MoE"),
     "qwen3_5": ("Qwen3.5, Qwen3.6", "gated delta (recurrent) + attention KV"),
+    "qwen3_5_moe": ("Qwen3.5/3.6 35B-A3B", "gated delta (recurrent) + attention KV, MoE"),
     "lfm2": ("LFM2", "short convolutions (rolling state) + attention KV"),
     "nemotron_h": ("Nemotron-H", "Mamba2 (recurrent) + attention KV"),
     "granitemoehybrid": ("Granite 4.0 hybrid", "Mamba2 (recurrent) + attention KV, MoE"),
@@ -36,12 +37,13 @@ KV_BITS = {
     "qwen3_moe",
     "qwen3_next",
     "qwen3_5",
+    "qwen3_5_moe",
     "lfm2",
     "nemotron_h",
     "granitemoehybrid",
 }
 # Families with recurrent layers (a state per row that does not grow with tokens).
-RECURRENT = {"qwen3_next", "qwen3_5", "lfm2", "nemotron_h", "granitemoehybrid"}
+RECURRENT = {"qwen3_next", "qwen3_5", "qwen3_5_moe", "lfm2", "nemotron_h", "granitemoehybrid"}
 # Families whose layers ignore a batched prefill's padding on the pinned mlx-lm.
 PREFILL_ONE_AT_A_TIME = {"nemotron_h"}
 
