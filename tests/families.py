@@ -23,6 +23,31 @@ WINDOW = 32  # sliding-window layers' span, in tokens
 _H = 128  # hidden size
 _GAIN = 4.0
 
+# Qwen3.5's text model at toy sizes (its MoE checkpoints add experts to the same layers).
+_QWEN35_TEXT = {
+    "hidden_size": _H,
+    "num_hidden_layers": 4,
+    "intermediate_size": 256,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 32,
+    "linear_num_value_heads": 4,
+    "linear_num_key_heads": 2,
+    "linear_key_head_dim": 32,
+    "linear_value_head_dim": 32,
+    "linear_conv_kernel_dim": 4,
+    "rms_norm_eps": 1e-6,
+    "full_attention_interval": 2,
+    "max_position_embeddings": 4096,
+    "tie_word_embeddings": False,
+    "rope_parameters": {
+        "rope_type": "default",
+        "mrope_section": [2, 1, 1],
+        "rope_theta": 10000.0,
+        "partial_rotary_factor": 0.25,
+    },
+}
+
 # Each family: its mlx-lm module and the config's own fields at toy sizes (the vocab, the
 # special ids and the dtype come from the tokenizer's build).
 FAMILIES: dict[str, dict] = {
@@ -116,29 +141,20 @@ FAMILIES: dict[str, dict] = {
     # text config nested under the multimodal one as the real checkpoints ship it.
     "qwen3_5": {
         "model_type": "qwen3_5",
+        "text_config": {"model_type": "qwen3_5_text", **_QWEN35_TEXT},
+        "tie_word_embeddings": False,
+    },
+    # Qwen3.5 / 3.6's MoE checkpoints (35B-A3B ...): the same layers with routed experts.
+    "qwen3_5_moe": {
+        "model_type": "qwen3_5_moe",
         "text_config": {
-            "model_type": "qwen3_5_text",
-            "hidden_size": _H,
-            "num_hidden_layers": 4,
-            "intermediate_size": 256,
-            "num_attention_heads": 4,
-            "num_key_value_heads": 2,
-            "head_dim": 32,
-            "linear_num_value_heads": 4,
-            "linear_num_key_heads": 2,
-            "linear_key_head_dim": 32,
-            "linear_value_head_dim": 32,
-            "linear_conv_kernel_dim": 4,
-            "rms_norm_eps": 1e-6,
-            "full_attention_interval": 2,
-            "max_position_embeddings": 4096,
-            "tie_word_embeddings": False,
-            "rope_parameters": {
-                "rope_type": "default",
-                "mrope_section": [2, 1, 1],
-                "rope_theta": 10000.0,
-                "partial_rotary_factor": 0.25,
-            },
+            "model_type": "qwen3_5_moe_text",
+            **_QWEN35_TEXT,
+            "num_experts": 4,
+            "num_experts_per_tok": 2,
+            "decoder_sparse_step": 1,
+            "shared_expert_intermediate_size": 64,
+            "moe_intermediate_size": 64,
         },
         "tie_word_embeddings": False,
     },
@@ -160,40 +176,6 @@ FAMILIES: dict[str, dict] = {
         "block_auto_adjust_ff_dim": False,
         "layer_types": ["conv", "full_attention", "conv", "full_attention"],
         "rope_theta": 10000.0,
-    },
-    # Qwen3.5 / 3.6's MoE checkpoints (35B-A3B ...): the same layers with routed experts.
-    "qwen3_5_moe": {
-        "model_type": "qwen3_5_moe",
-        "text_config": {
-            "model_type": "qwen3_5_moe_text",
-            "hidden_size": _H,
-            "num_hidden_layers": 4,
-            "intermediate_size": 256,
-            "num_attention_heads": 4,
-            "num_key_value_heads": 2,
-            "head_dim": 32,
-            "linear_num_value_heads": 4,
-            "linear_num_key_heads": 2,
-            "linear_key_head_dim": 32,
-            "linear_value_head_dim": 32,
-            "linear_conv_kernel_dim": 4,
-            "num_experts": 4,
-            "num_experts_per_tok": 2,
-            "decoder_sparse_step": 1,
-            "shared_expert_intermediate_size": 64,
-            "moe_intermediate_size": 64,
-            "rms_norm_eps": 1e-6,
-            "full_attention_interval": 2,
-            "max_position_embeddings": 4096,
-            "tie_word_embeddings": False,
-            "rope_parameters": {
-                "rope_type": "default",
-                "mrope_section": [2, 1, 1],
-                "rope_theta": 10000.0,
-                "partial_rotary_factor": 0.25,
-            },
-        },
-        "tie_word_embeddings": False,
     },
     "nemotron_h": {
         "model_type": "nemotron_h",

@@ -64,8 +64,10 @@ def _worker_stats(daemon, family) -> dict:
         return c.get("/stats").json()
 
 
-# Dense and MoE attention are what the rest of the suite serves: the long tier keeps them here.
-SLOW = {"dense", "qwen3_moe"}
+# Dense and MoE attention are what the rest of the suite serves, and Qwen3.5's MoE checkpoints
+# have Qwen3.5's layers (run here) plus experts (Qwen3-Next's, run here): the long tier keeps
+# them. Their engine tests (tests/integration/test_family_engine.py) run in `make test`.
+SLOW = {"dense", "qwen3_moe", "qwen3_5_moe"}
 
 
 CASES = [pytest.param(f, marks=pytest.mark.slow) if f in SLOW else f for f in sorted(FAMILIES)]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from mlxd.worker.grammar.cache import ByteLRU
+from mlxd.shared.byte_lru import ByteLRU
 from mlxd.worker.grammar.limits import GrammarLimits, GrammarTooLarge, check_regex, check_spec
 
 LIMITS = GrammarLimits(max_repeat=1000, max_bytes=4096, max_positions=5000)

@@ -13,9 +13,9 @@ from __future__ import annotations
 
 import hashlib
 import threading
-from collections import OrderedDict
 from dataclasses import replace
 
+from mlxd.shared.byte_lru import ByteLRU
 from mlxd.shared.images import CheckedImage, ImageLimits, check_image
 
 MEMO_BYTES = 128 * 1024 * 1024  # decoded RGB pixels held (about 20 1080p screenshots)
@@ -30,14 +30,16 @@ class DecodedImages:
     """`check_image` with a memory of the images that passed it."""
 
     def __init__(self, max_bytes: int = MEMO_BYTES):
-        self.max_bytes = max_bytes
-        self.held = 0
+        self._lru = ByteLRU(max_bytes)
         self.hits = 0
-        self._items: OrderedDict[str, CheckedImage] = OrderedDict()
         self._lock = threading.Lock()  # checks run in threads
 
     def __len__(self) -> int:
-        return len(self._items)
+        return len(self._lru)
+
+    @property
+    def held(self) -> int:
+        return self._lru.bytes
 
     def check(self, data: bytes, limits: ImageLimits, param: str = "image") -> CheckedImage:
         """What `check_image(data, limits, param)` gives, from memory when these bytes passed
@@ -46,19 +48,11 @@ class DecodedImages:
             return check_image(data, limits, param)
         key = f"{hashlib.sha256(data).hexdigest()}:{limits.max_pixels}"
         with self._lock:
-            hit = self._items.get(key)
+            hit = self._lru.get(key)
             if hit is not None:
-                self._items.move_to_end(key)
                 self.hits += 1
                 return replace(hit, param=param)
         checked = check_image(data, limits, param)
-        size = pixel_bytes(checked)
-        if size <= self.max_bytes:
-            with self._lock:
-                if key not in self._items:
-                    self._items[key] = checked
-                    self.held += size
-                while self.held > self.max_bytes:
-                    _, old = self._items.popitem(last=False)
-                    self.held -= pixel_bytes(old)
+        with self._lock:
+            self._lru.put(key, checked, pixel_bytes(checked))
         return checked

@@ -21,9 +21,9 @@ from typing import Any
 
 import orjson
 
+from mlxd.shared.byte_lru import ByteLRU
 from mlxd.shared.errors import BadRequest, Unavailable
 from mlxd.shared.sizes import format_size
-from mlxd.worker.grammar.cache import ByteLRU
 from mlxd.worker.grammar.child_io import kill, read_answer, watch_memory
 from mlxd.worker.grammar.compile_child import frame
 from mlxd.worker.grammar.limits import GrammarLimits, GrammarTooLarge, check_spec

@@ -18,10 +18,11 @@ from __future__ import annotations
 import copy
 import hashlib
 import threading
-from collections import OrderedDict
 from typing import Any
 
 import numpy as np
+
+from mlxd.shared.byte_lru import ByteLRU
 
 MEMO_BYTES = 256 * 1024 * 1024  # processed pixels held (float32: ~9.6 MB per 896² image)
 
@@ -79,10 +80,8 @@ class ProcessorMemo:
 
     def __init__(self, inner: Any, max_bytes: int = MEMO_BYTES):
         self._inner = inner
-        self.max_bytes = max_bytes
-        self.held = 0
+        self._lru = ByteLRU(max_bytes)
         self.hits = 0
-        self._items: OrderedDict[str, Any] = OrderedDict()
         self._whole: set[str] = set()  # images whose output is not one entry (crops)
         self._lock = threading.Lock()  # prompts are processed in threads
 
@@ -103,7 +102,11 @@ class ProcessorMemo:
         return (_unwrapped, (self._inner,))
 
     def __len__(self) -> int:
-        return len(self._items)
+        return len(self._lru)
+
+    @property
+    def held(self) -> int:
+        return self._lru.bytes
 
     def __call__(self, images: Any, **kwargs: Any) -> Any:
         nested = isinstance(images, list) and len(images) == 1 and isinstance(images[0], list)
@@ -118,9 +121,8 @@ class ProcessorMemo:
         for img, key in zip(flat, keys, strict=True):
             full = f"{key}|{settings}"
             with self._lock:
-                hit = self._items.get(full)
+                hit = self._lru.get(full)
                 if hit is not None:
-                    self._items.move_to_end(full)
                     self.hits += 1
             if hit is None:
                 hit = self._inner([[img]] if nested else [img], **kwargs)
@@ -138,14 +140,6 @@ class ProcessorMemo:
             return self._inner(images, **kwargs)
 
     def _keep(self, key: str, out: Any) -> None:
-        size = _nbytes(out)
-        if size > self.max_bytes:
-            return
         with self._lock:
-            if key in self._items:
-                return
-            self._items[key] = out
-            self.held += size
-            while self.held > self.max_bytes:
-                _, old = self._items.popitem(last=False)
-                self.held -= _nbytes(old)
+            if self._lru.get(key) is None:
+                self._lru.put(key, out, _nbytes(out))

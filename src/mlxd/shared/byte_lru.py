@@ -1,8 +1,6 @@
-"""A least-recently-used cache of compiled grammars, capped by bytes rather than by count.
-
-One compiled index can be a few kilobytes or hundreds of megabytes (it grows with automaton
-states × vocabulary), so a count cap bounds nothing. Sizes are estimates: the serialized
-index, which tracks its in-memory tables closely.
+"""A least-recently-used cache capped by bytes rather than by count: compiled grammars (one
+index is kilobytes or hundreds of megabytes, so a count cap bounds nothing), decoded images and
+processed image pixels. Not thread-safe: callers that share one across threads lock around it.
 """
 
 from __future__ import annotations
