@@ -104,9 +104,9 @@ families)
     --out "$out/families-nemotron-h-8b" 2>&1 | grep -v tokenizer | tail -40
   ;;
 adapters)
-  # Estimated, not yet run: 8B build 60-90 s, both servers loaded and warm ~60 s, per run four
-  # mlxd levels of 32 x (300+128) tok at ~900 tok/s (~5 s each) and mlx_lm.server's two (each
-  # after a model reload, ~5 s) ~45 s; 3 runs ~2.5 min. The report is rewritten after every
+  # Ran on an H100 (2026-12-06): the 8B step took 181 s, but with both servers loaded side by
+  # side its runs 2-3 ran out of memory on 80 GB; there, add --mlx-lm-levels '' (mlxd alone,
+  # 109 s for 3 runs). On the H200 (141 GB) both fit. The report is rewritten after every
   # run, so a timeout keeps the runs done. Then the 0.6B shape (~2 min).
   timeout -k 20 400 bash bench/gpu_run.sh adapters --shape qwen3-8b \
     --out "$out/adapters-8b" 2>&1 | grep -v tokenizer | tail -40
