@@ -21,7 +21,7 @@ from mlxd.worker.model.load import (
     LoadedModel,
     SamplingDefaults,
     context_of,
-    loose_arrays,
+    held_arrays,
     upcast_on_the_cpu,
 )
 
@@ -81,7 +81,7 @@ def load_embedder(
     backbone(model)  # fail at load, not at the first request
     tokenizer = load_tokenizer(path, eos_token_ids=config.get("eos_token_id"))
     upcast_on_the_cpu(model)
-    mx.eval(loose_arrays(model))  # on the loading thread: requests run on another
+    mx.eval(held_arrays(model))  # on the loading thread: requests run on another
     limit = context_of(facts.context_length or FALLBACK_CONTEXT, context_limit)
     log.info("embedding model=%s pooling=%s width=%s", model_id, facts.pooling, facts.hidden_size)
     return LoadedModel(

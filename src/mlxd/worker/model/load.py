@@ -167,12 +167,13 @@ def upcast_on_the_cpu(model) -> None:
         mx.eval(model.parameters())  # here: lazy arrays belong to this thread's stream
 
 
-def loose_arrays(model: nn.Module) -> list:
-    """Arrays a model holds outside its parameters: private module entries (mlx-lm's
-    Llama 3, YaRN and proportional RoPE tables as `_freqs`) and arrays on plain objects
-    (Pixtral's rotary table). They are lazy, and a lazy array made on the loading thread
-    cannot be evaluated on another thread's stream (MLX 0.32: "There is no Stream(cpu, 0)
-    in current thread"), so `load_model` evaluates them where they were made."""
+def held_arrays(model: nn.Module) -> list:
+    """Every array a model holds: its parameters, private module entries (mlx-lm's Llama 3,
+    YaRN and proportional RoPE tables as `_freqs`) and arrays on plain objects (Pixtral's
+    rotary table). Those outside the parameters stay lazy after a load, and a lazy array
+    made on the loading thread cannot be evaluated on another thread's stream (MLX 0.32:
+    "There is no Stream(cpu, 0) in current thread"), so loads evaluate them all where they
+    were made."""
     kept = mx.array | nn.Module | dict | list  # arrays, and what may hold them
     every = model.filter_and_map(lambda _m, _k, v: isinstance(v, kept))
     out: list = [pair[1] for pair in tree_flatten(every)]
@@ -258,7 +259,7 @@ def load_model(
         _set_chat_template(tokenizer, overrides.pop("chat_template"))
     if upcast_on_cpu:
         upcast_on_the_cpu(model)
-    mx.eval(loose_arrays(model))  # here, on the loading thread (the engine's is another)
+    mx.eval(held_arrays(model))  # here, on the loading thread (the engine's is another)
     kv = apply_kv_scheme(model, kv_bits, kv_group_size)
     limit = context_of(int(config.get("max_position_embeddings") or 0) or 32768, context_limit)
     loaded = LoadedModel(

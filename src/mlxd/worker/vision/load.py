@@ -22,7 +22,7 @@ import mlx.nn as nn
 
 from mlxd.shared.model_facts import VISION_FAMILIES, serves_images
 from mlxd.worker.model import mlx_lm_seam as seam
-from mlxd.worker.model.load import loose_arrays
+from mlxd.worker.model.load import held_arrays
 from mlxd.worker.vision.embed import ImageEmbedding, ImageRows
 from mlxd.worker.vision.processor_memo import ProcessorMemo
 
@@ -81,7 +81,7 @@ def load_vision(path: Path, model: nn.Module, tokenizer) -> VisionParts | None:
     image_id = int(vlm.config.image_token_index)
     embedding = seam.swap_embedding(model, lambda inner: ImageEmbedding(inner, image_id))
     vlm.language_model = _Text(embedding.inner)  # the text weights mlx-vlm listed go unread
-    mx.eval(vlm.parameters(), loose_arrays(vlm))
+    mx.eval(held_arrays(vlm))  # its parameters among them
     processor = load_processor(Path(path), add_detokenizer=False)
     if getattr(processor, "image_processor", None) is not None:  # each image resized once
         processor.image_processor = ProcessorMemo(processor.image_processor)
