@@ -33,9 +33,9 @@ def decodes(monkeypatch):
     calls = []
     real = image_memo.check_image
 
-    def counted(data, limits, param="image"):
+    def counted(data, limits, param="image", **kw):
         calls.append(param)
-        return real(data, limits, param)
+        return real(data, limits, param, **kw)
 
     monkeypatch.setattr(image_memo, "check_image", counted)
     return calls

@@ -146,11 +146,14 @@ def sniff_format(data: bytes) -> str | None:
     return None
 
 
-def check_image(data: bytes, limits: ImageLimits, param: str = "image") -> CheckedImage:
+def check_image(
+    data: bytes, limits: ImageLimits, param: str = "image", sha256: str | None = None
+) -> CheckedImage:
     """`data` checked and decoded, or a 400 naming `param` and why: too many bytes, not one of
     the accepted formats, more pixels than the limit (read from the header, before decoding,
-    so a decompression bomb allocates nothing), truncated or corrupt. CPU-bound: callers on an
-    event loop run it in a thread (worker/chat/images.py)."""
+    so a decompression bomb allocates nothing), truncated or corrupt. `sha256`: the bytes'
+    hex digest when the caller has it already. CPU-bound: callers on an event loop run it in
+    a thread (worker/chat/images.py)."""
     if len(data) > limits.max_bytes:
         raise bad(param, f"the image is over {limits.max_bytes} bytes (image_max_bytes)")
     fmt = sniff_format(data)
@@ -192,7 +195,7 @@ def check_image(data: bytes, limits: ImageLimits, param: str = "image") -> Check
         why = str(exc).splitlines()[0][:120] if str(exc) else type(exc).__name__
         raise bad(param, f"the {fmt} image is truncated or corrupt ({why})") from None
     return CheckedImage(
-        sha256=hashlib.sha256(data).hexdigest(),
+        sha256=sha256 or hashlib.sha256(data).hexdigest(),
         format=fmt,
         width=rgb.width,
         height=rgb.height,

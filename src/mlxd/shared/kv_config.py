@@ -166,7 +166,8 @@ def _layer_kinds(cfg: dict) -> list[str]:
         return [_kind_of(t, cfg) for t in types]
     full = cfg.get("full_attn_idxs")  # LFM2 without layer_types: these attend, the rest convolve
     if full is not None:
-        return ["full" if i in set(full) else "state" for i in range(n)]
+        attends = set(full)
+        return ["full" if i in attends else "state" for i in range(n)]
     interval = cfg.get("full_attention_interval")  # Qwen3-Next, Qwen3.5: every k-th attends
     if interval:
         return ["state" if (i + 1) % int(interval) else "full" for i in range(n)]
@@ -224,8 +225,9 @@ def _layer(kind: str, attention: KvLayer, cfg: dict) -> KvLayer:
 def _gemma4_layers(cfg: dict, kinds: list[str], layers: list[KvLayer]) -> list[KvLayer]:
     """Gemma 4's: full-attention layers with their own head size (`global_head_dim`; with
     K-eq-V their own head count), and the last `num_kv_shared_layers` reading earlier
-    layers' K and V, holding none (mlx-lm makes no cache for them; it defaults to 20 when
-    a gemma4 config leaves the count out). Other configs pass through unchanged."""
+    layers' K and V, holding none (mlx-lm makes no cache for them; a gemma4 config that
+    leaves the count out has mlx-lm's 20 from GEMMA4_DEFAULTS). Other configs pass through
+    unchanged."""
     out = list(layers)
     if cfg.get("global_head_dim"):
         heads = int(cfg.get("num_key_value_heads") or cfg["num_attention_heads"])
@@ -233,10 +235,7 @@ def _gemma4_layers(cfg: dict, kinds: list[str], layers: list[KvLayer]) -> list[K
             heads = int(cfg["num_global_key_value_heads"])
         dim = int(cfg["global_head_dim"])
         out = [KvLayer(heads, dim, dim) if kind == "full" else x for kind, x in zip(kinds, out)]
-    shared = cfg.get("num_kv_shared_layers")
-    if shared is None and str(cfg.get("model_type", "")).startswith("gemma4"):
-        shared = 20
-    first = len(out) - int(shared or 0)
+    first = len(out) - int(cfg.get("num_kv_shared_layers") or 0)
     if 0 < first < len(out):
         out[first:] = [KvLayer()] * (len(out) - first)
     return out

@@ -46,13 +46,14 @@ class DecodedImages:
         it before under these limits."""
         if len(data) > limits.max_bytes:  # refused by the check before any hashing
             return check_image(data, limits, param)
-        key = f"{hashlib.sha256(data).hexdigest()}:{limits.max_pixels}"
+        digest = hashlib.sha256(data).hexdigest()
+        key = f"{digest}:{limits.max_pixels}"
         with self._lock:
             hit = self._lru.get(key)
             if hit is not None:
                 self.hits += 1
                 return replace(hit, param=param)
-        checked = check_image(data, limits, param)
+        checked = check_image(data, limits, param, sha256=digest)
         with self._lock:
             self._lru.put(key, checked, pixel_bytes(checked))
         return checked

@@ -140,6 +140,5 @@ class ProcessorMemo:
             return self._inner(images, **kwargs)
 
     def _keep(self, key: str, out: Any) -> None:
-        with self._lock:
-            if self._lru.get(key) is None:
-                self._lru.put(key, out, _nbytes(out))
+        with self._lock:  # a twin kept meanwhile by another thread is replaced: same pixels
+            self._lru.put(key, out, _nbytes(out))
