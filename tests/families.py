@@ -23,8 +23,8 @@ WINDOW = 32  # sliding-window layers' span, in tokens
 _H = 128  # hidden size
 _GAIN = 4.0
 
-# Qwen3.5's text model at toy sizes (its MoE checkpoints add experts to the same layers).
-_QWEN35_TEXT = {
+# The gated-delta hybrids' toy sizes (Qwen3-Next, Qwen3.5): every second layer attends.
+_GATED_DELTA = {
     "hidden_size": _H,
     "num_hidden_layers": 4,
     "intermediate_size": 256,
@@ -39,6 +39,18 @@ _QWEN35_TEXT = {
     "rms_norm_eps": 1e-6,
     "full_attention_interval": 2,
     "max_position_embeddings": 4096,
+}
+# Their MoE checkpoints' routed and shared experts.
+_EXPERTS = {
+    "num_experts": 4,
+    "num_experts_per_tok": 2,
+    "decoder_sparse_step": 1,
+    "shared_expert_intermediate_size": 64,
+    "moe_intermediate_size": 64,
+}
+# Qwen3.5's text config (nested under the multimodal one as shipped).
+_QWEN35_TEXT = {
+    **_GATED_DELTA,
     "tie_word_embeddings": False,
     "rope_parameters": {
         "rope_type": "default",
@@ -114,28 +126,11 @@ FAMILIES: dict[str, dict] = {
     },
     "qwen3_next": {
         "model_type": "qwen3_next",
-        "hidden_size": _H,
-        "num_hidden_layers": 4,
-        "intermediate_size": 256,
-        "num_attention_heads": 4,
-        "num_key_value_heads": 2,
-        "head_dim": 32,
-        "linear_num_value_heads": 4,
-        "linear_num_key_heads": 2,
-        "linear_key_head_dim": 32,
-        "linear_value_head_dim": 32,
-        "linear_conv_kernel_dim": 4,
-        "num_experts": 4,
-        "num_experts_per_tok": 2,
-        "decoder_sparse_step": 1,
-        "shared_expert_intermediate_size": 64,
+        **_GATED_DELTA,
+        **_EXPERTS,
         "mlp_only_layers": [],
-        "moe_intermediate_size": 64,
-        "rms_norm_eps": 1e-6,
         "rope_theta": 10000.0,
         "partial_rotary_factor": 0.25,
-        "max_position_embeddings": 4096,
-        "full_attention_interval": 2,
     },
     # Qwen3.5 / 3.6: Qwen3-Next's layer kinds (gated delta + attention) in a dense model, its
     # text config nested under the multimodal one as the real checkpoints ship it.
@@ -150,11 +145,7 @@ FAMILIES: dict[str, dict] = {
         "text_config": {
             "model_type": "qwen3_5_moe_text",
             **_QWEN35_TEXT,
-            "num_experts": 4,
-            "num_experts_per_tok": 2,
-            "decoder_sparse_step": 1,
-            "shared_expert_intermediate_size": 64,
-            "moe_intermediate_size": 64,
+            **_EXPERTS,
         },
         "tie_word_embeddings": False,
     },
