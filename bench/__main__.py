@@ -202,6 +202,8 @@ async def run_suite(
             mlxd_swap=session.mlxd_swap,
             swap_how=session.swap_how,
             unload_mlxd=session.unload_mlxd if session.worker is not None else None,
+            stop_mlx_lm=session.stop_mlx_lm,
+            ensure_mlx_lm=session.ensure_mlx_lm,
         )
         if ctx.worker is None and "proxy" in a.only:
             notes.append("proxy: not measured, the supervisor is not running.")

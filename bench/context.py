@@ -94,6 +94,9 @@ class Context:
     swap_how: str = ""
     # Unload mlxd's model A (drain: its prompt cache goes to SSD); None without a supervisor.
     unload_mlxd: Callable[[], Awaitable[None]] | None = None
+    # Stop mlx_lm.server / start it again (its device memory freed between its turns).
+    stop_mlx_lm: Callable[[], Awaitable[None]] | None = None
+    ensure_mlx_lm: Callable[[], Awaitable[None]] | None = None
     _nonce: itertools.count = field(default_factory=lambda: itertools.count(1))
     # Differs per run, so prompts never repeat across runs (caches can outlive a process).
     _run_id: str = field(default_factory=lambda: os.urandom(3).hex())

@@ -72,12 +72,12 @@ group2)
     --ranks 2 --tokens 256 --levels 1,8,32 --ttft-tokens 8192 --out "$out/group2-8b.md" 2>&1 | tail -20
   ;;
 agents)
-  timeout 560 bash bench/gpu_run.sh agents --shape qwen3-0.6b --levels 1,4,8,16 --prefix 6000 \
+  timeout 560 bash bench/gpu_run.sh agents --shape qwen3-0.6b --levels 1,4,8,16 --prefix 6000 --exclusive \
     --out "$out/agents-0.6b" 2>&1 | grep -v tokenizer | tail -50
   ;;
 agents-8b)
   MLXD_STEP_LOG="$out/steps-agents-8b.jsonl" timeout 570 bash bench/gpu_run.sh agents \
-    --shape qwen3-8b --levels 4,8 --prefix 6000 --out "$out/agents-8b" 2>&1 \
+    --shape qwen3-8b --levels 4,8 --prefix 6000 --exclusive --out "$out/agents-8b" 2>&1 \
     | grep -v tokenizer | tail -30
   ;;
 claude)

@@ -13,6 +13,7 @@ import subprocess
 import sys
 import tempfile
 from collections.abc import Awaitable, Callable
+from dataclasses import replace
 from pathlib import Path
 
 from . import context, report
@@ -33,6 +34,11 @@ def common_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--shape", default="tiny", help=f"one of {', '.join(SHAPE_NAMES)}")
     p.add_argument("--repeats", type=int, default=3, help="runs per figure (median)")
     p.add_argument("--out", type=Path, help="results folder (results.md, results.json, logs/)")
+    p.add_argument(
+        "--exclusive",
+        action="store_true",
+        help="one server on the device at a time: mlxd's model unloaded for mlx_lm.server's turns",
+    )
 
 
 def parser(command: str, doc: str, repeats: int | None = None) -> argparse.ArgumentParser:
@@ -96,7 +102,7 @@ async def _run(
     try:
         await session.start()
         ctx = context.Context(
-            sizes=context.FULL,
+            sizes=replace(context.FULL, exclusive=getattr(a, "exclusive", False)),
             model_a=model,
             model_b=model,
             logit_bias=no_eos_bias(model),
@@ -105,6 +111,8 @@ async def _run(
             mlx_lm=session.mlx_lm,
             worker=session.worker,
             unload_mlxd=session.unload_mlxd if session.worker is not None else None,
+            stop_mlx_lm=session.stop_mlx_lm,
+            ensure_mlx_lm=session.ensure_mlx_lm,
         )
         for name, workload in parts:
             print(f"[{dt.datetime.now():%H:%M:%S}] {name} ...", flush=True)

@@ -119,12 +119,13 @@ async def wait_healthy(server: ServerProcess, timeout_s: float = 120.0) -> float
     raise StartError(f"{server.name} not healthy after {timeout_s:.0f}s:\n{server.log_tail()}")
 
 
-async def start_mlx_lm(model_dir: Path, log_dir: Path) -> ServerProcess:
-    """`python -m mlx_lm server` on its defaults (batching on), bound to loopback.
+async def start_mlx_lm(model_dir: Path, log_dir: Path, port: int | None = None) -> ServerProcess:
+    """`python -m mlx_lm server` on its defaults (batching on), bound to loopback (on `port`,
+    else a free one).
 
     Requests leave out `model`, so it serves the `--model` folder ("default_model").
     """
-    port = free_port()
+    port = port or free_port()
     cmd = [
         sys.executable,
         str(Path(__file__).with_name("mlx_lm_capped.py")),  # its buffer cache capped like ours

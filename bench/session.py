@@ -141,6 +141,21 @@ class Session:
         self.mlxd = sup.target
         return None
 
+    async def stop_mlx_lm(self) -> None:
+        """Stop mlx_lm.server, which frees all the device memory it holds (its model, prompt
+        cache and MLX's buffers): an exclusive turn of mlxd's gets the whole device."""
+        for s in [s for s in self.servers if s.name == "mlx_lm"]:
+            s.terminate(10.0)
+            self.servers.remove(s)
+
+    async def ensure_mlx_lm(self) -> None:
+        """Start mlx_lm.server again on its port (and warm it) if `stop_mlx_lm` stopped it."""
+        if self.mlx_lm is None or any(s.name == "mlx_lm" for s in self.servers):
+            return
+        port = int(self.mlx_lm.base_url.rsplit(":", 1)[1])
+        await self._keep(start_mlx_lm(self.model_a, self.log_dir, port))
+        await self._warm(self.mlx_lm)
+
     async def unload_mlxd(self) -> None:
         """Unload model A through the admin API (which drains its prompt cache to SSD)."""
         await admin_action(self.mlxd, MODEL_A, "unload")

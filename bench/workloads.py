@@ -121,13 +121,19 @@ def _failed(fig: Figure, t: Target, exc: Exception) -> None:
 
 
 async def _hold_device(ctx: Context, t: Target) -> None:
-    """With `exclusive`, give `t` the device: unload mlxd's model before mlx_lm.server's turn,
-    and load it again (untimed, with a short request) before mlxd's."""
+    """With `exclusive`, give `t` the whole device: before mlx_lm.server's turn unload mlxd's
+    model (and start mlx_lm.server again if it was stopped); before mlxd's, stop mlx_lm.server
+    (where the context can: its model, prompt cache and buffers otherwise stay on the device)
+    and load mlxd's model again (untimed, with a short request)."""
     if not ctx.sizes.exclusive or ctx.unload_mlxd is None:
         return
     if t is ctx.mlx_lm:
         await ctx.unload_mlxd()
+        if ctx.ensure_mlx_lm is not None:
+            await ctx.ensure_mlx_lm()
     else:
+        if ctx.stop_mlx_lm is not None:
+            await ctx.stop_mlx_lm()
         await _one(ctx, t, "warm up", 2)
 
 
