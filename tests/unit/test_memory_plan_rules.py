@@ -119,3 +119,20 @@ def test_other_failures_keep_their_plain_sentence():
     assert not is_out_of_memory(ValueError("out of memory"))  # not MLX's RuntimeError
     err = generation_failed("r1", RuntimeError("eval an array without a primitive"))
     assert err.code is None and "Generation failed" in err.message
+
+
+def test_the_ram_tier_on_a_cuda_card_is_an_eighth_of_the_card_not_of_the_host(tmp_path):
+    # The tier's arrays live where MLX allocates: on a CUDA card, its own memory. An eighth
+    # of a 126 GiB host (16 GiB) on an 80 GiB H100 ran mlx_lm.server beside it out of memory.
+    import psutil
+
+    from mlxd.shared.worker_spec import WorkerSpec
+    from mlxd.worker.engine.assemble import ram_cache_bytes
+
+    spec = WorkerSpec(model_path=tmp_path, model_id="m", socket=tmp_path / "s")
+    assert ram_cache_bytes(spec, cuda_bytes=80 * GiB) == 10 * GiB
+    assert ram_cache_bytes(spec, cuda_bytes=24 * GiB) == 3 * GiB
+    assert ram_cache_bytes(spec, cuda_bytes=192 * GiB) == 16 * GiB  # the cap stays
+    # On this CPU (no card): an eighth of RAM, as on a Mac's unified memory.
+    assert ram_cache_bytes(spec) == min(psutil.virtual_memory().total // 8, 16 * GiB)
+    assert ram_cache_bytes(spec.model_copy(update={"prompt_cache_bytes": 5}), 80 * GiB) == 5

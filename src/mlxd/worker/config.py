@@ -138,7 +138,7 @@ def _flag_parser(log_level: str) -> argparse.ArgumentParser:
         "--prompt-cache-bytes",
         type=size_arg,
         default=None,
-        help="RAM prompt cache cap in bytes (default: 1/8 of RAM, at most 16 GiB;"
+        help="RAM prompt cache cap in bytes (default: 1/8 of RAM or of a CUDA card, at most 16 GiB;"
         " 0 disables the prompt cache)",
     )
     p.add_argument(

@@ -36,7 +36,8 @@ GiB = 1024**3
 
 
 def prompt_cache_cap(settings, machine_bytes: int) -> int:
-    """The RAM prompt-cache cap a worker starts with (worker/assemble.py's ram_cache_bytes)."""
+    """The RAM prompt-cache cap a worker starts with (worker/assemble.py's ram_cache_bytes; on
+    a CUDA card the worker takes an eighth of the card, which the supervisor does not ask)."""
     if settings.prompt_cache_bytes is not None:
         return settings.prompt_cache_bytes
     return min(machine_bytes // 8, 16 * GiB)

@@ -107,11 +107,18 @@ def default_prefill() -> tuple[int, int]:
     return GPU_PREFILL_STEP, GPU_PREFILL_BUDGET
 
 
-def ram_cache_bytes(cfg: WorkerSpec) -> int:
-    """The RAM prompt-cache cap: the spec's, else 1/8 of RAM and at most 16 GiB."""
+def ram_cache_bytes(cfg: WorkerSpec, cuda_bytes: int | None = None) -> int:
+    """The RAM prompt-cache cap: the spec's, else 1/8 of the memory its arrays live in, at
+    most 16 GiB. That is RAM on a Mac (unified) and on the CPU, but a CUDA GPU's own memory
+    (`cuda_bytes`, asked of the device when None): there the tier's arrays sit on the card, and
+    an eighth of a 128 GiB host took 16 GiB of an 80 GiB H100, which ran another process on
+    the card out of memory."""
     if cfg.prompt_cache_bytes is not None:
         return cfg.prompt_cache_bytes
-    return min(psutil.virtual_memory().total // 8, 16 * 1024**3)
+    if cuda_bytes is None and mx.default_device() == mx.gpu and mx.cuda.is_available():
+        cuda_bytes = device_memory_bytes()
+    total = cuda_bytes if cuda_bytes else psutil.virtual_memory().total
+    return min(total // 8, 16 * 1024**3)
 
 
 def make_prompt_cache(cfg: WorkerSpec, loaded) -> PromptCache | None:
