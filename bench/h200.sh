@@ -81,7 +81,7 @@ agents-8b)
     | grep -v tokenizer | tail -30
   ;;
 claude)
-  timeout 500 bash bench/gpu_run.sh claude --shape qwen3-8b --instructions 6000 \
+  timeout 500 bash bench/gpu_run.sh claude --shape qwen3-8b --instructions 6000 --exclusive \
     --out "$out/claude-8b" 2>&1 | grep -v tokenizer | tail -25
   ;;
 blocks)
