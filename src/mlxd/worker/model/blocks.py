@@ -20,9 +20,10 @@ queries, blocks of keys) and then reused. Greedy output is unchanged (the paddin
 attended; a re-prefilled token's KV is the same computation).
 
 `block` is process-wide (one model per worker), set at load (load.py) from the
-`prefill_block` setting. Off (0) by default until the H200 shows it pays for its padding (up
-to 2 x block - 2 more tokens a row and turn; on the CPU, where nothing is built, 256-token
-blocks made 250-token extensions 2.2x slower); always off on Metal and the CPU (no graph
+`prefill_block` setting. Off (0) by default: it did not pay on an H100 (2026-12-06: 4 and 8
+rows extending a cached 6k prefix took 2.2x and 1.4x as long with 256-token blocks, the
+padding's KV roll in mlx-lm's finalize costing more than the graph builds saved; on the CPU,
+where nothing is built, 250-token extensions took 2.2x as long); always off on Metal and the CPU (no graph
 builds there) and for models whose caches are not all plain KV (rotating windows, recurrent
 state and quantized KV have their own rules for reuse).
 """
