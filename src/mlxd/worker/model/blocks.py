@@ -23,9 +23,9 @@ attended; a re-prefilled token's KV is the same computation).
 `prefill_block` setting. Off (0) by default: it did not pay on an H100 (2026-12-06: 4 and 8
 rows extending a cached 6k prefix took 2.2x and 1.4x as long with 256-token blocks, the
 padding's KV roll in mlx-lm's finalize costing more than the graph builds saved; on the CPU,
-where nothing is built, 250-token extensions took 2.2x as long); always off on Metal and the CPU (no graph
-builds there) and for models whose caches are not all plain KV (rotating windows, recurrent
-state and quantized KV have their own rules for reuse).
+where nothing is built, 250-token extensions took 2.2x as long); always off on Metal and the
+CPU (no graph builds there) and for models whose caches are not all plain KV (rotating
+windows, recurrent state and quantized KV have their own rules for reuse).
 """
 
 from __future__ import annotations
