@@ -325,30 +325,58 @@ def test_a_batch_that_cannot_be_rebuilt_marks_the_engine_dead(loaded):
         engine.stop()
 
 
-def test_an_allocation_failure_fails_the_new_row_with_out_of_memory_and_serving_goes_on(
-    loaded, monkeypatch
-):
-    # Issue 18: MLX failing to allocate during the step that admits "hog" (injected here: a
-    # real one needs a machine out of memory) fails that row with a 503 saying so; the row
-    # already decoding is carried over, and the engine serves the next request.
+OOM = "[metal::malloc] Unable to allocate 8589934592 bytes; Insufficient Memory"
+
+
+def _ordered(*rows: _Row) -> list[tuple[str, int, str | None]]:
+    """One log of (rid, completion tokens, finish) across `rows`' sinks, in engine order."""
+    log: list[tuple[str, int, str | None]] = []
+    for row in rows:
+        sink = row.sub.sink
+
+        def logged(ev, rid=row.sub.rid, sink=sink):
+            log.append((rid, ev.completion_tokens, ev.finish_reason))
+            sink(ev)
+
+        row.sub.sink = logged
+    return log
+
+
+def _oom_engine(loaded, monkeypatch, fails) -> Engine:
+    """An engine whose steps fail with MLX's allocation error while `fails(engine)` says so
+    (a real one needs a machine out of memory)."""
     from mlx_lm.generate import BatchGenerator
 
     real_next = BatchGenerator.next
-    hog = _Row("hog")
 
     def next_or_oom(gen):
-        if any(row.sub is hog.sub for row in engine._batch.rows.values()) and not hog.done.is_set():
-            raise RuntimeError(
-                "[metal::malloc] Unable to allocate 8589934592 bytes; Insufficient Memory"
-            )
+        if fails(engine):
+            raise RuntimeError(OOM)
         return real_next(gen)
 
     monkeypatch.setattr(BatchGenerator, "next", next_or_oom)
     engine = Engine(loaded, batch=4)
+    return engine
+
+
+def _in_batch(engine: Engine, row: _Row) -> bool:
+    return any(r.sub is row.sub for r in engine._batch.rows.values())
+
+
+def test_a_new_row_that_never_fits_waits_for_the_others_then_fails_with_out_of_memory(
+    loaded, monkeypatch
+):
+    # Issue 18, then 33: MLX failing to allocate whenever "hog" is in the batch. Prefilling
+    # rows are first retried with the chunk halved (4096 down to the 64-token floor: six
+    # retries, every row kept); then hog waits in the queue while the decoding row finishes
+    # (sched/oom.py), is tried again alone, and only then fails, with a 503 saying so.
+    hog = _Row("hog")
+    engine = _oom_engine(loaded, monkeypatch, lambda e: _in_batch(e, hog))
     engine.start()
     try:
         reference = _run(engine, _Row("reference"))
         good = _Row("good")
+        log = _ordered(good, hog)
         engine.submit(good.sub)
         assert good.started.wait(60)
         _run(engine, hog)
@@ -356,10 +384,72 @@ def test_an_allocation_failure_fails_the_new_row_with_out_of_memory_and_serving_
         assert hog.last.finish_reason == "error" and hog.last.error.status == 503
         assert hog.last.error.code == "out_of_memory" and "out of memory" in hog.last.error.message
         assert good.last.error is None and good.text == reference.text
-        # Prefilling rows out of memory are first retried with the chunk halved (4096 down to
-        # the 64-token floor: six retries, every row kept); only then does the row fail.
-        assert engine.dead is None and engine.recoveries == 7
+        assert log.index(("hog", 0, "error")) > log.index(("good", 40, "length"))
+        assert hog.sub.oom_waits == 1 and engine.recoveries == 14
+        assert engine.dead is None
         assert _run(engine, _Row("after", max_tokens=5)).last.error is None
+    finally:
+        engine.stop()
+        assert engine.join(10)
+
+
+def test_a_new_row_out_of_memory_beside_another_waits_and_answers_in_full(loaded, monkeypatch):
+    # Memory too short for both rows at once (another process on the GPU): the newcomer is
+    # not failed for it; it waits until the decoding row is done and then writes exactly
+    # what it would have written alone.
+    good, late = _Row("good"), _Row("late", prompt=[9, 8, 7, 6, 5])
+    engine = _oom_engine(loaded, monkeypatch, lambda e: _in_batch(e, good) and _in_batch(e, late))
+    engine.start()
+    try:
+        reference = _run(engine, _Row("reference", prompt=[9, 8, 7, 6, 5]))
+        log = _ordered(good, late)
+        engine.submit(good.sub)
+        assert good.started.wait(60)
+        _run(engine, late)
+        assert good.done.wait(60)
+        assert late.last.error is None and late.last.completion_tokens == 40
+        assert late.text == reference.text and good.last.error is None
+        first_late = next(i for i, (rid, n, _) in enumerate(log) if rid == "late" and n > 0)
+        assert first_late > log.index(("good", 40, "length"))
+        assert late.sub.oom_waits == 1 and engine.dead is None
+    finally:
+        engine.stop()
+        assert engine.join(10)
+
+
+def test_every_row_decoding_out_of_memory_the_newer_half_waits_and_no_text_changes(
+    loaded, monkeypatch
+):
+    # An allocation failure while four rows decode (their KV grew past the device's memory):
+    # the two oldest carry on, the two newest wait and resume where they stopped; every
+    # row's greedy text is the one it writes alone, and nothing already sent is sent again.
+    prompts = [[5 + i, 6, 7, 8, 9 + i] for i in range(4)]
+    rows = [_Row(f"r{i}", prompt=p) for i, p in enumerate(prompts)]
+    failed: list[bool] = []
+
+    def once_all_decoding(e: Engine) -> bool:
+        batch = list(e._batch.rows.values())
+        if failed or len(batch) < 4 or any(r.generated < 3 or r.todo for r in batch):
+            return False
+        failed.append(True)
+        return True
+
+    engine = _oom_engine(loaded, monkeypatch, once_all_decoding)
+    engine.start()
+    try:
+        alone = [_run(engine, _Row(f"alone{i}", prompt=p)).text for i, p in enumerate(prompts)]
+        log = _ordered(*rows)
+        for r in rows:
+            engine.submit(r.sub)
+        for r in rows:
+            assert r.done.wait(60)
+        assert failed and engine.recoveries == 1 and engine.dead is None
+        assert [r.text for r in rows] == alone
+        assert all(r.last.error is None and r.last.completion_tokens == 40 for r in rows)
+        assert [r.sub.oom_waits for r in rows] == [0, 0, 1, 1]
+        for r in rows:  # every token sent once: the counts only ever grow
+            counts = [n for rid, n, _ in log if rid == r.sub.rid]
+            assert counts == sorted(counts) and len(r.text) > 0
     finally:
         engine.stop()
         assert engine.join(10)

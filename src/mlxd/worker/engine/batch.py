@@ -138,10 +138,14 @@ class Batch:
             sub.sink(Event.failure(sub.cancel_reason, row.generated))
 
     def finish(self, row: Row) -> None:
+        self.release(row)
+        self.requests_done += 1
+
+    def release(self, row: Row) -> None:
+        """Let go of `row` without ending it (it waits in the queue to come back)."""
         self.rows.pop(row.uid, None)
         self._by_sub.pop(id(row.sub), None)
         self._unbind(row)
-        self.requests_done += 1
 
     def fail(self, uid: int, err: MlxdError) -> None:
         """End one row in error; the rest of the batch goes on."""

@@ -213,7 +213,7 @@ class Engine(EngineCommands, EngineFigures):
             )
             # A prefill that ran out of memory is retried in smaller chunks, every row kept.
             retry = is_out_of_memory(exc) and self._sched.shrink_prefill()
-            rebuild(batch, self._new_generator, exc, keep_all=retry)
+            rebuild(batch, self._new_generator, exc, keep_all=retry, wait=self._sched.oom_wait())
             took = time.perf_counter() - t0
             failed = type(exc).__name__
             self._traced(StepTrace(self._steps + 1, chunk, started=t0, seconds=took, failed=failed))

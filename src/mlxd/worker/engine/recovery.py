@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 
 from mlxd.shared.errors import Unavailable
 from mlxd.worker.engine.rows import Event, Row, Submission
+from mlxd.worker.engine.sched.oom import split_after_oom
 
 if TYPE_CHECKING:  # no MLX at import time: `blame` is unit-tested without it
     from mlxd.worker.engine.batch import Batch
@@ -122,10 +123,13 @@ def rebuild(
     make_generator: Callable,
     exc: BaseException | None = None,
     keep_all: bool = False,
+    wait: Callable[[list[Row], list[Row]], None] | None = None,
 ) -> None:
     """A step failed: start a fresh batch, fail the rows to blame, resume the others
     (`keep_all`: no one is to blame, e.g. a prefill out of memory retried in smaller chunks;
-    rows with their own processors still fail, as their state cannot be rewound).
+    rows with their own processors still fail, as their state cannot be rewound). After an
+    allocation failure, rows that may wait for room (sched/oom.py) are handed to `wait`
+    (oldest first, with the rows that stayed) instead of failing.
 
     A failed step leaves mlx-lm's batch half-updated (every later step fails with "eval
     an array without a primitive"), so nothing of it is kept: resumed rows prefill their
@@ -138,10 +142,13 @@ def rebuild(
         fail = [r for r in rows if r.sub.processors]
         resume = [r for r in rows if not r.sub.processors]
     batch.broken.clear()
+    waiting: list[Row] = []
     if is_out_of_memory(exc):  # give back what the failed step's buffers still hold
         import mlx.core as mx  # here: `blame` is unit-tested without MLX
 
         mx.clear_cache()
+        if wait is not None and not keep_all:
+            fail, resume, waiting = split_after_oom(fail, resume)
     # Close first: a generator restores the wired-memory limit it found at creation, so the
     # new one must be made after the old one put the system's back.
     try:
@@ -151,11 +158,16 @@ def rebuild(
     batch.gen = make_generator()
     batch.recoveries += 1
     log.warning(
-        "rebuilt the batch after a failed step: failing %s; resuming %s",
+        "rebuilt the batch after a failed step: failing %s; resuming %s; waiting for room %s",
         [r.sub.rid for r in fail] or "none",
         [r.sub.rid for r in resume] or "none",
+        [r.sub.rid for r in waiting] or "none",
     )
     batch.rows.clear()  # the old uids mean nothing to the new batch
+    for row in waiting:
+        batch.release(row)
+    if waiting and wait is not None:
+        wait(waiting, resume)
     for row in fail:
         batch.finish(row)
         row.sub.sink(failure(row, exc))

@@ -55,6 +55,7 @@ class Submission:
     cancelled: bool = False
     cancel_reason: MlxdError | None = None
     submitted_at: float = field(default_factory=time.monotonic)  # when it reached the engine
+    oom_waits: int = 0  # times an allocation failure sent it back to the queue (sched/oom.py)
 
 
 @dataclass

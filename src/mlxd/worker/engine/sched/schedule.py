@@ -52,6 +52,10 @@ class Scheduler:
         # Divides the planned chunk after a prefill ran out of memory (shrink_prefill); back
         # to 1 once the batch empties.
         self.oom_divisor = 1
+        # After an allocation failure sent rows back to the queue (oom.py): admit no more
+        # rows than stayed, until those rows (by id of their submissions) have all left.
+        self.oom_rows: int | None = None
+        self.oom_stayed: set[int] = set()
         # A worker group's ranks must admit alike: a row one rank fails to admit ends the
         # engine (and the group restarts) rather than leave that rank a row short.
         self.lockstep = False
@@ -104,6 +108,10 @@ class Scheduler:
         admitted = []
         if not self.batch.rows:
             self.oom_divisor = 1  # a fresh start for the next rows
+        if self.oom_rows is not None and not any(
+            id(r.sub) in self.oom_stayed for r in self.batch.rows.values()
+        ):
+            self.oom_rows, self.oom_stayed = None, set()  # the rows it was short for are gone
         self.grow()  # the running rows' next blocks come before new rows
         while self.waiting and self._room_for(self.waiting[0]):
             if self.serial_prefill and self._prefilling():
@@ -165,12 +173,33 @@ class Scheduler:
             names = [rows[uid].sub.rid for uid in growth.over]
             log.warning("KV budget: %s grew past it (no row could be preempted)", names)
 
+    def oom_wait(self):
+        """Where rows an allocation failure sends back go (wait_after_oom); None in a worker
+        group, whose ranks must admit alike: there they fail as before."""
+        return None if self.lockstep else self.wait_after_oom
+
+    def wait_after_oom(self, rows: list[Row], stayed: list[Row]) -> None:
+        """Rows an allocation failure sent back (oom.py), oldest first: to the front of the
+        queue, to resume where they stopped; until the rows that `stayed` have all left, no
+        more rows than they were run at once."""
+        for row in reversed(rows):
+            row.sub.oom_waits += 1
+            self.parked[id(row.sub)] = row
+            self.waiting.appendleft(row.sub)
+        cap = len(stayed) if self.oom_rows is None else min(self.oom_rows, len(stayed))
+        self.oom_rows, self.oom_stayed = cap, self.oom_stayed | {id(r.sub) for r in stayed}
+        log.warning(
+            "out of memory: %s wait for room; at most %d rows until the batch empties",
+            [r.sub.rid for r in rows],
+            self.oom_rows,
+        )
+
     def _prefilling(self) -> bool:
         return any(r.todo > 0 for r in self.batch.rows.values())
 
     def _room_for(self, sub: Submission) -> bool:
         rows = self.batch.rows.values()
-        if len(rows) >= self.max_rows:
+        if len(rows) >= min(self.max_rows, self.oom_rows or self.max_rows):
             return False
         if self.budget is None or not rows:  # an empty batch takes any row that passed check()
             return True
