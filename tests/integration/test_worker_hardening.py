@@ -455,6 +455,67 @@ def test_every_row_decoding_out_of_memory_the_newer_half_waits_and_no_text_chang
         assert engine.join(10)
 
 
+@pytest.mark.parametrize("where", ["generator", "after sampling"])
+def test_seeded_rows_out_of_memory_write_what_they_write_alone(loaded, monkeypatch, where):
+    # Sampled rows with a seed, all decoding, when an allocation fails: in mlx-lm's step, or
+    # as MLX fails, at the evaluation after the next step was built (its keys split once more
+    # for tokens never sent). Those that carry on and those that wait draw every token from
+    # the key they would have had alone.
+    from mlx_lm.generate import BatchGenerator
+
+    from mlxd.worker.engine.step.decode import DecodeBatch
+
+    prompts = [[5 + i, 6, 7, 8, 9 + i] for i in range(4)]
+    failed: list[bool] = []
+    live: dict[str, Engine] = {}
+
+    def due() -> bool:
+        batch = list(live["e"]._batch.rows.values()) if live else []
+        if failed or len(batch) < 4 or any(r.generated < 3 or r.todo for r in batch):
+            return False
+        failed.append(True)
+        return True
+
+    if where == "generator":
+        real_next = BatchGenerator.next
+
+        def next_or_oom(gen):
+            if due():
+                raise RuntimeError(OOM)
+            return real_next(gen)
+
+        monkeypatch.setattr(BatchGenerator, "next", next_or_oom)
+    else:
+        real_launch = DecodeBatch._launch
+
+        def launch_then_oom(self, fed):
+            real_launch(self, fed)
+            if due():
+                raise RuntimeError(OOM)
+
+        monkeypatch.setattr(DecodeBatch, "_launch", launch_then_oom)
+    engine = Engine(loaded, batch=4)
+    engine.start()
+    try:
+        seeded = {"temperature": 1.0}
+        alone = [
+            _run(engine, _Row(f"alone{i}", prompt=p, seed=100 + i, **seeded)).text
+            for i, p in enumerate(prompts)
+        ]
+        rows = [_Row(f"r{i}", prompt=p, seed=100 + i, **seeded) for i, p in enumerate(prompts)]
+        live["e"] = engine
+        for r in rows:
+            engine.submit(r.sub)
+        for r in rows:
+            assert r.done.wait(60)
+        assert failed and engine.recoveries == 1
+        assert [r.sub.oom_waits for r in rows] == [0, 0, 1, 1]
+        assert [r.text for r in rows] == alone
+    finally:
+        engine.stop()
+        assert engine.join(10)
+
+
 def test_a_prefill_out_of_memory_once_is_retried_in_smaller_chunks_and_loses_nothing(
     loaded, monkeypatch, tmp_path
 ):

@@ -141,6 +141,7 @@ def rebuild(
         rows = fail + resume
         fail = [r for r in rows if r.sub.processors]
         resume = [r for r in rows if not r.sub.processors]
+    noted = {id(sub) for sub, _ in batch.broken}  # rows a guard caught: to blame, never wait
     batch.broken.clear()
     waiting: list[Row] = []
     if is_out_of_memory(exc):  # give back what the failed step's buffers still hold
@@ -148,7 +149,7 @@ def rebuild(
 
         mx.clear_cache()
         if wait is not None and not keep_all:
-            fail, resume, waiting = split_after_oom(fail, resume)
+            fail, resume, waiting = split_after_oom(fail, resume, noted)
     # Close first: a generator restores the wired-memory limit it found at creation, so the
     # new one must be made after the old one put the system's back.
     try:
@@ -164,6 +165,10 @@ def rebuild(
         [r.sub.rid for r in waiting] or "none",
     )
     batch.rows.clear()  # the old uids mean nothing to the new batch
+    for row in (*waiting, *resume):
+        sampling = getattr(row.sampler, "sampling", None)  # the row's RowSampling
+        if sampling is not None:
+            sampling.rewind(row.generated)
     for row in waiting:
         batch.release(row)
     if waiting and wait is not None:

@@ -31,18 +31,31 @@ def may_wait(row: Row) -> bool:
     return resumable(row.sub) and not row.resumed and row.sub.oom_waits < MAX_WAITS
 
 
-def split_after_oom(fail: list[Row], stay: list[Row]) -> tuple[list[Row], list[Row], list[Row]]:
+def may_stay(row: Row) -> bool:
+    """What `blame` carries over: no processors of its own, not carried over before."""
+    return not row.sub.processors and not row.resumed
+
+
+def split_after_oom(
+    fail: list[Row],
+    stay: list[Row],
+    noted: set[int] = frozenset(),  # type: ignore[assignment]
+) -> tuple[list[Row], list[Row], list[Row]]:
     """(fail, stay, wait) from blame's (fail, stay) after an allocation failure; `wait` in
-    admission order (the oldest first)."""
+    admission order (the oldest first). `noted`: ids of the submissions a guard caught in
+    the step (their own code raised): they fail, as blame says."""
     if not stay and fail and all(r.generated > 0 for r in fail):
-        # Every row was decoding: keep the older half (those that may be carried over).
-        by_age = sorted(fail, key=lambda r: r.seq)
-        older, newer = by_age[: (len(by_age) + 1) // 2], by_age[(len(by_age) + 1) // 2 :]
-        stay = [r for r in older if not r.sub.processors and not r.resumed]
+        # Every row was decoding: the oldest that may carry on do, up to half of the rows.
+        eligible = sorted((r for r in fail if may_stay(r) and id(r.sub) not in noted), key=_age)
+        stay = eligible[: (len(fail) + 1) // 2]
         kept = {id(r) for r in stay}
-        fail = [r for r in older if id(r) not in kept] + newer
+        fail = [r for r in fail if id(r) not in kept]
     if not stay:  # nothing smaller to wait for: the batch was one row, or none may stay
         return fail, stay, []
-    wait = sorted((r for r in fail if may_wait(r)), key=lambda r: r.seq)
+    wait = sorted((r for r in fail if may_wait(r) and id(r.sub) not in noted), key=_age)
     waiting = {id(r) for r in wait}
     return [r for r in fail if id(r) not in waiting], stay, wait
+
+
+def _age(row: Row) -> int:
+    return row.seq

@@ -53,9 +53,9 @@ class Scheduler:
         # to 1 once the batch empties.
         self.oom_divisor = 1
         # After an allocation failure sent rows back to the queue (oom.py): admit no more
-        # rows than stayed, until those rows (by id of their submissions) have all left.
+        # rows than stayed, until those rows (their submissions) have all left.
         self.oom_rows: int | None = None
-        self.oom_stayed: set[int] = set()
+        self.oom_stayed: set[Submission] = set()  # by identity (eq=False)
         # A worker group's ranks must admit alike: a row one rank fails to admit ends the
         # engine (and the group restarts) rather than leave that rank a row short.
         self.lockstep = False
@@ -109,7 +109,7 @@ class Scheduler:
         if not self.batch.rows:
             self.oom_divisor = 1  # a fresh start for the next rows
         if self.oom_rows is not None and not any(
-            id(r.sub) in self.oom_stayed for r in self.batch.rows.values()
+            r.sub in self.oom_stayed for r in self.batch.rows.values()
         ):
             self.oom_rows, self.oom_stayed = None, set()  # the rows it was short for are gone
         self.grow()  # the running rows' next blocks come before new rows
@@ -187,7 +187,7 @@ class Scheduler:
             self.parked[id(row.sub)] = row
             self.waiting.appendleft(row.sub)
         cap = len(stayed) if self.oom_rows is None else min(self.oom_rows, len(stayed))
-        self.oom_rows, self.oom_stayed = cap, self.oom_stayed | {id(r.sub) for r in stayed}
+        self.oom_rows, self.oom_stayed = cap, self.oom_stayed | {r.sub for r in stayed}
         log.warning(
             "out of memory: %s wait for room; at most %d rows until the batch empties",
             [r.sub.rid for r in rows],

@@ -35,6 +35,7 @@ class RowSampling:
         self.top_p = params.top_p if params.top_p is not None and 0 < params.top_p < 1 else 1.0
         self.top_k = params.top_k or 0
         self.min_p = params.min_p or 0.0
+        self.seed = params.seed
         self.key = mx.random.key(params.seed) if params.seed is not None else None
         # The key before its last split: a preempted row's next token, already drawn, is
         # drawn again when it resumes, from this key (sched/preempt.py).
@@ -50,6 +51,13 @@ class RowSampling:
             self.repetition, self.presence, self.frequency = 1.0, 0.0, 0.0
         self.logprobs = params.logprobs  # the decode batch keeps log-probabilities for it
         self.speculate = params.speculative is not False  # the model's setting decides the rest
+
+    def rewind(self, sent: int) -> None:
+        """A seeded row's key as it was when its `sent` tokens had been drawn (one split a
+        token): after a failed step the pipelined decode may have split it once or twice
+        more for tokens never sent (engine/recovery.py)."""
+        if self.seed is not None:
+            self.key = self.prev_key = key_after(mx.random.key(self.seed), sent)
 
     @property
     def greedy(self) -> bool:
@@ -194,6 +202,13 @@ def penalize(logits: mx.array, t: Table, window: mx.array | None) -> mx.array:
     if t.frequency is not None:
         logits = logits.at[rows, w].subtract((t.frequency * valid).astype(logits.dtype))
     return logits
+
+
+def key_after(key: mx.array, n: int) -> mx.array:
+    """The key after `n` tokens' splits (`sample` splits once per token)."""
+    for _ in range(n):
+        key, _sub = mx.random.split(key)
+    return key
 
 
 def sample(logprobs: mx.array, t: Table) -> mx.array:

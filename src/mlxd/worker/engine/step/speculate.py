@@ -34,7 +34,7 @@ import mlx.core as mx
 from mlx_lm.models.cache import trim_prompt_cache
 
 from mlxd.worker.engine.step.draft import ModelDrafter, NgramDrafter
-from mlxd.worker.engine.step.sampling import Table, penalize, sample
+from mlxd.worker.engine.step.sampling import Table, key_after, penalize, sample
 
 if TYPE_CHECKING:
     from mlxd.worker.engine.step.decode import DecodeBatch
@@ -114,7 +114,7 @@ def speculate(b: DecodeBatch, st: SpecState) -> list[Token] | None:
     while a < len(drafts) and drafts[a] == z_host[a]:
         a += 1
     if key is not None and not row.greedy:
-        row.key = _advance(key, a + 1)
+        row.key = key_after(key, a + 1)
     trim_prompt_cache(b.prompt_cache, k - a)
     st.drafter.accepted(len(b.tokens[0]) + 1 + a)
     assert b.spec is not None  # a row speculates only under the batch's SpecConfig
@@ -134,13 +134,6 @@ def speculate(b: DecodeBatch, st: SpecState) -> list[Token] | None:
         lps = mx.concatenate([fed_lp.astype(logprobs.dtype), logprobs[:a]])
     pending = z[a : a + 1], logprobs[a : a + 1] if row.logprobs else None
     return b.emit_lone([y, *drafts[:a]], lps, pending)
-
-
-def _advance(key: mx.array, n: int) -> mx.array:
-    """The key after `n` tokens' splits (sampling.sample splits once per token)."""
-    for _ in range(n):
-        key, _sub = mx.random.split(key)
-    return key
 
 
 class BucketView:
