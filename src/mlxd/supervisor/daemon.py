@@ -8,7 +8,6 @@ import logging
 import os
 import signal
 
-import psutil
 from aiohttp import web
 
 from mlxd import __version__
@@ -38,6 +37,7 @@ from mlxd.supervisor.http.responses import add_response_routes
 from mlxd.supervisor.http.serverlog import SERVER_LOG
 from mlxd.supervisor.lifecycle.upstream import UpstreamPool
 from mlxd.supervisor.lifecycle.watchdog import run_watchdog
+from mlxd.supervisor.machine import cuda_card_bytes, ram_bytes
 from mlxd.supervisor.pidlock import PidLock
 from mlxd.supervisor.registry.registry import Registry
 from mlxd.supervisor.scheduling.keepalive import run_keepalive
@@ -105,8 +105,9 @@ async def serve(settings: Settings, lock: PidLock | None = None) -> int:
     lock = lock or prepare_home(settings)
     before, nofile = raise_nofile_limit()
     max_total = connection_cap(settings.max_connections, nofile)
+    card = cuda_card_bytes()
     registry = Registry.build(
-        settings, UpstreamPool(), total_memory_bytes=psutil.virtual_memory().total
+        settings, UpstreamPool(), total_memory_bytes=ram_bytes(), card_bytes=card
     )
     registry.catalog.apply_folder_settings()  # created models' own mlxd.json
     app = build_app(settings, registry)
@@ -143,11 +144,12 @@ async def serve(settings: Settings, lock: PidLock | None = None) -> int:
     urlfile.write(settings.run_dir, url)
     _log_start(settings, before, nofile, max_total)
     log.info(
-        "mlxd listening on http://%s:%d home=%s budget=%s",
+        "mlxd listening on http://%s:%d home=%s budget=%s%s",
         settings.host,
         site.port,
         settings.home_dir,
         format_size(registry.lifecycle.budget_bytes),
+        f" (CUDA card {format_size(card)})" if card else "",
     )
 
     stop = asyncio.Event()

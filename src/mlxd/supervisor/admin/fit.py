@@ -14,7 +14,6 @@ from __future__ import annotations
 import json
 
 import orjson
-import psutil
 from aiohttp import web
 
 from mlxd.shared.errors import BadRequest
@@ -36,8 +35,8 @@ GiB = 1024**3
 
 
 def prompt_cache_cap(settings, machine_bytes: int) -> int:
-    """The RAM prompt-cache cap a worker starts with (worker/assemble.py's ram_cache_bytes; on
-    a CUDA card the worker takes an eighth of the card, which the supervisor does not ask)."""
+    """The RAM prompt-cache cap a worker starts with (worker/assemble.py's ram_cache_bytes):
+    `machine_bytes` is the CUDA card's memory there (supervisor/machine.py), else RAM."""
     if settings.prompt_cache_bytes is not None:
         return settings.prompt_cache_bytes
     return min(machine_bytes // 8, 16 * GiB)
@@ -145,7 +144,8 @@ async def get_fit(request: web.Request) -> web.Response:
     model = request.query.get("model")
     if not model:
         raise BadRequest("Name a model: /admin/fit?model=ID", param="model")
-    report = await fit_report(request.app["registry"], model, psutil.virtual_memory().total)
+    reg = request.app["registry"]
+    report = await fit_report(reg, model, reg.machine_bytes)
     return web.Response(
         body=orjson.dumps(report.model_dump(mode="json")), content_type="application/json"
     )

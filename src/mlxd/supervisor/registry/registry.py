@@ -32,6 +32,7 @@ class Registry:
     catalog: Catalog
     lifecycle: Lifecycle
     leases: Leases
+    machine_bytes: int = 0  # what workers plan in: the CUDA card's memory, else RAM (build)
 
     @classmethod
     def build(
@@ -40,14 +41,18 @@ class Registry:
         upstream: UpstreamPool,
         *,
         total_memory_bytes: int,
+        card_bytes: int | None = None,
         clock: Callable[[], float] = time.monotonic,
         spawner: Callable[..., WorkerProcess] = spawn_worker,
     ) -> Registry:
-        """The parts for `settings`; clock and spawner are injectable (tests pass fakes)."""
+        """The parts for `settings`; clock and spawner are injectable (tests pass fakes).
+        `card_bytes`: the CUDA card MLX runs on (supervisor/machine.py), the budget's ceiling
+        and what workers plan in; None on a Mac or the CPU (RAM)."""
         tasks = Background()
-        budget_bytes = settings.memory_budget_bytes or int(
-            total_memory_bytes * settings.memory_fraction
-        )
+        derived = int(total_memory_bytes * settings.memory_fraction)
+        if card_bytes:
+            derived = min(derived, card_bytes)
+        budget_bytes = settings.memory_budget_bytes or derived
         lifecycle = Lifecycle(
             settings, upstream, tasks, budget_bytes=budget_bytes, clock=clock, spawner=spawner
         )
@@ -57,7 +62,15 @@ class Registry:
             return slot.entry if slot is not None else None
 
         catalog = Catalog(settings, in_use=in_use)
-        return cls(settings, upstream, tasks, catalog, lifecycle, Leases(lifecycle, catalog))
+        return cls(
+            settings,
+            upstream,
+            tasks,
+            catalog,
+            lifecycle,
+            Leases(lifecycle, catalog),
+            card_bytes or total_memory_bytes,
+        )
 
     async def shutdown(self) -> None:
         """Stop every worker (draining the READY ones), then the background work and the
