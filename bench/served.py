@@ -37,7 +37,8 @@ def common_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--exclusive",
         action="store_true",
-        help="one server on the device at a time: mlxd's model unloaded for mlx_lm.server's turns",
+        help="one server on the device at a time: mlxd's model unloaded for mlx_lm.server's turns, "
+        "mlx_lm.server stopped for mlxd's",
     )
 
 
