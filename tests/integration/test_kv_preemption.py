@@ -77,7 +77,13 @@ def mlx_lm_greedy(model, row: Row) -> list[int]:
     return ORACLE[rid]
 
 
-@pytest.mark.parametrize("cached", [True, False], ids=["parked-in-ram-cache", "recomputed"])
+# Recomputed (no cache to park in) is the long tier's: a row resumed by re-prefilling its
+# prompt and tokens is held in the fast tier by test_worker_hardening's out-of-memory waits.
+@pytest.mark.parametrize(
+    "cached",
+    [True, pytest.param(False, marks=pytest.mark.slow)],
+    ids=["parked-in-ram-cache", "recomputed"],
+)
 def test_rows_preempted_for_kv_finish_with_mlx_lms_greedy_tokens(loaded, cached):
     bpt = loaded.kv_bytes_per_token
     # Counted at prompt + max_tokens (530 -> 768 positions each) two rows would fit; by the

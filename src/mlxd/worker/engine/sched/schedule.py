@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import time
 from collections import deque
 from dataclasses import replace
 
@@ -136,6 +137,8 @@ class Scheduler:
             row.kv_tokens = kv_tokens
             if parked is None:
                 row.seq = next(self._order)
+            elif not row.generated:  # its wait counts as queueing in the first-token split
+                row.admitted_at = time.monotonic()
             admitted.append(row)
         return admitted
 
