@@ -4,7 +4,8 @@
     python -m bench.restore --layers 48            # the whole 12B layout (about 1.5 GB)
     python -m bench.restore --cold                 # restore from disk, not the page cache
     python -m bench.restore --before               # the code before issue 34's changes
-    python -m bench.restore --runs 3               # before and after, 3 processes each: medians
+    python -m bench.restore --copy                 # read into NumPy memory, mx.array copies
+    python -m bench.restore --runs 3               # the three, 3 processes each: medians
 
 No model and no HTTP: the caches are made the way the engine makes them (mlx-lm's
 RotatingKVCache and KVCache fed through `update_and_fetch`: turn 1 prefilled in chunks of
@@ -42,7 +43,7 @@ from mlx_lm.models.cache import KVCache, RotatingKVCache
 from mlxd.worker.cache import format as fmt
 from mlxd.worker.cache import ram, ssd
 from mlxd.worker.cache.digest import read_hashed
-from mlxd.worker.cache.kv_arrays import _layer_layout, from_numpy, to_numpy
+from mlxd.worker.cache.kv_arrays import _layer_layout, from_numpy, mlx_bytes, to_numpy
 from mlxd.worker.cache.prompt_cache import PromptCache
 
 MB = 1 << 20
@@ -114,6 +115,9 @@ def main() -> None:
     p.add_argument("--cold", action="store_true", help="evict the file from the page cache")
     p.add_argument("--dir", type=Path, default=None, help="where to write (default: a tmp dir)")
     p.add_argument("--before", action="store_true", help="the code before issue 34's changes")
+    p.add_argument(
+        "--copy", action="store_true", help="read into NumPy memory, then mx.array copies"
+    )
     p.add_argument("--runs", type=int, default=0, help="before and after, each N processes")
     p.add_argument("--json", type=Path, default=None, help="append this run's phases here")
     a = p.parse_args()
@@ -136,6 +140,8 @@ def main() -> None:
     pc.start()
     store = pc.ssd
     assert store is not None
+    if a.copy:
+        store.alloc = None  # NumPy's memory: the restore copies, as before this change
 
     # -- write: what WritePolicy.enqueue and the writer thread do ----------------------------
     w = Phases()
@@ -152,7 +158,7 @@ def main() -> None:
         fmt.write_atomic(fmt.meta_path(store.dir, key), sidecar)
         fmt.fsync_dir(store.dir)
     print(w.table(f"write, {size / MB:.0f} MiB data file", size))
-    mode = "before" if a.before else "after"
+    mode = "before" if a.before else "copy" if a.copy else "after"
     store.scan()  # index it as a restart would
     e, covered = store.best("", list(tokens) + [1, 2, 3])
     assert e is not None and covered == n_tokens
@@ -173,7 +179,7 @@ def main() -> None:
             got = stnp.load(data)
     else:
         with r(f"read + digest, pieces on threads{where}"):
-            buf, digest = read_hashed(path, e.piece_bytes)
+            buf, digest = read_hashed(path, e.piece_bytes, None if a.copy else mlx_bytes)
         assert len(buf) == e.file_bytes and digest == e.sha256
         with r("tensor views (no copy)"):
             got = fmt.tensor_views(buf)
@@ -183,7 +189,8 @@ def main() -> None:
         fmt.check_layout(got, layout, n_tokens)
     with r("check_layout (engine, again)"):
         fmt.check_layout(got, layout, n_tokens)
-    with r("from_numpy (mx.array copies, eval)"):
+    copies = "mx.array copies" if a.before or a.copy else "MLX views, no copy"
+    with r(f"from_numpy ({copies}, eval)"):
         restored = from_numpy(got, layout)
     with r("RAM insert"):
         pc.ram.insert("", e.tokens, restored, None, True)
@@ -226,11 +233,11 @@ def medians(runs: int) -> None:
     at = next(i for i, x in enumerate(args) if x.startswith("--runs"))
     del args[at : at + (1 if "=" in args[at] else 2)]
     for _ in range(runs):
-        for mode in (["--before"], []):
-            cmd = [sys.executable, "-m", "bench.restore", *args, *mode, "--json", str(out)]
+        for flags in (["--before"], ["--copy"], []):
+            cmd = [sys.executable, "-m", "bench.restore", *args, *flags, "--json", str(out)]
             subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
     rows = [json.loads(line) for line in out.read_text().splitlines()]
-    for mode in ("before", "after"):
+    for mode in ("before", "copy", "after"):
         mine = [r for r in rows if r["mode"] == mode]
         for part in ("write", "restore"):
             p = Phases()

@@ -4,19 +4,24 @@ running batch and wrapping sliding windows give mlx-lm's own greedy tokens on th
 from __future__ import annotations
 
 import random
+import tempfile
 import threading
+from pathlib import Path
 
 import mlx.core as mx
+import numpy as np
 import pytest
 from families import FAMILIES, build_family_model
 from family_support import ATTENTION_ONLY, KV_BITS, PREFILL_ONE_AT_A_TIME
+from mlx.utils import tree_flatten
 from mlx_lm.generate import generate_step
 from mlx_lm.models.cache import RotatingKVCache, make_prompt_cache
 
 from mlxd.shared.params import GenerationParams
 from mlxd.worker.cache.format import check_layout
-from mlxd.worker.cache.kv_arrays import from_numpy, kv_layout, to_numpy
+from mlxd.worker.cache.kv_arrays import from_numpy, kv_layout, mlx_bytes, to_numpy
 from mlxd.worker.cache.ram import compact
+from mlxd.worker.cache.ssd import SsdStore
 from mlxd.worker.engine.draft_model import spec_config
 from mlxd.worker.engine.loop import Engine
 from mlxd.worker.engine.rows import Submission
@@ -140,10 +145,39 @@ def _restores_to_the_same_logits(model):
         model(mx.array([[100 + t]]), cache=caches)
     arrays, _, keep = to_numpy(caches)
     check_layout(arrays, layout, 100)
-    restored = from_numpy({k: v.copy() for k, v in arrays.items()}, layout)
+    copied = from_numpy({k: v.copy() for k, v in arrays.items()}, layout)
+    with tempfile.TemporaryDirectory() as folder:  # and through the SSD store's own read
+        store = SsdStore(Path(folder), 1 << 30, layout)
+        store.alloc = mlx_bytes
+        tokens = tuple(range(10, 100)) + tuple(range(100, 110))
+        assert store.write("", tokens, arrays, {}, None)
+        read = store.read(store.best("", [*tokens, 7])[0])  # a prompt extending the entry
+        assert read is not None
+        viewed = from_numpy(read, layout)
+        _views_of_the_bytes_read(viewed, read)
     step = mx.array([[7]])
-    want, got = model(step, cache=caches), model(step, cache=restored)
-    assert mx.array_equal(want, got)
+    want = model(step, cache=caches)
+    assert mx.array_equal(want, model(step, cache=copied))
+    assert mx.array_equal(want, model(step, cache=viewed))
+    for t in range(3):  # decode on (windows rotate in place): views as the copies
+        nxt = mx.array([[20 + t]])
+        assert mx.array_equal(model(nxt, cache=copied), model(nxt, cache=viewed))
+
+
+def _views_of_the_bytes_read(layers, read: dict) -> None:
+    """Every restored tensor lies in the buffer the SSD read filled: no copy was made."""
+    base = next(iter(read.values()))
+    while isinstance(base, np.ndarray):
+        base = base.base
+    buf = np.frombuffer(base, np.uint8)
+    lo, hi = buf.ctypes.data, buf.ctypes.data + buf.nbytes
+    for c in layers:
+        for _, x in tree_flatten(c.state):
+            if isinstance(x, mx.array) and x.size > 1:
+                x = x.view(mx.uint16) if x.dtype == mx.bfloat16 else x
+                mx.eval(x)
+                at = np.asarray(memoryview(x)).ctypes.data
+                assert lo <= at < hi, (type(c).__name__, x.shape)
 
 
 def test_a_window_after_a_chunked_prefill_is_kept_to_its_window_with_the_same_logits(family):

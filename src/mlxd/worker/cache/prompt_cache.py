@@ -15,7 +15,7 @@ import numpy as np
 
 from mlxd.worker.cache.format import Layout, LayoutMismatch, check_layout
 from mlxd.worker.cache.kinds import trims
-from mlxd.worker.cache.kv_arrays import from_numpy
+from mlxd.worker.cache.kv_arrays import from_numpy, mlx_bytes
 from mlxd.worker.cache.ram import EARN_TOKENS, Entry, RamCache, compact, usable_length, view
 from mlxd.worker.cache.replies import Reply, clip
 from mlxd.worker.cache.ssd import SsdEntry, SsdStore
@@ -47,6 +47,8 @@ class PromptCache:
             ram_bytes, on_evict=lambda e: self.writes.spill(e), earn_tokens=earn_tokens
         )
         self.ssd = SsdStore(ssd_dir, ssd_bytes, layout) if ssd_dir is not None else None
+        if self.ssd is not None:
+            self.ssd.alloc = mlx_bytes  # restores read into MLX's memory: no copy after
         self.writes = WritePolicy(
             self.ram,
             self.ssd,

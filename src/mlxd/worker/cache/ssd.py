@@ -15,6 +15,7 @@ import logging
 import os
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -58,6 +59,9 @@ class SsdStore:
         self.dir = folder
         self.cap_bytes = cap_bytes
         self.layout = layout
+        # The buffer a read fills (digest.read_hashed): the owner sets MLX-owned memory here
+        # (kv_arrays.mlx_bytes) so that a restore copies nothing; NumPy's when None.
+        self.alloc: Callable[[int], np.ndarray] | None = None
         self.disabled: str | None = None
         self.read_only = False
         self.index = SsdIndex()
@@ -199,7 +203,7 @@ class SsdStore:
             return None
         path = data_path(self.dir, e.key)
         try:
-            data, digest = read_hashed(path, e.piece_bytes)
+            data, digest = read_hashed(path, e.piece_bytes, self.alloc)
         except FileNotFoundError:  # evicted meanwhile, or removed by hand: a plain miss
             self.index.forget(e)
             return None
