@@ -3,6 +3,7 @@ process (no HTTP), against what the same tokens cost as plain prefills.
 
     python -m bench extend --shape qwen3-8b                    # the H200 figures
     python -m bench extend --shape tiny --prefix 512 --new 64  # a smoke run on the CPU
+    python -m bench extend --shape qwen3-8b --buckets          # attention in bucketed shapes
 
 What agents send: K sessions share a long prefix (system prompt and tools) the prompt cache
 already holds, each at its own history length, and each turn adds a few hundred tokens. For
@@ -45,6 +46,11 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         default=-1,
         help="prefill block, tokens (worker/model/blocks.py; -1: the worker's default, off)",
     )
+    p.add_argument(
+        "--buckets",
+        action="store_true",
+        help="pad extending rows' attention to bucketed shapes (worker/model/shape_buckets.py)",
+    )
     return p.parse_args(argv)
 
 
@@ -63,7 +69,7 @@ def main(argv: list[str]) -> int:
     from mlxd.worker.engine.rows import Submission
     from mlxd.worker.engine.sched.planner import PlanConfig
     from mlxd.worker.engine.steplog import open_step_log
-    from mlxd.worker.model import blocks
+    from mlxd.worker.model import blocks, shape_buckets
     from mlxd.worker.model.load import choose_block, load_model, use_blocks
 
     from .models import cached_model
@@ -72,6 +78,7 @@ def main(argv: list[str]) -> int:
     loaded = load_model(path, "extend")
     blocks.ANY_DEVICE = True  # measured on any device, the CPU included (off there in a worker)
     use_blocks(choose_block(loaded.model, None if a.block < 0 else a.block))
+    shape_buckets.set_on(a.buckets)
     vocab = loaded.model.args.vocab_size if hasattr(loaded.model, "args") else 32000
     trace = open_step_log(a.step_log, "extend") if a.step_log else None
     # The RAM tier holds every row's history at K = 8 on the 8B (~10 GB); 64 GiB left an H100
@@ -116,7 +123,7 @@ def main(argv: list[str]) -> int:
 
     print(
         f"model {path} · device {mx.default_device()} · mlx {mx.__version__} · variant {a.variant}"
-        f" · prefill block {blocks.block}"
+        f" · prefill block {blocks.block} · shape buckets {'on' if shape_buckets.on else 'off'}"
     )
     print(
         f"prefix {a.prefix}, row i's history i x {a.history} (+7r+1 in repeat r), +{a.new} new "

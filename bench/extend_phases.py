@@ -34,12 +34,15 @@ class Phases:
         self.seconds: dict[str, float] = defaultdict(float)
         self.calls: Counter[str] = Counter()
         self.shapes: set[tuple] = set()
+        self.seen: set[tuple] = set()  # every multi-token shape the fused kernel met, all run
+        self.new_shapes = 0  # of them, first met since the last reset: cuDNN builds on CUDA
         self._undo: list[Callable[[], None]] = []
 
     def reset(self) -> None:
         self.seconds.clear()
         self.calls.clear()
         self.shapes.clear()
+        self.new_shapes = 0
 
     def _wrap(self, owner, name: str, label: str, state: Callable | None = None) -> None:
         orig = getattr(owner, name)
@@ -124,6 +127,16 @@ class Phases:
 
         attention.row_by_row = row_by_row
         self._undo.append(lambda: setattr(attention, "row_by_row", orig_rows))
+
+        def counted(q, k, v, **kw):  # attention looks `_fused` up at each call
+            shape = (q.shape[0], q.shape[2], k.shape[2])
+            if q.shape[2] > 1 and shape not in self.seen:
+                self.seen.add(shape)
+                self.new_shapes += 1
+            return fused(q, k, v, **kw)
+
+        attention._fused = counted
+        self._undo.append(lambda: setattr(attention, "_fused", fused))
         if variant == "fused" and seam.sdpa() is attention.routed:
             seam.patch_sdpa(seam.ORIGINAL_SDPA)
             self._undo.append(lambda: seam.patch_sdpa(attention.routed))
@@ -136,6 +149,7 @@ class Phases:
             if label.startswith("attention"):
                 rows.append(f"| {label} | {n} | | |")
         rows.append(f"| distinct row shapes to the fused kernel | {len(self.shapes)} | | |")
+        rows.append(f"| fused prefill shapes not met before (builds) | {self.new_shapes} | | |")
         return "\n".join(rows)
 
     def uninstall(self) -> None:

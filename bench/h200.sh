@@ -19,6 +19,8 @@
 #   bash bench/h200.sh blocks     # issue 33: rows extending a cached 6k prefix (8B shape, K=1,4,8,
 #                                 # lengths new every repeat), prefill blocks off then on (256),
 #                                 # with where the time went (~6 min, the 8B build included)
+#   bash bench/h200.sh buckets    # issue 33: the same rows, attention shapes as they come, then
+#                                 # padded to buckets (shape_buckets.py) (~6 min, 8B built)
 #   bash bench/h200.sh families  # issue 34: gemma3-12b (sliding window) then nemotron-h-8b
 #                                 # (hybrid), random bf16 weights: multi-turn with an unload and
 #                                 # reload, single, 8 clients; mlxd vs mlx_lm.server (~8 min)
@@ -90,6 +92,14 @@ blocks)
       --rows 1,4,8 --repeats 3 --phases --block $b 2>&1 | grep -v tokenizer | tee "$out/extend-8b-block$b.md"
   done
   ;;
+buckets)
+  # Issue 33: rows extending a cached 6k prefix (8B shape, K=1,4,8, lengths new every repeat),
+  # attention shapes as they come, then padded to buckets (worker/model/shape_buckets.py).
+  for b in "" --buckets; do
+    timeout 270 python3 -m bench extend --shape qwen3-8b --prefix 6000 --history 300 --new 270 \
+      --rows 1,4,8 --repeats 4 --phases $b 2>&1 | grep -v tokenizer | tee "$out/extend-8b$b.md"
+  done
+  ;;
 families)
   # Estimated on an H200 (the 8B shape's figures above; not yet run): gemma3-12b ~4.5 min =
   # build 22 GiB ~30 s, both servers loaded and warm ~40 s, multi-turn x2 ~2.5 min (per run
@@ -122,5 +132,5 @@ vision)
   timeout -k 20 290 bash bench/gpu_run.sh vision --shape gemma3-4b \
     --out "$out/vision-gemma3-4b" 2>&1 | grep -v tokenizer | tail -40
   ;;
-*) echo "usage: $0 profile|small|large|large-conc|spec|ttft|masks|group2|agents|agents-8b|claude|blocks|families|adapters|vision" >&2; exit 2 ;;
+*) echo "usage: $0 profile|small|large|large-conc|spec|ttft|masks|group2|agents|agents-8b|claude|blocks|buckets|families|adapters|vision" >&2; exit 2 ;;
 esac

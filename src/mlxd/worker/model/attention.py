@@ -25,6 +25,9 @@ Then, on CUDA, each multi-token call is routed:
   under the bound (2.0 s and 31 GiB for the 16k prompt above, against cuDNN's 2.8 s and 68 GiB).
 - everything else (large causal calls, unmasked ones, decode, attention sinks, per-head masks)
   keeps MLX's fused kernels.
+With shape buckets on (shape_buckets.py, opt-in), rows extending cached prefixes go to the
+fused causal kernel at any size, padded to bucketed shapes: a left-padded batch row by row,
+an unpadded one whole.
 Only on CUDA: Metal's fused kernels take any shape without a build, and the CPU has no fused
 prefill kernel to avoid.
 
@@ -41,7 +44,7 @@ import weakref
 
 import mlx.core as mx
 
-from mlxd.worker.model import blocks
+from mlxd.worker.model import blocks, shape_buckets
 from mlxd.worker.model import mlx_lm_seam as seam
 
 log = logging.getLogger("mlxd.worker")
@@ -118,6 +121,8 @@ def routed(q, k, v, *, scale, mask=None, sinks=None, **kw):
     if sinks is None and not kw and grouped and q.shape[2] > 1:
         if (pieces := _in_blocks(q, k, mask)) is not None:
             return in_pieces(q, k, v, scale, pieces)
+        if shape_buckets.on and (bucketed := _bucketed(q, k, v, scale, mask)) is not None:
+            return bucketed
         plain = _plain_mask(mask, q)
         if (plain or isinstance(mask, str) and mask == "causal") and is_small(q, k):
             return unfused(q, k, v, scale, mask)
@@ -128,6 +133,16 @@ def routed(q, k, v, *, scale, mask=None, sinks=None, **kw):
     if sinks is not None:
         kw["sinks"] = sinks
     return _fused(q, k, v, scale=scale, mask=mask, **kw)
+
+
+def _bucketed(q, k, v, scale: float, mask) -> mx.array | None:
+    """Rows extending cached prefixes (shape_buckets.py), whatever their size: a left-padded
+    batch row by row, an unpadded one whole; None for anything else (fresh prompts)."""
+    if (left := _left_padding_of(mask)) is not None:
+        return row_by_row(q, k, v, scale, left)
+    if isinstance(mask, str) and mask == "causal" and q.shape[2] < k.shape[2]:
+        return shape_buckets.causal(_fused, q, k, v, scale)
+    return None
 
 
 def row_by_row(q: mx.array, k: mx.array, v: mx.array, scale: float, left: list[int]) -> mx.array:
@@ -182,7 +197,10 @@ def in_pieces(
         keys, values = k[start:end, :, p:], v[start:end, :, p:]
         if contiguous:
             keys, values = mx.contiguous(keys), mx.contiguous(values)
-        out.append(_fused(q[start:end], keys, values, scale=scale, mask="causal"))
+        if not contiguous and shape_buckets.on:
+            out.append(shape_buckets.causal(_fused, q[start:end], keys, values, scale))
+        else:
+            out.append(_fused(q[start:end], keys, values, scale=scale, mask="causal"))
     return mx.concatenate(out, axis=0) if len(out) > 1 else out[0]
 
 
