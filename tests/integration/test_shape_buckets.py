@@ -132,3 +132,14 @@ def _run(engine: Engine, prompts: dict[str, list[int]]) -> dict[str, list[int]]:
         engine.submit(sub)
     assert all(d.wait(120) for d in done.values())
     return got
+
+
+def test_the_worker_setting_turns_them_on_and_off(tiny_model_dir, tmp_path, buckets_on):
+    from mlxd.shared.worker_spec import WorkerSpec
+    from mlxd.worker.model.load import load_for_spec
+
+    spec = WorkerSpec(model_path=tiny_model_dir, model_id="tiny", socket=tmp_path / "s")
+    assert spec.attention_buckets is True
+    for want in (False, True):
+        load_for_spec(spec.model_copy(update={"attention_buckets": want}))
+        assert shape_buckets.on is want

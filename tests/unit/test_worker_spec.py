@@ -195,3 +195,14 @@ def test_strip_attribution_lines_is_on_by_default_and_off_reaches_the_worker(tmp
     base = ["--model-path", str(tmp_path), "--model-id", "m", "--socket", str(tmp_path / "s")]
     assert parse_args(base).strip_attribution_lines is True
     assert parse_args([*base, "--no-strip-attribution-lines"]).strip_attribution_lines is False
+
+
+def test_attention_buckets_are_on_by_default_and_off_reaches_the_worker(tmp_path, monkeypatch):
+    on = load_settings({"home": str(tmp_path)})
+    monkeypatch.setenv("MLXD_ATTENTION_BUCKETS", "false")
+    off = load_settings({"home": str(tmp_path)})
+    for settings, want in ((on, True), (off, False)):
+        argv = worker_argv(settings, slot_for(settings, "m"))
+        assert parse_args(argv).attention_buckets is want
+    base = ["--model-path", str(tmp_path), "--model-id", "m", "--socket", str(tmp_path / "s")]
+    assert parse_args([*base, "--no-attention-buckets"]).attention_buckets is False

@@ -85,6 +85,9 @@ class Settings(BaseSettings):
     # Prefill in whole blocks of this many tokens on CUDA (None or 0: off; 256 is the value
     # to try): cuDNN then builds a few attention graphs instead of one per prompt history.
     prefill_block: int | None = Field(None, ge=0, le=4096)
+    # On CUDA, rows extending cached prefixes attend in bucketed shapes, so cuDNN builds a
+    # graph per bucket, not per session length (worker/model/shape_buckets.py).
+    attention_buckets: bool = True
     kv_budget_bytes: Bytes | None = Field(None, ge=0)  # None: from memory; 0: rows bound by batch
     # Compile the decode forward once per shape (engine/compiled.py). None: on the CPU only,
     # where it measured faster; on the H200 it won at batch 8 on a 0.6B model and lost on 8B.

@@ -52,6 +52,7 @@ SAME_AS_SETTINGS = (
     "prefill_step",
     "prefill_budget",
     "prefill_block",
+    "attention_buckets",
     "kv_budget_bytes",
     "compile_decode",
     "warmup",
@@ -115,6 +116,7 @@ class WorkerSpec(SamplingFields):
     prefill_step: int | None = Field(None, ge=16)  # ... while nothing decodes; None: by device
     prefill_budget: int | None = Field(None, ge=16)  # ... while rows decode; None: by device
     prefill_block: int | None = Field(None, ge=0, le=4096)  # None or 0: off (CUDA only)
+    attention_buckets: bool = True  # extending rows' attention in bucketed shapes (CUDA only)
     kv_budget_bytes: int | None = Field(None, ge=0)  # None: from memory; 0: no KV bound
     kv_bits: Literal[4, 8] | None = None  # quantized KV (None: the model's float dtype)
     kv_group_size: Literal[32, 64, 128] = 64  # elements sharing one scale and bias

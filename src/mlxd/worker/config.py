@@ -88,6 +88,12 @@ def _flag_parser(log_level: str) -> argparse.ArgumentParser:
     _opt(p, "prefill_budget", int, "prompt tokens per step while rows decode")
     _opt(p, "prefill_block", int, "prefill in whole blocks of this many tokens (0: off)")
     p.add_argument(
+        "--attention-buckets",
+        action=argparse.BooleanOptionalAction,
+        default=_default("attention_buckets"),
+        help="on CUDA, rows extending cached prefixes attend in bucketed shapes (default: on)",
+    )
+    p.add_argument(
         "--compile-decode",
         action=argparse.BooleanOptionalAction,
         default=None,

@@ -25,7 +25,7 @@ from mlxd.worker.dist.shard import shard_model
 from mlxd.worker.kv.cost import row_cost
 from mlxd.worker.kv.layers import plain_only
 from mlxd.worker.kv.scheme import KvScheme, apply_kv_scheme
-from mlxd.worker.model import blocks
+from mlxd.worker.model import blocks, shape_buckets
 from mlxd.worker.model import mlx_lm_seam as seam
 from mlxd.worker.model.attention import causal_when_unpadded, route_on_cuda
 
@@ -202,6 +202,7 @@ def load_for_spec(spec: WorkerSpec, group: Any = None) -> LoadedModel:
         group=group,
     )
     use_blocks(choose_block(loaded.model, spec.prefill_block))
+    shape_buckets.set_on(spec.attention_buckets)  # read only where attention is routed (CUDA)
     return loaded
 
 
