@@ -21,6 +21,7 @@
 #                                 # with where the time went (~6 min, the 8B build included)
 #   bash bench/h200.sh buckets    # issue 33: the same rows, attention shapes as they come, then
 #                                 # padded to buckets (shape_buckets.py) (~6 min, 8B built)
+#   bash bench/h200.sh restore    # issue 34: gemma3-12b's SSD restore phase by phase (~3 min)
 #   bash bench/h200.sh families  # issue 34: gemma3-12b (sliding window) then nemotron-h-8b
 #                                 # (hybrid), random bf16 weights: multi-turn with an unload and
 #                                 # reload, single, 8 clients; mlxd vs mlx_lm.server (~8 min)
@@ -100,6 +101,13 @@ buckets)
       --rows 1,4,8 --repeats 4 --phases $b 2>&1 | grep -v tokenizer | tee "$out/extend-8b$b.md"
   done
   ;;
+restore)
+  # Issue 34: where gemma3-12b's 1.4 GB SSD restore goes on the GPU host (no model, no HTTP):
+  # before issue 34's changes, the copy into MLX, and today's read into MLX memory; 3 fresh
+  # processes each, from the page cache, then cold (~3 min).
+  timeout 250 python3 -m bench.restore --layers 48 --runs 3 2>&1 | tee "$out/restore-48.md"
+  timeout 100 python3 -m bench.restore --layers 48 --cold 2>&1 | tee "$out/restore-48-cold.md"
+  ;;
 families)
   # Estimated on an H200 (the 8B shape's figures above; not yet run): gemma3-12b ~4.5 min =
   # build 22 GiB ~30 s, both servers loaded and warm ~40 s, multi-turn x2 ~2.5 min (per run
@@ -132,5 +140,5 @@ vision)
   timeout -k 20 290 bash bench/gpu_run.sh vision --shape gemma3-4b \
     --out "$out/vision-gemma3-4b" 2>&1 | grep -v tokenizer | tail -40
   ;;
-*) echo "usage: $0 profile|small|large|large-conc|spec|ttft|masks|group2|agents|agents-8b|claude|blocks|buckets|families|adapters|vision" >&2; exit 2 ;;
+*) echo "usage: $0 profile|small|large|large-conc|spec|ttft|masks|group2|agents|agents-8b|claude|blocks|buckets|restore|families|adapters|vision" >&2; exit 2 ;;
 esac
