@@ -159,9 +159,15 @@ def _restores_to_the_same_logits(model):
     want = model(step, cache=caches)
     assert mx.array_equal(want, model(step, cache=copied))
     assert mx.array_equal(want, model(step, cache=viewed))
+    before = {k: v.copy() for k, v in read.items()}
     for t in range(3):  # decode on (windows rotate in place): views as the copies
         nxt = mx.array([[20 + t]])
         assert mx.array_equal(model(nxt, cache=copied), model(nxt, cache=viewed))
+    # The read is shared by every request restoring it: decoding wrote nothing into it, and
+    # another restore from it starts where the entry did.
+    assert all(np.array_equal(before[k], v) for k, v in read.items())
+    again = from_numpy(read, layout)
+    assert mx.array_equal(want, model(step, cache=again))
 
 
 def _views_of_the_bytes_read(layers, read: dict) -> None:

@@ -80,15 +80,20 @@ _MX_DTYPES = {
 }
 
 
+WORD = 8  # the owner's element: uint64, so that 32-bit shapes reach 16 GiB (uint8: 2 GiB)
+
+
 def mlx_bytes(size: int) -> np.ndarray:
     """A writable uint8 NumPy view of `size` bytes of a fresh MLX array (SsdStore.alloc):
-    tensors read into it become MLX arrays without a copy (`_mx`). Any thread: the array is
-    made and evaluated on the CPU stream of the calling thread. NumPy's memory if MLX cannot
-    give it (then the restore copies, as it did before)."""
+    tensors read into it become MLX arrays without a copy (`_mx`). The array is uint64
+    (MLX's shapes are 32-bit: a uint8 one stops at 2 GiB, an 8B entry's size at 14.6k
+    tokens). Any thread: it is made and evaluated on the CPU stream of the calling thread.
+    NumPy's memory if MLX cannot give it (then the restore copies, as it did before)."""
     try:
-        owner = mx.zeros((max(size, 1),), dtype=mx.uint8, stream=mx.cpu)
+        owner = mx.zeros((max(-(-size // WORD), 1),), dtype=mx.uint64, stream=mx.cpu)
         mx.eval(owner)
-        return np.asarray(memoryview(owner))[:size]  # type: ignore[arg-type]
+        words = np.asarray(memoryview(owner))  # type: ignore[arg-type]
+        return words.view(np.uint8)[:size]
     except Exception as exc:  # never fail a read over where its bytes live
         log.warning("SSD restore into NumPy memory (MLX gave none: %s)", exc)
         return np.empty(size, dtype=np.uint8)
@@ -96,20 +101,24 @@ def mlx_bytes(size: int) -> np.ndarray:
 
 def _mlx_view(a: np.ndarray) -> mx.array | None:
     """`a` as an MLX array sharing its memory, when `a` is a view of an MLX buffer made by
-    `mlx_bytes` (found through NumPy's base chain); None otherwise."""
+    `mlx_bytes` (found through NumPy's base chain); None otherwise. The words covering `a`
+    are sliced from the owner, then its bytes from those: every step a view."""
     base: object = a
     while isinstance(base, np.ndarray):
         base = base.base
     owner = base.obj if isinstance(base, memoryview) else None
     dtype = _MX_DTYPES.get(a.dtype)
-    if not isinstance(owner, mx.array) or owner.dtype != mx.uint8 or owner.ndim != 1:
+    if not isinstance(owner, mx.array) or owner.dtype != mx.uint64 or owner.ndim != 1:
         return None
     if dtype is None or not a.flags.c_contiguous:
         return None
     at = a.ctypes.data - np.frombuffer(base, np.uint8).ctypes.data
-    if at < 0 or at % a.itemsize or at + a.nbytes > owner.size:
+    end = at + a.nbytes
+    if at < 0 or at % a.itemsize or end > owner.size * WORD:
         return None
-    return owner[at : at + a.nbytes].view(dtype).reshape(a.shape)
+    first, skip = divmod(at, WORD)
+    words = owner[first : -(-end // WORD)].view(mx.uint8)
+    return words[skip : skip + a.nbytes].view(dtype).reshape(a.shape)
 
 
 def _mx(a: np.ndarray, dtype: str) -> mx.array:

@@ -139,7 +139,8 @@ def _bucketed(q, k, v, scale: float, mask) -> mx.array | None:
     """Rows extending cached prefixes (shape_buckets.py), whatever their size: a left-padded
     batch row by row, an unpadded one whole; None for anything else (fresh prompts)."""
     if (left := _left_padding_of(mask)) is not None:
-        return row_by_row(q, k, v, scale, left)
+        # Extensions only: a fresh prompt's left padding leaves queries that see no key.
+        return row_by_row(q, k, v, scale, left) if q.shape[2] < k.shape[2] - max(left) else None
     if isinstance(mask, str) and mask == "causal" and q.shape[2] < k.shape[2]:
         return shape_buckets.causal(_fused, q, k, v, scale)
     return None

@@ -73,7 +73,7 @@ def causal(fused, q: mx.array, k: mx.array, v: mx.array, scale: float) -> mx.arr
     bucketed counts (above); the same result as the unpadded call."""
     rows, heads, n, dim = q.shape
     before, after, padded_keys = plan(n, k.shape[2])
-    if before == 0 and after == 0:
+    if n > k.shape[2] or before == 0 and after == 0:  # queries seeing no key: as they come
         return fused(q, k, v, scale=scale, mask="causal")
     parts = [mx.zeros((rows, heads, before, dim), q.dtype)] if before else []
     parts += [q, mx.zeros((rows, heads, after, dim), q.dtype)] if after else [q]
