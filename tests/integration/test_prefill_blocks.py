@@ -6,17 +6,14 @@ batch sizes, so cuDNN meets a few shapes instead of one per history."""
 from __future__ import annotations
 
 import random
-import threading
 
 import mlx.core as mx
 import pytest
-from mlx_lm.generate import generate_step
+from engine_runs import assert_greedy, greedy_run, second_turns
 from mlx_lm.models.cache import BatchKVCache
 
-from mlxd.shared.params import GenerationParams
 from mlxd.worker.cache.prompt_cache import PromptCache
 from mlxd.worker.engine.loop import Engine
-from mlxd.worker.engine.rows import Submission
 from mlxd.worker.engine.sched.planner import PlanConfig
 from mlxd.worker.model import attention, blocks
 from mlxd.worker.model.load import load_model, use_blocks
@@ -79,21 +76,10 @@ def test_sessions_extending_cached_prefixes_give_mlx_lms_tokens_in_few_shapes(
         cache=PromptCache(1 << 30, None, 0),
         warmup=False,
     )
-    engine.start()
-    try:
-        first = run(engine, {f"s{i}": p for i, p in enumerate(turn1)})
-        turn2 = {
-            f"s{i}": p + first[f"s{i}"] + [rng.randrange(10, 2000) for _ in range(5 + 7 * i)]
-            for i, p in enumerate(turn1)
-        }
-        shapes.clear()
-        second = run(engine, turn2)
-    finally:
-        engine.stop()
-        assert engine.join(30)
-    for rid, prompt in turn2.items():
-        want = [int(t) for t, _ in generate_step(mx.array(prompt), loaded.model, max_tokens=OUT)]
-        assert second[rid] == want, rid
+    prompts = {f"s{i}": p for i, p in enumerate(turn1)}
+    new = {f"s{i}": [rng.randrange(10, 2000) for _ in range(5 + 7 * i)] for i in range(3)}
+    turn2, second = second_turns(engine, prompts, new, run, shapes.clear)
+    assert_greedy(loaded.model, turn2, second, OUT)
     assert shapes  # the prefills went through the fused kernel
     assert all(n % BLOCK == 0 and s % BLOCK == 0 for _, n, s in shapes), shapes
     assert {b for b, _, _ in shapes} <= {1, 2, 4, 8}
@@ -102,21 +88,7 @@ def test_sessions_extending_cached_prefixes_give_mlx_lms_tokens_in_few_shapes(
 
 
 def run(engine: Engine, prompts: dict[str, list[int]]) -> dict[str, list[int]]:
-    got: dict[str, list[int]] = {rid: [] for rid in prompts}
-    done = {rid: threading.Event() for rid in prompts}
-    subs = []
-    for rid, prompt in prompts.items():
-
-        def sink(ev, rid=rid):
-            got[rid] += [e["token_id"] for e in ev.logprobs or []]
-            if ev.finish_reason is not None:
-                done[rid].set()
-
-        params = GenerationParams(max_tokens=OUT, temperature=0.0, logprobs=True)
-        subs.append(Submission(rid, prompt, params, sink))
-    for sub in subs:
-        engine.submit(sub)
-    assert all(d.wait(120) for d in done.values())
+    got, subs = greedy_run(engine, prompts, OUT)
     for sub in subs:  # each hit was cut to whole blocks
         assert sub.prompt_cached % BLOCK == 0, (sub.rid, sub.prompt_cached)
     return got

@@ -6,16 +6,13 @@ tokens."""
 from __future__ import annotations
 
 import random
-import threading
 
 import mlx.core as mx
 import pytest
-from mlx_lm.generate import generate_step
+from engine_runs import assert_greedy, greedy_run, second_turns
 
-from mlxd.shared.params import GenerationParams
 from mlxd.worker.cache.prompt_cache import PromptCache
 from mlxd.worker.engine.loop import Engine
-from mlxd.worker.engine.rows import Submission
 from mlxd.worker.engine.sched.planner import PlanConfig
 from mlxd.worker.model import attention, shape_buckets
 from mlxd.worker.model.load import load_model
@@ -101,42 +98,16 @@ def test_sessions_extending_cached_prefixes_decode_mlx_lms_greedy_tokens(
         cache=PromptCache(1 << 30, None, 0),
         warmup=False,
     )
-    engine.start()
-    try:
-        first = _run(engine, turn1)
-        turn2 = {
-            sid: p + first[sid] + [rng.randrange(10, 2000) for _ in range(9 + 7 * i)]
-            for i, (sid, p) in enumerate(turn1.items())
-        }
-        padded.clear()
-        second = _run(engine, turn2)
-    finally:
-        engine.stop()
-        assert engine.join(30)
-    for sid, prompt in turn2.items():
-        want = [int(t) for t, _ in generate_step(mx.array(prompt), loaded.model, max_tokens=OUT)]
-        assert second[sid] == want, sid
+    new = {sid: [rng.randrange(10, 2000) for _ in range(9 + 7 * i)] for i, sid in
+           enumerate(turn1)}  # fmt: skip
+    turn2, second = second_turns(engine, turn1, new, _run, padded.clear)
+    assert_greedy(loaded.model, turn2, second, OUT)
     assert engine.cache is not None and engine.cache.ram.stats["hit_tokens"] > 0
     assert padded  # the cached turns went through the padded calls
 
 
 def _run(engine: Engine, prompts: dict[str, list[int]]) -> dict[str, list[int]]:
-    got: dict[str, list[int]] = {sid: [] for sid in prompts}
-    done = {sid: threading.Event() for sid in prompts}
-    subs = []
-    for sid, prompt in prompts.items():
-
-        def sink(ev, sid=sid):
-            got[sid] += [e["token_id"] for e in ev.logprobs or []]
-            if ev.finish_reason is not None:
-                done[sid].set()
-
-        params = GenerationParams(max_tokens=OUT, temperature=0.0, logprobs=True)
-        subs.append(Submission(sid, prompt, params, sink))
-    for sub in subs:
-        engine.submit(sub)
-    assert all(d.wait(120) for d in done.values())
-    return got
+    return greedy_run(engine, prompts, OUT)[0]
 
 
 def test_the_worker_setting_turns_them_on_and_off(tiny_model_dir, tmp_path, buckets_on):

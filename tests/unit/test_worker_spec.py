@@ -185,24 +185,15 @@ def test_speculation_that_could_never_run_is_a_usage_error(tmp_path, capsys, fla
     assert exc.value.code == 2 and says in capsys.readouterr().err
 
 
-def test_strip_attribution_lines_is_on_by_default_and_off_reaches_the_worker(tmp_path, monkeypatch):
+@pytest.mark.parametrize("name", ["strip_attribution_lines", "attention_buckets"])
+def test_switches_on_by_default_and_off_reach_the_worker(tmp_path, monkeypatch, name):
     on = load_settings({"home": str(tmp_path)})
-    monkeypatch.setenv("MLXD_STRIP_ATTRIBUTION_LINES", "false")
+    monkeypatch.setenv("MLXD_" + name.upper(), "false")
     off = load_settings({"home": str(tmp_path)})
     for settings, want in ((on, True), (off, False)):
         argv = worker_argv(settings, slot_for(settings, "m"))
-        assert parse_args(argv).strip_attribution_lines is want
+        assert getattr(parse_args(argv), name) is want
     base = ["--model-path", str(tmp_path), "--model-id", "m", "--socket", str(tmp_path / "s")]
-    assert parse_args(base).strip_attribution_lines is True
-    assert parse_args([*base, "--no-strip-attribution-lines"]).strip_attribution_lines is False
-
-
-def test_attention_buckets_are_on_by_default_and_off_reaches_the_worker(tmp_path, monkeypatch):
-    on = load_settings({"home": str(tmp_path)})
-    monkeypatch.setenv("MLXD_ATTENTION_BUCKETS", "false")
-    off = load_settings({"home": str(tmp_path)})
-    for settings, want in ((on, True), (off, False)):
-        argv = worker_argv(settings, slot_for(settings, "m"))
-        assert parse_args(argv).attention_buckets is want
-    base = ["--model-path", str(tmp_path), "--model-id", "m", "--socket", str(tmp_path / "s")]
-    assert parse_args([*base, "--no-attention-buckets"]).attention_buckets is False
+    assert getattr(parse_args(base), name) is True
+    flag = "--no-" + name.replace("_", "-")
+    assert getattr(parse_args([*base, flag]), name) is False
