@@ -147,8 +147,7 @@ def _restores_to_the_same_logits(model):
     check_layout(arrays, layout, 100)
     copied = from_numpy({k: v.copy() for k, v in arrays.items()}, layout)
     with tempfile.TemporaryDirectory() as folder:  # and through the SSD store's own read
-        store = SsdStore(Path(folder), 1 << 30, layout)
-        store.alloc = mlx_bytes
+        store = SsdStore(Path(folder), 1 << 30, layout, mlx_bytes)
         tokens = tuple(range(10, 100)) + tuple(range(100, 110))
         assert store.write("", tokens, arrays, {}, None)
         read = store.read(store.best("", [*tokens, 7])[0])  # a prompt extending the entry

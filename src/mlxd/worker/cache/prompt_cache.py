@@ -46,9 +46,8 @@ class PromptCache:
         self.ram = RamCache(
             ram_bytes, on_evict=lambda e: self.writes.spill(e), earn_tokens=earn_tokens
         )
-        self.ssd = SsdStore(ssd_dir, ssd_bytes, layout) if ssd_dir is not None else None
-        if self.ssd is not None:
-            self.ssd.alloc = mlx_bytes  # restores read into MLX's memory: no copy after
+        # Restores read into MLX's memory (mlx_bytes): no copy after the read.
+        self.ssd = SsdStore(ssd_dir, ssd_bytes, layout, mlx_bytes) if ssd_dir is not None else None
         self.writes = WritePolicy(
             self.ram,
             self.ssd,

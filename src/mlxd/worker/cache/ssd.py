@@ -55,13 +55,19 @@ class SsdStore:
     and is deleted. `disabled` says why the tier is off for this run (None while it is on).
     """
 
-    def __init__(self, folder: Path, cap_bytes: int, layout: Layout | None = None):
+    def __init__(
+        self,
+        folder: Path,
+        cap_bytes: int,
+        layout: Layout | None = None,
+        alloc: Callable[[int], np.ndarray] | None = None,
+    ):
         self.dir = folder
         self.cap_bytes = cap_bytes
         self.layout = layout
-        # The buffer a read fills (digest.read_hashed): the owner sets MLX-owned memory here
+        # The buffer a read fills (digest.read_hashed): MLX-owned memory from the prompt cache
         # (kv_arrays.mlx_bytes) so that a restore copies nothing; NumPy's when None.
-        self.alloc: Callable[[int], np.ndarray] | None = None
+        self.alloc = alloc
         self.disabled: str | None = None
         self.read_only = False
         self.index = SsdIndex()

@@ -25,7 +25,7 @@ Then, on CUDA, each multi-token call is routed:
   under the bound (2.0 s and 31 GiB for the 16k prompt above, against cuDNN's 2.8 s and 68 GiB).
 - everything else (large causal calls, unmasked ones, decode, attention sinks, per-head masks)
   keeps MLX's fused kernels.
-With shape buckets on (shape_buckets.py, opt-in), rows extending cached prefixes go to the
+With shape buckets on (shape_buckets.py, the default), rows extending cached prefixes go to the
 fused causal kernel at any size, padded to bucketed shapes: a left-padded batch row by row,
 an unpadded one whole.
 Only on CUDA: Metal's fused kernels take any shape without a build, and the CPU has no fused

@@ -18,13 +18,12 @@ one graph:
 So the result is the unpadded causal call's, row for row (tests/integration/
 test_shape_buckets.py); the cost is attention over the padding (at most 1/8 more keys, up to
 four times the queries, 2.3x on average over agent-like sizes, while the projections and MLP
-see none of it) and a copy of the row's keys
-and values per layer. Measured on an H100 (docs/benchmarks.md, 2026-12-06, `bench extend`,
-rows extending a cached 6k prefix, lengths new every repeat): 8 rows of the 8B shape reached
-their first tokens in 0.32-0.36 s against 0.74-0.79 s unpadded, the 0.6B's in 0.24 against
-0.54 s; 4 rows about even. On by default (the worker's `attention_buckets`, set at load by
-`set_on`); read only where attention.py routes calls, i.e. CUDA: Metal and the CPU build
-nothing per shape.
+see none of it) and a copy of the row's keys and values per layer. Measured on an H100
+(docs/benchmarks.md, 2026-12-06, `bench extend`, rows extending a cached 6k prefix, lengths
+new every repeat): 8 rows of the 8B shape reached their first tokens in 0.32-0.36 s against
+0.74-0.79 s unpadded, the 0.6B's in 0.24 against 0.54 s; 4 rows about even. On by default
+(the worker's `attention_buckets`, set at load by `set_on`); read only where attention.py
+routes calls, i.e. CUDA: Metal and the CPU build nothing per shape.
 """
 
 from __future__ import annotations
@@ -71,17 +70,12 @@ def plan(n: int, keys: int) -> tuple[int, int, int]:
 def causal(fused, q: mx.array, k: mx.array, v: mx.array, scale: float) -> mx.array:
     """`fused(q, k, v, scale=scale, mask="causal")` with q's queries and k's keys padded to
     bucketed counts (above); the same result as the unpadded call."""
-    rows, heads, n, dim = q.shape
+    n = q.shape[2]
     before, after, padded_keys = plan(n, k.shape[2])
     if n > k.shape[2] or before == 0 and after == 0:  # queries seeing no key: as they come
         return fused(q, k, v, scale=scale, mask="causal")
-    parts = [mx.zeros((rows, heads, before, dim), q.dtype)] if before else []
-    parts += [q, mx.zeros((rows, heads, after, dim), q.dtype)] if after else [q]
-    q = mx.concatenate(parts, axis=2) if len(parts) > 1 else q
-    if after:
-        pad = mx.zeros((rows, k.shape[1], after, k.shape[3]), k.dtype)
-        k = mx.concatenate([k, pad], axis=2)
-        v = mx.concatenate([v, mx.zeros((rows, v.shape[1], after, v.shape[3]), v.dtype)], axis=2)
+    q = mx.pad(q, [(0, 0), (0, 0), (before, after), (0, 0)])  # zeros
+    k, v = (mx.pad(x, [(0, 0), (0, 0), (0, after), (0, 0)]) for x in (k, v))
     assert k.shape[2] == padded_keys
     out = fused(q, k, v, scale=scale, mask="causal")
     return out[:, :, before : before + n]
