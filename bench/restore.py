@@ -5,15 +5,20 @@
     python -m bench.restore --cold                 # restore from disk, not the page cache
     python -m bench.restore --before               # the code before issue 34's changes
     python -m bench.restore --copy                 # read into NumPy memory, mx.array copies
-    python -m bench.restore --runs 3               # the three, 3 processes each: medians
+    python -m bench.restore --prefetch             # (CUDA) bytes moved to the GPU after the read
+    python -m bench.restore --runs 3               # copy, after, prefetch: 3 processes each
 
 No model and no HTTP: the caches are made the way the engine makes them (mlx-lm's
 RotatingKVCache and KVCache fed through `update_and_fetch`: turn 1 prefilled in chunks of
 `--chunk`, `--reply` tokens decoded one at a time, then turn 2's `--user` tokens in one
 chunk up to its segment end, where the engine stores its snapshot), then stored and restored
 through the real SsdStore and PromptCache, each phase timed on its own, then the whole path
-(SsdStore.read + PromptCache.fetch) once more end to end. Layers follow gemma3: every
-`--pattern`-th layer global, the rest windows of `--window`; 8 KV heads x 256 head dim, bf16.
+(SsdStore.read + PromptCache.fetch) once more end to end. Last, the engine's first step on the
+restored caches (each layer extended by `--user` tokens and read whole, on the default
+device), then the same step on caches that never left it (what a RAM hit's step costs): on
+CUDA the restored bytes sit in managed memory the CPU wrote, and that step faults them over.
+Layers follow gemma3: every `--pattern`-th layer global, the rest windows of `--window`;
+8 KV heads x 256 head dim, bf16.
 
 `--before` times what the code did before: windows kept whole (no `ram.window_only`), the
 data file hashed whole by one thread, read with `read_bytes` and parsed by safetensors'
@@ -24,6 +29,7 @@ restore in one process reuses freed memory and skips the page faults a fresh wor
 from __future__ import annotations
 
 import argparse
+import copy
 import hashlib
 import json
 import os
@@ -41,7 +47,7 @@ import safetensors.numpy as stnp
 from mlx_lm.models.cache import KVCache, RotatingKVCache
 
 from mlxd.worker.cache import format as fmt
-from mlxd.worker.cache import ram, ssd
+from mlxd.worker.cache import gpu_prefetch, ram, ssd
 from mlxd.worker.cache.digest import read_hashed
 from mlxd.worker.cache.kv_arrays import _layer_layout, from_numpy, mlx_bytes, to_numpy
 from mlxd.worker.cache.prompt_cache import PromptCache
@@ -118,11 +124,15 @@ def main() -> None:
     p.add_argument(
         "--copy", action="store_true", help="read into NumPy memory, then mx.array copies"
     )
-    p.add_argument("--runs", type=int, default=0, help="before and after, each N processes")
+    p.add_argument(
+        "--prefetch", action="store_true", help="move the read bytes to the GPU (CUDA only)"
+    )
+    p.add_argument("--runs", type=int, default=0, help="each mode in N processes")
+    p.add_argument("--modes", default="copy,after,prefetch", help="what --runs compares")
     p.add_argument("--json", type=Path, default=None, help="append this run's phases here")
     a = p.parse_args()
     if a.runs:
-        return medians(a.runs)
+        return medians(a.runs, a.modes.split(","))
     if a.before:
         ram.window_only = lambda c: c
         fmt.PIECE_BYTES = ssd.PIECE_BYTES = 0
@@ -158,7 +168,7 @@ def main() -> None:
         fmt.write_atomic(fmt.meta_path(store.dir, key), sidecar)
         fmt.fsync_dir(store.dir)
     print(w.table(f"write, {size / MB:.0f} MiB data file", size))
-    mode = "before" if a.before else "copy" if a.copy else "after"
+    mode = "before" if a.before else "copy" if a.copy else "prefetch" if a.prefetch else "after"
     store.scan()  # index it as a restart would
     e, covered = store.best("", list(tokens) + [1, 2, 3])
     assert e is not None and covered == n_tokens
@@ -181,6 +191,10 @@ def main() -> None:
         with r(f"read + digest, pieces on threads{where}"):
             buf, digest = read_hashed(path, e.piece_bytes, None if a.copy else mlx_bytes)
         assert len(buf) == e.file_bytes and digest == e.sha256
+        if a.prefetch:
+            with r("prefetch to the GPU (cuMemPrefetchAsync)"):
+                moved = gpu_prefetch.to_gpu(buf)
+            print(f"prefetch moved the bytes: {moved}")
         with r("tensor views (no copy)"):
             got = fmt.tensor_views(buf)
     with r("token ids check"):
@@ -198,14 +212,23 @@ def main() -> None:
     with r("RAM fetch (view: deepcopy)"):
         hit, n = pc.ram.fetch("", prompt)
     assert hit is not None and n == n_tokens
+    with r("first step on the restored KV (reads it all)"):
+        first_step(hit, a)
     print(r.table(f"restore, {e.file_bytes / MB:.0f} MiB data file", e.file_bytes))
+    resident = [copy.deepcopy(c) for c in layers]
+    mx.eval([c.state for c in resident])
+    t = time.perf_counter()
+    first_step(resident, a)
+    t_resident = time.perf_counter() - t
+    print(f"\nthe same first step on KV that never left the device: {t_resident * 1e3:.1f} ms")
     if a.json is not None:
         with open(a.json, "a") as f:
             row = {"mode": mode, "bytes": e.file_bytes, "write": w.rows, "restore": r.rows}
+            row["resident_step"] = t_resident
             f.write(json.dumps(row) + "\n")
 
     # -- the same, end to end through the real code -------------------------------------------
-    del got, restored, hit
+    del got, restored, hit, resident
     if a.before:  # SsdStore.read is today's: nothing to say of the old one end to end
         return
     pc.ram.drop(pc.ram.best("", prompt)[0])  # type: ignore[arg-type]
@@ -226,18 +249,30 @@ def main() -> None:
         left.unlink()
 
 
-def medians(runs: int) -> None:
-    """Before and after, alternating, each in a fresh process; the median of each phase."""
+def first_step(layers: list, a) -> None:
+    """What the engine's first step after a hit does to the KV: every layer extended by the
+    turn's new tokens (`update_and_fetch`), then all of its keys and values read."""
+    new = mx.ones((1, a.kv_heads, a.user, a.head_dim), dtype=mx.bfloat16)
+    outs = []
+    for c in layers:
+        k, v = c.update_and_fetch(new, new)
+        outs += [k.sum(), v.sum()]
+    mx.eval(outs)
+
+
+def medians(runs: int, modes: list[str]) -> None:
+    """Each mode in turn, each in a fresh process, `runs` times; the median of each phase."""
     out = Path(tempfile.mkdtemp(prefix="restore-runs-")) / "runs.jsonl"
     args = list(sys.argv[1:])
     at = next(i for i, x in enumerate(args) if x.startswith("--runs"))
     del args[at : at + (1 if "=" in args[at] else 2)]
     for _ in range(runs):
-        for flags in (["--before"], ["--copy"], []):
+        for mode in modes:
+            flags = [] if mode == "after" else [f"--{mode}"]
             cmd = [sys.executable, "-m", "bench.restore", *args, *flags, "--json", str(out)]
             subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
     rows = [json.loads(line) for line in out.read_text().splitlines()]
-    for mode in ("before", "copy", "after"):
+    for mode in modes:
         mine = [r for r in rows if r["mode"] == mode]
         for part in ("write", "restore"):
             p = Phases()
@@ -245,6 +280,8 @@ def medians(runs: int) -> None:
                 p.rows.append((name, statistics.median(r[part][i][1] for r in mine)))
             title = f"{mode}: {part}, {mine[0]['bytes'] / MB:.0f} MiB, median of {len(mine)}"
             print(p.table(title, mine[0]["bytes"]))
+        step = statistics.median(r["resident_step"] for r in mine)
+        print(f"\n{mode}: the first step on KV that never left the device: {step * 1e3:.1f} ms")
 
 
 if __name__ == "__main__":

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
+from mlxd.worker.cache import gpu_prefetch
 from mlxd.worker.cache.digest import PIECE_BYTES, read_hashed
 from mlxd.worker.cache.format import (
     DATA_SUFFIX,
@@ -232,6 +233,8 @@ class SsdStore:
             self.stats["corrupt"] += 1
             self._remove(e)
             return None
+        if self.alloc is not None:  # CUDA: onto the GPU now, not by faults in the engine's step
+            gpu_prefetch.to_gpu(data)
         e.last_used = time.time()
         with contextlib.suppress(OSError):  # on-disk recency is a hint for the next scan
             os.utime(path)
