@@ -9,9 +9,11 @@ Each session is --turns turns.
 
 messages (mlxd only: mlx_lm.server has no /v1/messages): the real shape, `max_tokens: 32000`,
 streamed; the client hangs up after --tokens output deltas (a random-weight model would
-otherwise write 32000 tokens). The prompt part reused by session 2's first turn is read
-from the supervisor's /metrics (prompt tokens and cache-hit tokens around the request), as
-the hung-up stream never gets its final usage.
+otherwise write 32000 tokens). The prompt part reused by session 2's first turn is the
+supervisor's /metrics cache-hit tokens counted for the request (read once the engine counted
+its first token) over the prompt's length from /v1/messages/count_tokens: the hung-up
+stream never gets its final usage. (The engine's prompt-token counter counts what it
+prefilled, not the prompt: it cannot be the denominator.)
 chat (both servers): the same content through /v1/chat/completions (system blocks joined),
 --tokens output tokens with EOS forbidden, streamed to the end; reuse from usage cached_tokens.
 """
@@ -47,8 +49,8 @@ class ClaudeSizes:
     user: int = 200  # each user turn, tokens
 
 
-PROMPT_TOKENS = "mlxd_prompt_tokens_total"
 HIT_TOKENS = "mlxd_prompt_cache_hit_tokens_total"
+FIRST_TOKENS = "mlxd_engine_queue_wait_seconds_count"  # rows that got a first token
 
 
 async def stream_messages(http, t: Target, body: dict[str, Any], deltas: int) -> tuple[float, str]:
@@ -83,19 +85,33 @@ async def stream_messages(http, t: Target, body: dict[str, Any], deltas: int) ->
 
 
 async def _counters(t: Target) -> dict[str, float] | None:
-    return await metric_sums(t, PROMPT_TOKENS, HIT_TOKENS, model=t.model)
+    return await metric_sums(t, HIT_TOKENS, FIRST_TOKENS, model=t.model)
 
 
-async def _reused(t: Target, before: dict[str, float] | None, timeout_s: float = 10.0):
-    """The cache-hit share of the prompt tokens counted since `before` (None: not seen)."""
-    if before is None:
+async def prompt_length(http, body: dict[str, Any]) -> int | None:
+    """The body's prompt tokens by the server's own count (/v1/messages/count_tokens)."""
+    counted = {k: v for k, v in body.items() if k not in ("max_tokens", "stream")}
+    async with http.post(
+        "/v1/messages/count_tokens",
+        data=orjson.dumps(counted),
+        headers={"Content-Type": "application/json"},
+    ) as resp:
+        if resp.status != 200:
+            return None
+        n = (await resp.json()).get("input_tokens")
+    return n if isinstance(n, int) and n > 0 else None
+
+
+async def _reused(t: Target, before, prompt: int | None, timeout_s: float = 10.0):
+    """The share of a `prompt`-token request served from the cache: the hit tokens counted
+    since `before`, once the engine has counted the request's first token (None: not seen)."""
+    if before is None or prompt is None:
         return None
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         after = await _counters(t)
-        if after and after[PROMPT_TOKENS] > before[PROMPT_TOKENS]:
-            hit = after[HIT_TOKENS] - before[HIT_TOKENS]
-            return hit / (after[PROMPT_TOKENS] - before[PROMPT_TOKENS])
+        if after and after[FIRST_TOKENS] > before[FIRST_TOKENS]:
+            return (after[HIT_TOKENS] - before[HIT_TOKENS]) / prompt
         await asyncio.sleep(0.2)
     return None
 
@@ -122,14 +138,16 @@ async def _messages_run(ctx: Context, figs, instructions: str, sz: ClaudeSizes) 
                 body = claude_body(
                     instructions, suffix, users[: turn + 1], replies, t.model, sz.tools
                 )
-                before = await _counters(t) if n == 2 and turn == 0 else None
+                first = n == 2 and turn == 0
+                before = await _counters(t) if first else None
+                prompt = await prompt_length(http, body) if first else None
                 ttft, text = await stream_messages(http, t, body, sz.tokens)
                 replies.append(text)
                 if turn:
                     later.append(ttft)
                 else:
                     figs["ttft1" if n == 1 else "ttft2"].add(t.name, ttft)
-                if (reused := await _reused(t, before)) is not None:
+                if (reused := await _reused(t, before, prompt)) is not None:
                     figs["reused"].add(t.name, 100 * reused)
     figs["later"].add(t.name, _percentile(later, 0.5) if later else 0.0)
 
