@@ -22,7 +22,7 @@
 #   bash bench/h200.sh buckets    # issue 33: the same rows, attention shapes as they come, then
 #                                 # padded to buckets (shape_buckets.py) (~6 min, 8B built)
 #   bash bench/h200.sh restore    # issue 34: gemma3-12b's SSD restore phase by phase, with the
-#                                 # engine's first step on it, prefetched or not (~3 min)
+#                                 # engine's first step on it; bench.cuda_memory (~3 min)
 #   bash bench/h200.sh families  # issue 34: gemma3-12b (sliding window) then nemotron-h-8b
 #                                 # (hybrid), random bf16 weights: multi-turn with an unload and
 #                                 # reload, single, 8 clients; mlxd vs mlx_lm.server (~8 min)
@@ -104,10 +104,11 @@ buckets)
   ;;
 restore)
   # Issue 34: where gemma3-12b's 1.4 GB SSD restore goes on the GPU host (no model, no HTTP):
-  # read into NumPy memory then copied, read into MLX (managed) memory, and that read moved to
-  # the GPU in bulk (gpu_prefetch.py), each with the engine's first step on the restored KV;
-  # 3 fresh processes each, from the page cache (~3 min).
-  timeout 280 python3 -m bench.restore --layers 48 --runs 3 2>&1 | tee "$out/restore-48.md"
+  # read into one NumPy buffer then copied into MLX, against today's read into an MLX array
+  # per tensor, each with the engine's first step on the restored KV; 3 fresh processes each,
+  # from the page cache (~2 min). Then how bytes reach GPU memory, way by way (~30 s).
+  timeout 200 python3 -m bench.restore --layers 48 --runs 3 2>&1 | tee "$out/restore-48.md"
+  timeout 100 python3 -m bench.cuda_memory 2>&1 | tee "$out/cuda-memory.md"
   ;;
 families)
   # Estimated on an H200 (the 8B shape's figures above; not yet run): gemma3-12b ~4.5 min =

@@ -5,8 +5,7 @@
     python -m bench.restore --cold                 # restore from disk, not the page cache
     python -m bench.restore --before               # the code before issue 34's changes
     python -m bench.restore --copy                 # read into NumPy memory, mx.array copies
-    python -m bench.restore --prefetch             # (CUDA) bytes moved to the GPU after the read
-    python -m bench.restore --runs 3               # copy, after, prefetch: 3 processes each
+    python -m bench.restore --runs 3               # copy and after: 3 processes each
 
 No model and no HTTP: the caches are made the way the engine makes them (mlx-lm's
 RotatingKVCache and KVCache fed through `update_and_fetch`: turn 1 prefilled in chunks of
@@ -47,10 +46,11 @@ import safetensors.numpy as stnp
 from mlx_lm.models.cache import KVCache, RotatingKVCache
 
 from mlxd.worker.cache import format as fmt
-from mlxd.worker.cache import gpu_prefetch, ram, ssd
+from mlxd.worker.cache import ram, ssd
 from mlxd.worker.cache.digest import read_hashed
-from mlxd.worker.cache.kv_arrays import _layer_layout, from_numpy, mlx_bytes, to_numpy
+from mlxd.worker.cache.kv_arrays import _layer_layout, from_numpy, mlx_buffers, to_numpy
 from mlxd.worker.cache.prompt_cache import PromptCache
+from mlxd.worker.cache.restore_read import read_tensors
 
 MB = 1 << 20
 
@@ -124,11 +124,8 @@ def main() -> None:
     p.add_argument(
         "--copy", action="store_true", help="read into NumPy memory, then mx.array copies"
     )
-    p.add_argument(
-        "--prefetch", action="store_true", help="move the read bytes to the GPU (CUDA only)"
-    )
     p.add_argument("--runs", type=int, default=0, help="each mode in N processes")
-    p.add_argument("--modes", default="copy,after,prefetch", help="what --runs compares")
+    p.add_argument("--modes", default="copy,after", help="what --runs compares")
     p.add_argument("--json", type=Path, default=None, help="append this run's phases here")
     a = p.parse_args()
     if a.runs:
@@ -151,7 +148,7 @@ def main() -> None:
     store = pc.ssd
     assert store is not None
     if a.copy:
-        store.alloc = None  # NumPy's memory: the restore copies, as before this change
+        store.buffers = None  # one NumPy buffer: the restore copies, as before this change
 
     # -- write: what WritePolicy.enqueue and the writer thread do ----------------------------
     w = Phases()
@@ -168,7 +165,7 @@ def main() -> None:
         fmt.write_atomic(fmt.meta_path(store.dir, key), sidecar)
         fmt.fsync_dir(store.dir)
     print(w.table(f"write, {size / MB:.0f} MiB data file", size))
-    mode = "before" if a.before else "copy" if a.copy else "prefetch" if a.prefetch else "after"
+    mode = "before" if a.before else "copy" if a.copy else "after"
     store.scan()  # index it as a restart would
     e, covered = store.best("", list(tokens) + [1, 2, 3])
     assert e is not None and covered == n_tokens
@@ -187,16 +184,16 @@ def main() -> None:
         assert ok
         with r("safetensors load (copies out)"):
             got = stnp.load(data)
-    else:
-        with r(f"read + digest, pieces on threads{where}"):
-            buf, digest = read_hashed(path, e.piece_bytes, None if a.copy else mlx_bytes)
+    elif a.copy:
+        with r(f"read + digest, pieces on threads, one NumPy buffer{where}"):
+            buf, digest = read_hashed(path, e.piece_bytes)
         assert len(buf) == e.file_bytes and digest == e.sha256
-        if a.prefetch:
-            with r("prefetch to the GPU (cuMemPrefetchAsync)"):
-                moved = gpu_prefetch.to_gpu(buf)
-            print(f"prefetch moved the bytes: {moved}")
         with r("tensor views (no copy)"):
             got = fmt.tensor_views(buf)
+    else:
+        with r(f"read + digest, pieces on threads, an MLX array per tensor{where}"):
+            size, got, digest = read_tensors(path, e.piece_bytes, mlx_buffers)
+        assert size == e.file_bytes and digest == e.sha256
     with r("token ids check"):
         assert tuple(got.pop(fmt.TOKENS_TENSOR).tolist()) == e.tokens
     with r("check_layout (read)"):

@@ -1,6 +1,7 @@
-"""The SSD store on its own (NumPy only, real files): round trip, closed sessions stay closed,
-and faults (junk that cannot be removed, refused unlinks, a full disk, entries of the wrong
-shapes) cost a miss and a counter, never the worker."""
+"""The SSD store on its own (real files): round trip, closed sessions stay closed, and faults
+(junk that cannot be removed, refused unlinks, a full disk, entries of the wrong shapes,
+flipped bytes) cost a miss and a counter, never the worker. Reads go both ways the store
+reads: into one NumPy buffer, and into an MLX array per tensor (what the prompt cache uses)."""
 
 from __future__ import annotations
 
@@ -16,9 +17,16 @@ from mlxd.worker.cache import digest as cache_digest
 from mlxd.worker.cache import format as cache_format
 from mlxd.worker.cache import kinds as cache_kinds
 from mlxd.worker.cache import ssd as ssd_module
+from mlxd.worker.cache.kv_arrays import mlx_buffers
 from mlxd.worker.cache.layout import safe_name, ssd_folder
 from mlxd.worker.cache.ssd import SsdStore
 from mlxd.worker.cache.ssd_leftovers import STALE_S
+
+
+@pytest.fixture(params=["numpy", "mlx"])
+def buffers(request):
+    """What a read fills: one NumPy buffer (None), or an MLX array per tensor."""
+    return None if request.param == "numpy" else mlx_buffers
 
 
 def arrays():
@@ -28,8 +36,8 @@ def arrays():
     }
 
 
-def test_round_trip_and_restart_scan(tmp_path):
-    store = SsdStore(tmp_path / "fp", cap_bytes=1 << 20)
+def test_round_trip_and_restart_scan(tmp_path, buffers):
+    store = SsdStore(tmp_path / "fp", cap_bytes=1 << 20, buffers=buffers)
     store.scan()
     assert store.write("", (1, 2), arrays(), {}, None)
     entry, n = store.best("", [1, 2, 3])
@@ -173,12 +181,12 @@ def test_enospc_on_write_leaves_nothing_behind_and_pauses_writes(tmp_path, monke
     ],
     ids=["head-dim", "kv-heads", "dtype", "layers", "token-count"],
 )
-def test_valid_hash_wrong_shapes_is_a_miss_and_is_deleted(tmp_path, bad):
+def test_valid_hash_wrong_shapes_is_a_miss_and_is_deleted(tmp_path, bad, buffers):
     folder = tmp_path / "fp"
     # Written by something with another layout (another model under a colliding fingerprint):
     # the file is intact, its hash is right, only its shapes are not this model's.
     SsdStore(folder, cap_bytes=1 << 20).write("", (1, 2), bad, {}, None)
-    store = SsdStore(folder, cap_bytes=1 << 20, layout=LAYOUT)
+    store = SsdStore(folder, cap_bytes=1 << 20, layout=LAYOUT, buffers=buffers)
     assert store.scan() == 1
     entry, n = store.best("", [1, 2, 3])
     assert n == 2
@@ -322,7 +330,9 @@ def damaged(folder, at: float) -> None:
 
 @pytest.mark.parametrize("piece_bytes", [1, 7, 64, 1 << 20])
 @pytest.mark.parametrize("at", [None, 0.0, 0.01, 0.5, 0.99, 1.0])
-def test_any_flipped_byte_is_caught_whatever_the_piece_size(tmp_path, monkeypatch, piece_bytes, at):
+def test_any_flipped_byte_is_caught_whatever_the_piece_size(
+    tmp_path, monkeypatch, piece_bytes, at, buffers
+):
     monkeypatch.setattr(cache_format, "PIECE_BYTES", piece_bytes)
     monkeypatch.setattr(ssd_module, "PIECE_BYTES", piece_bytes)
     folder = tmp_path / "fp"
@@ -330,7 +340,7 @@ def test_any_flipped_byte_is_caught_whatever_the_piece_size(tmp_path, monkeypatc
     assert orjson_load(next(folder.glob("*.json")))["piece_bytes"] == piece_bytes
     if at is not None:
         damaged(folder, at)  # the header, a tensor, the token ids at the end
-    store = SsdStore(folder, cap_bytes=1 << 20, layout=LAYOUT)
+    store = SsdStore(folder, cap_bytes=1 << 20, layout=LAYOUT, buffers=buffers)
     assert store.scan() == 1
     got = store.read(store.best("", [1, 2, 3])[0])
     if at is None:
@@ -340,7 +350,9 @@ def test_any_flipped_byte_is_caught_whatever_the_piece_size(tmp_path, monkeypatc
         assert list(folder.iterdir()) == []
 
 
-def test_an_entry_hashed_whole_by_an_older_writer_still_reads_and_is_still_checked(tmp_path):
+def test_an_entry_hashed_whole_by_an_older_writer_still_reads_and_is_still_checked(
+    tmp_path, buffers
+):
     for flip in (False, True):
         folder = tmp_path / f"fp{flip}"
         seeded(folder)
@@ -351,7 +363,7 @@ def test_an_entry_hashed_whole_by_an_older_writer_still_reads_and_is_still_check
         meta.write_bytes(cache_format.orjson.dumps(info))
         if flip:
             damaged(folder, 0.5)
-        store = SsdStore(folder, cap_bytes=1 << 20, layout=LAYOUT)
+        store = SsdStore(folder, cap_bytes=1 << 20, layout=LAYOUT, buffers=buffers)
         assert store.scan() == 1
         got = store.read(store.best("", [1, 2, 3])[0])
         assert (got is None) == flip and store.stats["corrupt"] == int(flip)
@@ -364,6 +376,29 @@ def test_a_read_is_one_pass_of_views_over_the_bytes_read(tmp_path):
     bases = {id(a.base if a.base is not None else a) for a in got.values()}
     assert len(bases) == 1  # the tensors share the one buffer the read filled: no copies
     assert not any(a.flags.writeable for a in got.values())  # shared by concurrent restores
+
+
+def test_a_read_into_mlx_is_each_tensor_in_an_mlx_array_of_its_own(tmp_path):
+    store = seeded(tmp_path / "fp")
+    store.buffers = mlx_buffers
+    got = store.read(store.best("", [1, 2, 3])[0])
+    assert got is not None and np.array_equal(got["0.k"], arrays()["0.k"])
+    owners = {id(a.base.obj) for a in got.values()}  # a memoryview of the MLX array
+    assert len(owners) == len(got) and not any(a.flags.writeable for a in got.values())
+
+
+@pytest.mark.parametrize("cuts", [[], [1], [3, 3, 10], [0, 5, 5, 7, 190]])
+def test_a_file_read_into_segments_has_the_digest_of_the_file(tmp_path, cuts):
+    data = bytes(range(256)) * 3
+    f = tmp_path / "f"
+    f.write_bytes(data)
+    bounds = [0, *cuts, len(data)]
+    for n in (0, 1, 5, 64, 1 << 20):
+        segments = [(a, np.zeros(b - a, np.uint8)) for a, b in zip(bounds, bounds[1:])]
+        with open(f, "rb", buffering=0) as fh:
+            digest = cache_digest.read_into(fh.fileno(), n, segments)
+        assert digest == cache_digest.read_hashed(f, n)[1]
+        assert b"".join(seg.tobytes() for _, seg in segments) == data
 
 
 def test_piece_digests_of_parts_and_of_the_file_agree(tmp_path):

@@ -11,6 +11,7 @@ before hold a plain SHA-256 of the whole file (`piece_bytes` 0): still verified 
 
 from __future__ import annotations
 
+import bisect
 import hashlib
 import os
 import threading
@@ -76,33 +77,55 @@ def read_hashed(
 ) -> tuple[np.ndarray, str]:
     """The whole file at `path` (read-only uint8, as long as the file is now) and its digest.
 
-    `alloc(size)` gives the writable uint8 buffer to read into (kv_arrays.mlx_bytes: memory
-    MLX owns, so the tensors need no copy to become MLX arrays); NumPy's by default.
+    `alloc(size)` gives the writable uint8 buffer to read into; NumPy's by default.
     Raises OSError (FileNotFoundError for a file gone meanwhile); a short read leaves the rest
     zero, which the digest then tells apart."""
     with open(path, "rb", buffering=0) as f:
         size = os.fstat(f.fileno()).st_size
         buf = alloc(size) if alloc is not None else np.empty(size, dtype=np.uint8)
-        mv = memoryview(buf.data)  # `data`: the array's own memoryview
-        fd = f.fileno()
-        if piece_bytes <= 0:
-            h = hashlib.sha256()
-            for a, b in _spans(size, PIECE_BYTES):
-                _fill(fd, mv[a:b], a)
-                h.update(mv[a:b])
-            digest = h.hexdigest()
-        else:
-
-            def piece(span: tuple[int, int]) -> bytes:
-                a, b = span
-                _fill(fd, mv[a:b], a)
-                return hashlib.sha256(mv[a:b]).digest()
-
-            jobs = [_threads().submit(piece, span) for span in _spans(size, piece_bytes)]
-            wait(jobs)  # every piece done with the file before it closes, failed or not
-            digest = _combine(j.result() for j in jobs)
+        digest = read_into(f.fileno(), piece_bytes, [(0, buf)])
     buf.flags.writeable = False  # shared by every request restoring it (keys._read_once)
     return buf, digest
+
+
+def read_into(fd: int, piece_bytes: int, segments: list[tuple[int, np.ndarray]]) -> str:
+    """Fill `segments` from the file `fd` and return its digest. `segments`: (file offset,
+    writable uint8 array) in file order, tiling the file from offset 0 without gaps (an
+    entry's header, then each tensor in memory of its own, say). Pieces are read and hashed
+    on threads, each piece's bytes hashed right after they are read."""
+    views = [(at, a.reshape(-1).view(np.uint8).data) for at, a in segments if a.size]
+    size = max((at + len(v) for at, v in views), default=0)
+    starts = [at for at, _ in views]
+
+    def fill(a: int, b: int) -> list[memoryview]:
+        """[a, b) of the file read into the segments it overlaps; those parts, in order."""
+        parts = []
+        i = max(bisect.bisect_right(starts, a) - 1, 0)
+        while i < len(views) and views[i][0] < b:
+            at, v = views[i]
+            lo, hi = max(a, at), min(b, at + len(v))
+            if lo < hi:
+                _fill(fd, v[lo - at : hi - at], lo)
+                parts.append(v[lo - at : hi - at])
+            i += 1
+        return parts
+
+    if piece_bytes <= 0:
+        h = hashlib.sha256()
+        for a, b in _spans(size, PIECE_BYTES):
+            for part in fill(a, b):
+                h.update(part)
+        return h.hexdigest()
+
+    def piece(span: tuple[int, int]) -> bytes:
+        h = hashlib.sha256()
+        for part in fill(*span):
+            h.update(part)
+        return h.digest()
+
+    jobs = [_threads().submit(piece, span) for span in _spans(size, piece_bytes)]
+    wait(jobs)  # every piece done with the file before it closes, failed or not
+    return _combine(j.result() for j in jobs)
 
 
 def _fill(fd: int, view: memoryview, offset: int) -> None:

@@ -20,6 +20,7 @@ import hashlib
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 import orjson
@@ -150,7 +151,14 @@ def decode_entry(
     `data`, no copies. Raises (LayoutMismatch for a model mismatch) otherwise."""
     if len(data) != e.file_bytes or digest != e.sha256:
         raise ValueError("size or hash mismatch")
-    arrays = tensor_views(data)
+    return check_entry(tensor_views(data), e, layout)
+
+
+def check_entry(
+    arrays: dict[str, np.ndarray], e: SsdEntry, layout: Layout | None
+) -> dict[str, np.ndarray]:
+    """`arrays` (an entry's tensors, its file's size and digest already checked) less the
+    token ids, after checking those and, given the model's layout, shapes and dtypes."""
     if tuple(arrays.pop(TOKENS_TENSOR).tolist()) != e.tokens:
         raise ValueError("token ids mismatch")
     if layout is not None:
@@ -158,17 +166,37 @@ def decode_entry(
     return arrays
 
 
-def tensor_views(data: np.ndarray) -> dict[str, np.ndarray]:
-    """A safetensors file's tensors as views of its bytes; ValueError unless the header's
-    tensors tile the data exactly (each its dtype's bytes, in order, nothing left over)."""
-    n = int.from_bytes(data[:8].tobytes(), "little")
-    if len(data) < 8 or not 0 < n <= len(data) - 8:
+class TensorSpec(NamedTuple):
+    """One tensor of a data file: its bytes are [start, stop) of the file."""
+
+    name: str
+    dtype: np.dtype
+    shape: tuple[int, ...]
+    start: int
+    stop: int
+
+
+MAX_HEADER_BYTES = 64 << 20  # far above any entry's (a few KiB per layer): more is damage
+
+
+def header_length(first8: bytes, size: int) -> int:
+    """The header's length from a data file's first 8 bytes; ValueError when it cannot be."""
+    n = int.from_bytes(first8, "little")
+    if len(first8) < 8 or size < 8 or not 0 < n <= min(size - 8, MAX_HEADER_BYTES):
         raise ValueError("bad header length")
-    header = orjson.loads(data[8 : 8 + n].tobytes())
+    return n
+
+
+def parse_header(head: bytes, size: int) -> list[TensorSpec]:
+    """The tensors of a `size`-byte data file whose first 8 + n bytes are `head`, in file
+    order; ValueError unless they tile the rest of the file exactly (each its dtype's bytes,
+    in order, nothing left over)."""
+    n = header_length(head[:8], size)
+    header = orjson.loads(head[8 : 8 + n])
     if not isinstance(header, dict):
         raise ValueError("bad header")
     header.pop("__metadata__", None)
-    base, end, out = 8 + n, 0, {}
+    base, end, out = 8 + n, 0, []
     for name, t in sorted(header.items(), key=lambda kv: kv[1]["data_offsets"][0]):
         dtype = np.dtype(_NP_DTYPES[t["dtype"]])
         shape = tuple(int(x) for x in t["shape"])
@@ -176,11 +204,23 @@ def tensor_views(data: np.ndarray) -> dict[str, np.ndarray]:
         count = int(np.prod(shape, dtype=np.int64))
         if start != end or stop - start != count * dtype.itemsize:
             raise ValueError(f"tensor {name} does not fit its place in the file")
-        out[name] = np.frombuffer(data, dtype, count, base + start).reshape(shape)
+        out.append(TensorSpec(name, dtype, shape, base + start, base + stop))
         end = stop
-    if base + end != len(data):
+    if base + end != size:
         raise ValueError("bytes left over after the tensors")
     return out
+
+
+def tensor_views(data: np.ndarray) -> dict[str, np.ndarray]:
+    """A safetensors file's tensors as views of its bytes (`parse_header`'s checks)."""
+    n = header_length(data[:8].tobytes(), len(data))
+    specs = parse_header(data[: 8 + n].tobytes(), len(data))
+    return {
+        t.name: np.frombuffer(
+            data, t.dtype, (t.stop - t.start) // t.dtype.itemsize, t.start
+        ).reshape(t.shape)
+        for t in specs
+    }
 
 
 def entry_from_meta(key: str, meta, data_bytes: int, mtime: float) -> SsdEntry:

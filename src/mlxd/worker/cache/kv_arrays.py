@@ -3,8 +3,8 @@ caches a model makes (what every stored entry is checked against).
 
 Attention KV (plain or quantized), sliding windows and recurrent states travel, one tensor
 set per layer as kinds.py names them; bfloat16 travels as its uint16 bits. Zero-copy both
-ways: a write sees NumPy views of the evaluated caches (to_numpy); a restore reads the file
-into memory MLX owns (mlx_bytes) and its tensors become MLX views of it (from_numpy). The
+ways: a write sees NumPy views of the evaluated caches (to_numpy); a restore reads each
+tensor into an MLX array of its own (mlx_buffers), which from_numpy then uses as it is. The
 copy a restore made before (`mx.array` of every tensor) was 61% of a 1.4 GB gemma3-12b
 restore on this project's 2-core CPU (4.5 of 7.4 s, `python -m bench.restore --layers 48`).
 """
@@ -12,6 +12,8 @@ restore on this project's 2-core CPU (4.5 of 7.4 s, `python -m bench.restore --l
 from __future__ import annotations
 
 import logging
+import os
+import threading
 from typing import Any
 
 import mlx.core as mx
@@ -24,7 +26,7 @@ from mlx_lm.models.cache import (
     make_prompt_cache,
 )
 
-from mlxd.worker.cache.format import Layout
+from mlxd.worker.cache.format import Layout, TensorSpec
 from mlxd.worker.cache.kinds import ARRAYS, BF16_STORED, QUANT_PARTS, ROTATING, kind
 from mlxd.worker.kv.quant import QuantizedRowCache
 
@@ -80,45 +82,58 @@ _MX_DTYPES = {
 }
 
 
-WORD = 8  # the owner's element: uint64, so that 32-bit shapes reach 16 GiB (uint8: 2 GiB)
+FILL_STREAMS = 8  # CPU streams that fill a restore's buffers at once (mlx_buffers)
+_streams: list = []
+_streams_lock = threading.Lock()
 
 
-def mlx_bytes(size: int) -> np.ndarray:
-    """A writable uint8 NumPy view of `size` bytes of a fresh MLX array (SsdStore.alloc):
-    tensors read into it become MLX arrays without a copy (`_mx`). The array is uint64
-    (MLX's shapes are 32-bit: a uint8 one stops at 2 GiB, an 8B entry's size at 14.6k
-    tokens). Any thread: it is made and evaluated on the CPU stream of the calling thread.
-    NumPy's memory if MLX cannot give it (then the restore copies, as it did before)."""
+def _fill_streams() -> list:
+    with _streams_lock:
+        if not _streams:
+            n = max(1, min(FILL_STREAMS, os.cpu_count() or 1))
+            _streams.extend(mx.new_stream(mx.cpu) for _ in range(n))
+        return _streams
+
+
+def mlx_buffers(specs: list[TensorSpec]) -> list[np.ndarray]:
+    """One writable NumPy view of a fresh MLX array per tensor of an SSD entry
+    (restore_read.read_tensors reads into them), so that each tensor becomes an MLX array
+    without a copy (`_mx`). MLX fills a new array before it can be read into, one CPU
+    stream's thread per array: the arrays go round several CPU streams, filled at once.
+    Any thread. NumPy's memory where MLX cannot give it (then the restore copies)."""
+    streams = _fill_streams()
+    owners: list[mx.array | None] = []
+    for i, t in enumerate(specs):
+        dtype = _MX_DTYPES.get(t.dtype)
+        ok = dtype is not None and t.stop > t.start
+        s = streams[i % len(streams)]
+        owners.append(mx.zeros(t.shape, dtype=dtype, stream=s) if ok else None)
     try:
-        owner = mx.zeros((max(-(-size // WORD), 1),), dtype=mx.uint64, stream=mx.cpu)
-        mx.eval(owner)
-        words = np.asarray(memoryview(owner))  # type: ignore[arg-type]
-        return words.view(np.uint8)[:size]
+        mx.eval([o for o in owners if o is not None])
+        views = [None if o is None else np.asarray(memoryview(o)) for o in owners]  # type: ignore[arg-type]
     except Exception as exc:  # never fail a read over where its bytes live
         log.warning("SSD restore into NumPy memory (MLX gave none: %s)", exc)
-        return np.empty(size, dtype=np.uint8)
+        views = [None] * len(specs)
+    return [np.empty(t.shape, t.dtype) if v is None else v for t, v in zip(specs, views)]
 
 
 def _mlx_view(a: np.ndarray) -> mx.array | None:
-    """`a` as an MLX array sharing its memory, when `a` is a view of an MLX buffer made by
-    `mlx_bytes` (found through NumPy's base chain); None otherwise. The words covering `a`
-    are sliced from the owner, then its bytes from those: every step a view."""
+    """An MLX array on the memory of the MLX array `a` is the whole of (`mlx_buffers` made
+    it), found through NumPy's base chain; None for any other array."""
     base: object = a
     while isinstance(base, np.ndarray):
         base = base.base
     owner = base.obj if isinstance(base, memoryview) else None
-    dtype = _MX_DTYPES.get(a.dtype)
-    if not isinstance(owner, mx.array) or owner.dtype != mx.uint64 or owner.ndim != 1:
+    if not isinstance(owner, mx.array) or _MX_DTYPES.get(a.dtype) != owner.dtype:
         return None
-    if dtype is None or not a.flags.c_contiguous:
+    if tuple(owner.shape) != a.shape or not a.flags.c_contiguous:
         return None
-    at = a.ctypes.data - np.frombuffer(base, np.uint8).ctypes.data
-    end = at + a.nbytes
-    if at < 0 or at % a.itemsize or end > owner.size * WORD:
+    if np.frombuffer(base, np.uint8).ctypes.data != a.ctypes.data:
         return None
-    first, skip = divmod(at, WORD)
-    words = owner[first : -(-end // WORD)].view(mx.uint8)
-    return words[skip : skip + a.nbytes].view(dtype).reshape(a.shape)
+    # Another array on the same memory, never the owner itself: a sliding window rotates in
+    # place (`keys[..., i, :] = ...`), and MLX would then write into the owner's buffer,
+    # the read every request restoring this entry shares (keys._read_once).
+    return owner.reshape(a.shape)
 
 
 def _mx(a: np.ndarray, dtype: str) -> mx.array:

@@ -15,7 +15,7 @@ import numpy as np
 
 from mlxd.worker.cache.format import Layout, LayoutMismatch, check_layout
 from mlxd.worker.cache.kinds import trims
-from mlxd.worker.cache.kv_arrays import from_numpy, mlx_bytes
+from mlxd.worker.cache.kv_arrays import from_numpy, mlx_buffers
 from mlxd.worker.cache.ram import EARN_TOKENS, Entry, RamCache, compact, usable_length, view
 from mlxd.worker.cache.replies import Reply, clip
 from mlxd.worker.cache.ssd import SsdEntry, SsdStore
@@ -46,8 +46,8 @@ class PromptCache:
         self.ram = RamCache(
             ram_bytes, on_evict=lambda e: self.writes.spill(e), earn_tokens=earn_tokens
         )
-        # Restores read into MLX's memory (mlx_bytes): no copy after the read.
-        self.ssd = SsdStore(ssd_dir, ssd_bytes, layout, mlx_bytes) if ssd_dir is not None else None
+        # Restores read each tensor into an MLX array (mlx_buffers): no copy after the read.
+        self.ssd = None if ssd_dir is None else SsdStore(ssd_dir, ssd_bytes, layout, mlx_buffers)
         self.writes = WritePolicy(
             self.ram,
             self.ssd,

@@ -15,12 +15,10 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 
-from mlxd.worker.cache import gpu_prefetch
 from mlxd.worker.cache.digest import PIECE_BYTES, read_hashed
 from mlxd.worker.cache.format import (
     DATA_SUFFIX,
@@ -28,6 +26,7 @@ from mlxd.worker.cache.format import (
     Layout,
     LayoutMismatch,
     SsdEntry,
+    check_entry,
     data_path,
     decode_entry,
     encode_entry,
@@ -39,6 +38,7 @@ from mlxd.worker.cache.format import (
 )
 from mlxd.worker.cache.kinds import trims
 from mlxd.worker.cache.quiet_log import QuietLog
+from mlxd.worker.cache.restore_read import Buffers, read_tensors
 from mlxd.worker.cache.ssd_index import SsdIndex
 from mlxd.worker.cache.ssd_leftovers import Leftovers, is_temporary
 
@@ -61,14 +61,15 @@ class SsdStore:
         folder: Path,
         cap_bytes: int,
         layout: Layout | None = None,
-        alloc: Callable[[int], np.ndarray] | None = None,
+        buffers: Buffers | None = None,
     ):
         self.dir = folder
         self.cap_bytes = cap_bytes
         self.layout = layout
-        # The buffer a read fills (digest.read_hashed): MLX-owned memory from the prompt cache
-        # (kv_arrays.mlx_bytes) so that a restore copies nothing; NumPy's when None.
-        self.alloc = alloc
+        # What a read fills: one MLX array per tensor from the prompt cache
+        # (kv_arrays.mlx_buffers, restore_read.py), so that a restore copies nothing; when
+        # None, one NumPy buffer for the whole file (digest.read_hashed).
+        self.buffers = buffers
         self.disabled: str | None = None
         self.read_only = False
         self.index = SsdIndex()
@@ -210,7 +211,7 @@ class SsdStore:
             return None
         path = data_path(self.dir, e.key)
         try:
-            data, digest = read_hashed(path, e.piece_bytes, self.alloc)
+            arrays = self._read_checked(path, e)
         except FileNotFoundError:  # evicted meanwhile, or removed by hand: a plain miss
             self.index.forget(e)
             return None
@@ -219,8 +220,6 @@ class SsdStore:
             self._quiet.warn("SSD prompt cache read", exc)
             self._remove(e)
             return None
-        try:
-            arrays = decode_entry(data, digest, e, self.layout)
         except LayoutMismatch as exc:
             log.warning(
                 "discarding SSD cache entry %s made for another model shape: %s", e.key, exc
@@ -233,13 +232,22 @@ class SsdStore:
             self.stats["corrupt"] += 1
             self._remove(e)
             return None
-        if self.alloc is not None:  # CUDA: onto the GPU now, not by faults in the engine's step
-            gpu_prefetch.to_gpu(data)
         e.last_used = time.time()
         with contextlib.suppress(OSError):  # on-disk recency is a hint for the next scan
             os.utime(path)
         self.stats["restores"] += 1
         return arrays
+
+    def _read_checked(self, path: Path, e: SsdEntry) -> dict[str, np.ndarray]:
+        """The entry's arrays, its size, digest, token ids and layout checked; raises OSError
+        for the disk, LayoutMismatch for another model's entry, anything else for damage."""
+        if self.buffers is None:
+            data, digest = read_hashed(path, e.piece_bytes)
+            return decode_entry(data, digest, e, self.layout)
+        size, arrays, digest = read_tensors(path, e.piece_bytes, self.buffers)
+        if size != e.file_bytes or digest != e.sha256:
+            raise ValueError("size or hash mismatch")
+        return check_entry(arrays, e, self.layout)
 
     def write(
         self,
