@@ -112,7 +112,9 @@ def test_cancel_mid_stream_keeps_the_group_serving(d):
 
 
 def test_kill_rank_one_restarts_the_group(d):
+    chat(d, "g", 2)  # loaded on demand: both ranks up, whichever tests ran before this one
     before = ranks(d)
+    assert sorted(before) == [0, 1]
     os.kill(before[1], signal.SIGKILL)
     # The other model keeps serving meanwhile.
     assert chat(d, "a", 4).choices[0].finish_reason == "length"
