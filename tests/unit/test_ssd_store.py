@@ -1,7 +1,7 @@
-"""The SSD store on its own (real files): round trip, closed sessions stay closed, and faults
-(junk that cannot be removed, refused unlinks, a full disk, entries of the wrong shapes,
-flipped bytes) cost a miss and a counter, never the worker. Reads go both ways the store
-reads: into one NumPy buffer, and into an MLX array per tensor (what the prompt cache uses)."""
+"""The SSD store on its own (NumPy only, real files): closed sessions stay closed, and faults
+(junk that cannot be removed, refused unlinks, a full disk, leftovers, lying sidecars) cost a
+miss and a counter, never the worker. Round trips, flipped bytes and entries of the wrong
+shapes, read both ways the store reads: tests/integration/test_ssd_reads.py."""
 
 from __future__ import annotations
 
@@ -12,40 +12,15 @@ import time
 
 import numpy as np
 import pytest
+from ssd_entries import KEY, LAYOUT, arrays, orjson_load, seeded
 
 from mlxd.worker.cache import digest as cache_digest
 from mlxd.worker.cache import format as cache_format
 from mlxd.worker.cache import kinds as cache_kinds
 from mlxd.worker.cache import ssd as ssd_module
-from mlxd.worker.cache.kv_arrays import mlx_buffers
 from mlxd.worker.cache.layout import safe_name, ssd_folder
 from mlxd.worker.cache.ssd import SsdStore
 from mlxd.worker.cache.ssd_leftovers import STALE_S
-
-
-@pytest.fixture(params=["numpy", "mlx"])
-def buffers(request):
-    """What a read fills: one NumPy buffer (None), or an MLX array per tensor."""
-    return None if request.param == "numpy" else mlx_buffers
-
-
-def arrays():
-    return {
-        "0.k": np.arange(8, dtype=np.float32).reshape(1, 1, 2, 4),
-        "0.v": np.ones((1, 1, 2, 4), dtype=np.float32),
-    }
-
-
-def test_round_trip_and_restart_scan(tmp_path, buffers):
-    store = SsdStore(tmp_path / "fp", cap_bytes=1 << 20, buffers=buffers)
-    store.scan()
-    assert store.write("", (1, 2), arrays(), {}, None)
-    entry, n = store.best("", [1, 2, 3])
-    assert n == 2
-    got = store.read(entry)
-    assert np.array_equal(got["0.k"], arrays()["0.k"])
-    again = SsdStore(tmp_path / "fp", cap_bytes=1 << 20)
-    assert again.scan() == 1 and again.best("", [1, 2, 9])[1] == 2
 
 
 def test_a_write_queued_before_its_session_closed_does_not_land(tmp_path):
@@ -63,9 +38,6 @@ def test_a_write_queued_before_its_session_closed_does_not_land(tmp_path):
 
 # -- faults: the SSD tier never stops a worker and never serves a wrong entry ----------------
 
-LAYOUT = ((1, 4, 1, 4, "float32"),)  # what arrays() is, for a one-layer model
-KEY = cache_format.entry_key("", (1, 2))  # the entry seeded() writes
-
 
 def aged(path, data: bytes | None = None, age_s: float = 3600.0):
     """Backdate a file (made with `data` if given) so the scan sees it as a dead process's."""
@@ -74,14 +46,6 @@ def aged(path, data: bytes | None = None, age_s: float = 3600.0):
     t = time.time() - age_s
     os.utime(path, (t, t))
     return path
-
-
-def seeded(folder):
-    """A folder holding one good entry (tokens 1, 2) and return the store that wrote it."""
-    store = SsdStore(folder, cap_bytes=1 << 20, layout=LAYOUT)
-    store.scan()
-    assert store.write("", (1, 2), arrays(), {}, None)
-    return store
 
 
 def test_junk_that_cannot_be_removed_is_skipped_and_counted(tmp_path):
@@ -164,38 +128,6 @@ def test_enospc_on_write_leaves_nothing_behind_and_pauses_writes(tmp_path, monke
     monkeypatch.undo()
     store._paused_until = 0.0  # the pause is over
     assert store.write("", (3, 4), arrays(), {}, None)
-
-
-@pytest.mark.parametrize(
-    "bad",
-    [
-        {"0.k": np.zeros((1, 1, 2, 8), np.float32), "0.v": np.zeros((1, 1, 2, 8), np.float32)},
-        {"0.k": np.zeros((1, 2, 2, 4), np.float32), "0.v": np.zeros((1, 2, 2, 4), np.float32)},
-        {"0.k": np.zeros((1, 1, 2, 4), np.float16), "0.v": np.zeros((1, 1, 2, 4), np.float16)},
-        {
-            **arrays(),
-            "1.k": np.zeros((1, 1, 2, 4), np.float32),
-            "1.v": np.zeros((1, 1, 2, 4), np.float32),
-        },
-        {"0.k": np.zeros((1, 1, 3, 4), np.float32), "0.v": np.zeros((1, 1, 3, 4), np.float32)},
-    ],
-    ids=["head-dim", "kv-heads", "dtype", "layers", "token-count"],
-)
-def test_valid_hash_wrong_shapes_is_a_miss_and_is_deleted(tmp_path, bad, buffers):
-    folder = tmp_path / "fp"
-    # Written by something with another layout (another model under a colliding fingerprint):
-    # the file is intact, its hash is right, only its shapes are not this model's.
-    SsdStore(folder, cap_bytes=1 << 20).write("", (1, 2), bad, {}, None)
-    store = SsdStore(folder, cap_bytes=1 << 20, layout=LAYOUT, buffers=buffers)
-    assert store.scan() == 1
-    entry, n = store.best("", [1, 2, 3])
-    assert n == 2
-    assert store.read(entry) is None
-    assert store.stats["rejected"] == 1 and store.stats["restores"] == 0
-    assert store.best("", [1, 2, 3]) == (None, 0)
-    assert list(folder.iterdir()) == []
-    assert store.write("", (1, 2), arrays(), {}, None)  # the right entry can take its place
-    assert store.read(store.best("", [1, 2, 3])[0]) is not None
 
 
 def test_renamed_or_lying_metadata_is_corrupt(tmp_path):
@@ -316,59 +248,6 @@ def test_each_layer_kind_names_its_tensors_and_a_window_or_state_must_match(tmp_
 # -- the digest: pieces hashed on threads, every byte still covered ---------------------------
 
 
-def orjson_load(path) -> dict:
-    return cache_format.orjson.loads(path.read_bytes())
-
-
-def damaged(folder, at: float) -> None:
-    """Flip one byte of the folder's data file, `at` of the way in."""
-    f = next(folder.glob("*.safetensors"))
-    data = bytearray(f.read_bytes())
-    data[min(int(len(data) * at), len(data) - 1)] ^= 0x01
-    f.write_bytes(bytes(data))
-
-
-@pytest.mark.parametrize("piece_bytes", [1, 7, 64, 1 << 20])
-@pytest.mark.parametrize("at", [None, 0.0, 0.01, 0.5, 0.99, 1.0])
-def test_any_flipped_byte_is_caught_whatever_the_piece_size(
-    tmp_path, monkeypatch, piece_bytes, at, buffers
-):
-    monkeypatch.setattr(cache_format, "PIECE_BYTES", piece_bytes)
-    monkeypatch.setattr(ssd_module, "PIECE_BYTES", piece_bytes)
-    folder = tmp_path / "fp"
-    seeded(folder)
-    assert orjson_load(next(folder.glob("*.json")))["piece_bytes"] == piece_bytes
-    if at is not None:
-        damaged(folder, at)  # the header, a tensor, the token ids at the end
-    store = SsdStore(folder, cap_bytes=1 << 20, layout=LAYOUT, buffers=buffers)
-    assert store.scan() == 1
-    got = store.read(store.best("", [1, 2, 3])[0])
-    if at is None:
-        assert got is not None and np.array_equal(got["0.k"], arrays()["0.k"])
-    else:
-        assert got is None and store.stats["corrupt"] == 1
-        assert list(folder.iterdir()) == []
-
-
-def test_an_entry_hashed_whole_by_an_older_writer_still_reads_and_is_still_checked(
-    tmp_path, buffers
-):
-    for flip in (False, True):
-        folder = tmp_path / f"fp{flip}"
-        seeded(folder)
-        meta = next(folder.glob("*.json"))
-        info = orjson_load(meta)
-        del info["piece_bytes"]  # as written before pieces: the whole file's SHA-256
-        info["sha256"] = hashlib.sha256(meta.with_suffix(".safetensors").read_bytes()).hexdigest()
-        meta.write_bytes(cache_format.orjson.dumps(info))
-        if flip:
-            damaged(folder, 0.5)
-        store = SsdStore(folder, cap_bytes=1 << 20, layout=LAYOUT, buffers=buffers)
-        assert store.scan() == 1
-        got = store.read(store.best("", [1, 2, 3])[0])
-        assert (got is None) == flip and store.stats["corrupt"] == int(flip)
-
-
 def test_a_read_is_one_pass_of_views_over_the_bytes_read(tmp_path):
     store = seeded(tmp_path / "fp")
     got = store.read(store.best("", [1, 2, 3])[0])
@@ -376,15 +255,6 @@ def test_a_read_is_one_pass_of_views_over_the_bytes_read(tmp_path):
     bases = {id(a.base if a.base is not None else a) for a in got.values()}
     assert len(bases) == 1  # the tensors share the one buffer the read filled: no copies
     assert not any(a.flags.writeable for a in got.values())  # shared by concurrent restores
-
-
-def test_a_read_into_mlx_is_each_tensor_in_an_mlx_array_of_its_own(tmp_path):
-    store = seeded(tmp_path / "fp")
-    store.buffers = mlx_buffers
-    got = store.read(store.best("", [1, 2, 3])[0])
-    assert got is not None and np.array_equal(got["0.k"], arrays()["0.k"])
-    owners = {id(a.base.obj) for a in got.values()}  # a memoryview of the MLX array
-    assert len(owners) == len(got) and not any(a.flags.writeable for a in got.values())
 
 
 @pytest.mark.parametrize("cuts", [[], [1], [3, 3, 10], [0, 5, 5, 7, 190]])
