@@ -6,6 +6,7 @@ model's shapes is a miss that deletes the entry, never a wrong restore."""
 from __future__ import annotations
 
 import hashlib
+import threading
 
 import numpy as np
 import pytest
@@ -13,7 +14,8 @@ from ssd_entries import LAYOUT, arrays, damaged, orjson_load, seeded
 
 from mlxd.worker.cache import format as cache_format
 from mlxd.worker.cache import ssd as ssd_module
-from mlxd.worker.cache.kv_arrays import mlx_buffers
+from mlxd.worker.cache.format import TensorSpec
+from mlxd.worker.cache.kv_arrays import _mlx_view, mlx_buffers
 from mlxd.worker.cache.ssd import SsdStore
 
 
@@ -115,3 +117,20 @@ def test_a_read_into_mlx_is_each_tensor_in_an_mlx_array_of_its_own(tmp_path):
     assert got is not None and np.array_equal(got["0.k"], arrays()["0.k"])
     owners = {id(a.base.obj) for a in got.values()}  # a memoryview of the MLX array
     assert len(owners) == len(got) and not any(a.flags.writeable for a in got.values())
+
+
+def test_buffers_made_on_any_thread_are_mlx_memory(tmp_path):
+    """Reads run on any thread of the event loop's executor; MLX streams belong to the thread
+    that made them. Every thread's read still lands in MLX arrays (no fallback copy)."""
+    specs = [
+        TensorSpec(f"t{i}", np.dtype(np.uint16), (2, 8), 16 * i, 16 * i + 32) for i in range(9)
+    ]
+    got: list = []
+    for _ in range(4):  # one fresh thread after another, then this one
+        t = threading.Thread(target=lambda: got.append(mlx_buffers(specs)))
+        t.start()
+        t.join()
+    got.append(mlx_buffers(specs))
+    assert len(got) == 5
+    for bufs in got:
+        assert all(_mlx_view(b) is not None and b.flags.writeable for b in bufs)

@@ -19,6 +19,7 @@ from mlxd.worker.cache import format as cache_format
 from mlxd.worker.cache import kinds as cache_kinds
 from mlxd.worker.cache import ssd as ssd_module
 from mlxd.worker.cache.layout import safe_name, ssd_folder
+from mlxd.worker.cache.restore_read import read_tensors
 from mlxd.worker.cache.ssd import SsdStore
 from mlxd.worker.cache.ssd_leftovers import STALE_S
 
@@ -267,8 +268,52 @@ def test_a_file_read_into_segments_has_the_digest_of_the_file(tmp_path, cuts):
         segments = [(a, np.zeros(b - a, np.uint8)) for a, b in zip(bounds, bounds[1:])]
         with open(f, "rb", buffering=0) as fh:
             digest = cache_digest.read_into(fh.fileno(), n, segments)
-        assert digest == cache_digest.read_hashed(f, n)[1]
+        assert digest == cache_digest.parts_digest([data], n)  # hashed from memory
         assert b"".join(seg.tobytes() for _, seg in segments) == data
+
+
+def lying(tmp_path, header: dict, data: bytes):
+    """A data file whose header is `header` (data_offsets as given), then `data`."""
+    head = cache_format.orjson.dumps(header)
+    head += b" " * (-len(head) % 8)
+    f = tmp_path / "lying.safetensors"
+    f.write_bytes(len(head).to_bytes(8, "little") + head + data)
+    return f
+
+
+@pytest.mark.parametrize(
+    "offsets, data_bytes",
+    [
+        ([[0, 16], [20, 36]], 36),  # a gap between two tensors
+        ([[0, 16], [8, 24]], 24),  # two tensors over the same bytes
+        ([[0, 16], [16, 32]], 24),  # a tensor past the end of the file
+        ([[0, 16], [16, 32]], 40),  # bytes left over after the tensors
+        ([[16, 32], [0, 16]], 40),  # tensors out of order, and bytes left over
+    ],
+    ids=["gap", "overlap", "past-the-end", "left-over", "out-of-order"],
+)
+def test_a_header_that_does_not_tile_its_file_is_refused_before_any_buffer(
+    tmp_path, offsets, data_bytes
+):
+    header = {
+        f"t{i}": {"dtype": "F32", "shape": [4], "data_offsets": o} for i, o in enumerate(offsets)
+    }
+    f = lying(tmp_path, header, bytes(data_bytes))
+    asked = []
+    with pytest.raises(ValueError):
+        read_tensors(f, 64, lambda specs: asked.append(specs) or [])
+    assert asked == []  # nothing allocated for a header that lies
+
+
+def test_a_header_length_past_its_bound_or_its_file_is_refused(tmp_path):
+    f = tmp_path / "long.safetensors"
+    for n, size in (
+        (cache_format.MAX_HEADER_BYTES + 8, cache_format.MAX_HEADER_BYTES + 64),
+        (64, 32),
+    ):
+        f.write_bytes(n.to_bytes(8, "little") + bytes(size))
+        with pytest.raises(ValueError, match="header length"):
+            read_tensors(f, 64, lambda specs: pytest.fail("asked for buffers"))
 
 
 def test_piece_digests_of_parts_and_of_the_file_agree(tmp_path):

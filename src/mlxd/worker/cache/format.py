@@ -4,9 +4,11 @@
 `<layer>.v` for attention KV, a window's `.rot`, a recurrent state's `.a<j>`; bfloat16 stored
 as uint16) and the token ids (`__tokens__`); `<key>.json` holds the namespace, token ids, byte
 size, digest (digest.py: a SHA-256 over its 4 MiB pieces' SHA-256s, `piece_bytes`; a sidecar
-without it, an older one, the whole file's SHA-256), session and format version. A read checks
-the digest before it parses anything, then takes the tensors as views of the bytes it read
-(no copy). The key is a hash of namespace and token ids, so a renamed file does not index.
+without it, an older one, the whole file's SHA-256), session and format version. A read
+into one buffer checks the digest before it parses anything, then takes the tensors as views
+of the bytes it read (no copy); a read into a buffer per tensor (restore_read.py) parses the
+bounded header first, checked to tile the file, and checks the digest before any tensor is
+used. The key is a hash of namespace and token ids, so a renamed file does not index.
 Both files are written atomically (a temporary file, fsync, rename, fsync of the folder).
 Everything a format change touches is here; FORMAT_VERSION is also part of the folder's
 fingerprint (layout.py), so entries of another version are never even listed.
@@ -176,7 +178,9 @@ class TensorSpec(NamedTuple):
     stop: int
 
 
-MAX_HEADER_BYTES = 64 << 20  # far above any entry's (a few KiB per layer): more is damage
+# An entry's header is ~100 bytes a tensor (a few tensors a layer): 1 MiB is ~10k tensors, far
+# above any model's, and bounds what a damaged header can ask of a read before its digest.
+MAX_HEADER_BYTES = 1 << 20
 
 
 def header_length(first8: bytes, size: int) -> int:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import mlx.core as mx
@@ -28,6 +29,7 @@ from mlx_lm.models.cache import (
 
 from mlxd.worker.cache.format import Layout, TensorSpec
 from mlxd.worker.cache.kinds import ARRAYS, BF16_STORED, QUANT_PARTS, ROTATING, kind
+from mlxd.worker.cache.quiet_log import QuietLog
 from mlxd.worker.kv.quant import QuantizedRowCache
 
 log = logging.getLogger("mlxd.worker.cache")
@@ -83,16 +85,12 @@ _MX_DTYPES = {
 
 
 FILL_STREAMS = 8  # CPU streams that fill a restore's buffers at once (mlx_buffers)
-_streams: list = []
-_streams_lock = threading.Lock()
-
-
-def _fill_streams() -> list:
-    with _streams_lock:
-        if not _streams:
-            n = max(1, min(FILL_STREAMS, os.cpu_count() or 1))
-            _streams.extend(mx.new_stream(mx.cpu) for _ in range(n))
-        return _streams
+# MLX streams belong to the thread that made them, and reads run on any thread of the event
+# loop's executor: one long-lived thread makes the fill streams and every restore's arrays.
+_filler: ThreadPoolExecutor | None = None
+_filler_lock = threading.Lock()
+_streams: list = []  # the filler thread's own
+_quiet = QuietLog(log)
 
 
 def mlx_buffers(specs: list[TensorSpec]) -> list[np.ndarray]:
@@ -101,20 +99,33 @@ def mlx_buffers(specs: list[TensorSpec]) -> list[np.ndarray]:
     without a copy (`_mx`). MLX fills a new array before it can be read into, one CPU
     stream's thread per array: the arrays go round several CPU streams, filled at once.
     Any thread. NumPy's memory where MLX cannot give it (then the restore copies)."""
-    streams = _fill_streams()
+    global _filler
+    with _filler_lock:
+        if _filler is None:
+            _filler = ThreadPoolExecutor(1, thread_name_prefix="mlxd-cache-fill")
+    try:
+        return _filler.submit(_fill, specs).result()
+    except Exception as exc:  # never fail a read over where its bytes live
+        _quiet.warn("SSD restore into MLX memory (NumPy's instead, then copied)", exc)
+        return [np.empty(t.shape, t.dtype) for t in specs]
+
+
+def _fill(specs: list[TensorSpec]) -> list[np.ndarray]:
+    """mlx_buffers' work, on the filler thread."""
+    if not _streams:
+        n = max(1, min(FILL_STREAMS, os.cpu_count() or 1))
+        _streams.extend(mx.new_stream(mx.cpu) for _ in range(n))
     owners: list[mx.array | None] = []
     for i, t in enumerate(specs):
         dtype = _MX_DTYPES.get(t.dtype)
         ok = dtype is not None and t.stop > t.start
-        s = streams[i % len(streams)]
+        s = _streams[i % len(_streams)]
         owners.append(mx.zeros(t.shape, dtype=dtype, stream=s) if ok else None)
-    try:
-        mx.eval([o for o in owners if o is not None])
-        views = [None if o is None else np.asarray(memoryview(o)) for o in owners]  # type: ignore[arg-type]
-    except Exception as exc:  # never fail a read over where its bytes live
-        log.warning("SSD restore into NumPy memory (MLX gave none: %s)", exc)
-        views = [None] * len(specs)
-    return [np.empty(t.shape, t.dtype) if v is None else v for t, v in zip(specs, views)]
+    mx.eval([o for o in owners if o is not None])
+    return [
+        np.empty(t.shape, t.dtype) if o is None else np.asarray(memoryview(o))  # type: ignore[arg-type]
+        for t, o in zip(specs, owners)
+    ]
 
 
 def _mlx_view(a: np.ndarray) -> mx.array | None:
