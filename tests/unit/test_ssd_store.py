@@ -191,7 +191,7 @@ def test_read_error_skips_the_entry(tmp_path, monkeypatch):
     store = seeded(tmp_path / "fp")
     entry, _ = store.best("", [1, 2, 3])
 
-    def eio(path, piece_bytes, alloc=None):
+    def eio(path, piece_bytes):
         raise OSError(errno.EIO, "Input/output error")
 
     monkeypatch.setattr(ssd_module, "read_hashed", eio)

@@ -15,7 +15,7 @@ import bisect
 import hashlib
 import os
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor, wait
 from pathlib import Path
 from typing import Any
@@ -72,17 +72,12 @@ def parts_digest(parts: list, piece_bytes: int = PIECE_BYTES) -> str:
     return _combine(_threads().map(piece, _spans(at, piece_bytes)))
 
 
-def read_hashed(
-    path: Path, piece_bytes: int, alloc: Callable[[int], np.ndarray] | None = None
-) -> tuple[np.ndarray, str]:
+def read_hashed(path: Path, piece_bytes: int) -> tuple[np.ndarray, str]:
     """The whole file at `path` (read-only uint8, as long as the file is now) and its digest.
-
-    `alloc(size)` gives the writable uint8 buffer to read into; NumPy's by default.
     Raises OSError (FileNotFoundError for a file gone meanwhile); a short read leaves the rest
     zero, which the digest then tells apart."""
     with open(path, "rb", buffering=0) as f:
-        size = os.fstat(f.fileno()).st_size
-        buf = alloc(size) if alloc is not None else np.empty(size, dtype=np.uint8)
+        buf = np.empty(os.fstat(f.fileno()).st_size, dtype=np.uint8)
         digest = read_into(f.fileno(), piece_bytes, [(0, buf)])
     buf.flags.writeable = False  # shared by every request restoring it (keys._read_once)
     return buf, digest

@@ -151,9 +151,14 @@ def decode_entry(
     """The arrays of `e`'s data file (`data`, whose digest.py digest is `digest`) after
     checking size, digest, token ids and, given the model's layout, shapes and dtype; views of
     `data`, no copies. Raises (LayoutMismatch for a model mismatch) otherwise."""
-    if len(data) != e.file_bytes or digest != e.sha256:
-        raise ValueError("size or hash mismatch")
+    check_file(len(data), digest, e)
     return check_entry(tensor_views(data), e, layout)
+
+
+def check_file(size: int, digest: str, e: SsdEntry) -> None:
+    """ValueError unless a data file read for `e` has the size and digest its sidecar says."""
+    if size != e.file_bytes or digest != e.sha256:
+        raise ValueError("size or hash mismatch")
 
 
 def check_entry(

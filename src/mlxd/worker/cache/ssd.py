@@ -27,6 +27,7 @@ from mlxd.worker.cache.format import (
     LayoutMismatch,
     SsdEntry,
     check_entry,
+    check_file,
     data_path,
     decode_entry,
     encode_entry,
@@ -245,8 +246,7 @@ class SsdStore:
             data, digest = read_hashed(path, e.piece_bytes)
             return decode_entry(data, digest, e, self.layout)
         size, arrays, digest = read_tensors(path, e.piece_bytes, self.buffers)
-        if size != e.file_bytes or digest != e.sha256:
-            raise ValueError("size or hash mismatch")
+        check_file(size, digest, e)
         return check_entry(arrays, e, self.layout)
 
     def write(
