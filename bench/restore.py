@@ -51,6 +51,7 @@ from mlxd.worker.cache.digest import read_hashed
 from mlxd.worker.cache.kv_arrays import _layer_layout, from_numpy, mlx_buffers, to_numpy
 from mlxd.worker.cache.prompt_cache import PromptCache
 from mlxd.worker.cache.restore_read import read_tensors
+from mlxd.worker.cache.safetensors_file import tensor_views
 
 MB = 1 << 20
 
@@ -189,7 +190,7 @@ def main() -> None:
             buf, digest = read_hashed(path, e.piece_bytes)
         assert len(buf) == e.file_bytes and digest == e.sha256
         with r("tensor views (no copy)"):
-            got = fmt.tensor_views(buf)
+            got = tensor_views(buf)
     else:
         with r(f"read + digest, pieces on threads, an MLX array per tensor{where}"):
             size, got, digest = read_tensors(path, e.piece_bytes, mlx_buffers)

@@ -14,8 +14,8 @@ from ssd_entries import LAYOUT, arrays, damaged, orjson_load, seeded
 
 from mlxd.worker.cache import format as cache_format
 from mlxd.worker.cache import ssd as ssd_module
-from mlxd.worker.cache.format import TensorSpec
 from mlxd.worker.cache.kv_arrays import _mlx_view, mlx_buffers
+from mlxd.worker.cache.safetensors_file import TensorSpec
 from mlxd.worker.cache.ssd import SsdStore
 
 
@@ -123,7 +123,7 @@ def test_buffers_made_on_any_thread_are_mlx_memory(tmp_path):
     """Reads run on any thread of the event loop's executor; MLX streams belong to the thread
     that made them. Every thread's read still lands in MLX arrays (no fallback copy)."""
     specs = [
-        TensorSpec(f"t{i}", np.dtype(np.uint16), (2, 8), 16 * i, 16 * i + 32) for i in range(9)
+        TensorSpec(f"t{i}", np.dtype(np.uint16), (2, 8), 32 * i, 32 * i + 32) for i in range(9)
     ]
     got: list = []
     for _ in range(4):  # one fresh thread after another, then this one

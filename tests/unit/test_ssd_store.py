@@ -20,6 +20,7 @@ from mlxd.worker.cache import kinds as cache_kinds
 from mlxd.worker.cache import ssd as ssd_module
 from mlxd.worker.cache.layout import safe_name, ssd_folder
 from mlxd.worker.cache.restore_read import read_tensors
+from mlxd.worker.cache.safetensors_file import MAX_HEADER_BYTES
 from mlxd.worker.cache.ssd import SsdStore
 from mlxd.worker.cache.ssd_leftovers import STALE_S
 
@@ -308,7 +309,7 @@ def test_a_header_that_does_not_tile_its_file_is_refused_before_any_buffer(
 def test_a_header_length_past_its_bound_or_its_file_is_refused(tmp_path):
     f = tmp_path / "long.safetensors"
     for n, size in (
-        (cache_format.MAX_HEADER_BYTES + 8, cache_format.MAX_HEADER_BYTES + 64),
+        (MAX_HEADER_BYTES + 8, MAX_HEADER_BYTES + 64),
         (64, 32),
     ):
         f.write_bytes(n.to_bytes(8, "little") + bytes(size))

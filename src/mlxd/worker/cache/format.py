@@ -10,8 +10,9 @@ of the bytes it read (no copy); a read into a buffer per tensor (restore_read.py
 bounded header first, checked to tile the file, and checks the digest before any tensor is
 used. The key is a hash of namespace and token ids, so a renamed file does not index.
 Both files are written atomically (a temporary file, fsync, rename, fsync of the folder).
-Everything a format change touches is here; FORMAT_VERSION is also part of the folder's
-fingerprint (layout.py), so entries of another version are never even listed.
+Everything a format change touches is here and in safetensors_file.py (the data file's
+layout); FORMAT_VERSION is also part of the folder's fingerprint (layout.py), so entries of
+another version are never even listed.
 Pure NumPy and file I/O: safe off the engine thread.
 """
 
@@ -22,7 +23,6 @@ import hashlib
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import NamedTuple
 
 import numpy as np
 import orjson
@@ -30,6 +30,7 @@ import orjson
 from mlxd.worker.cache.digest import MAX_PIECES, PIECE_BYTES, parts_digest
 from mlxd.worker.cache.kinds import LayoutMismatch, check_layer
 from mlxd.worker.cache.replies import Reply
+from mlxd.worker.cache.safetensors_file import safetensors_parts, tensor_views
 
 FORMAT_VERSION = 1
 DATA_SUFFIX = ".safetensors"
@@ -80,41 +81,6 @@ def check_layout(arrays: dict[str, np.ndarray], layout: Layout, n_tokens: int) -
     counted = sum(check_layer(i, layer, arrays, n_tokens) for i, layer in enumerate(layout))
     if len(arrays) != counted:
         raise LayoutMismatch(f"{len(arrays)} arrays for a model of {len(layout)} layers")
-
-
-_ST_DTYPES: dict[str, str] = {
-    "float32": "F32",
-    "float16": "F16",
-    "uint16": "U16",
-    "uint32": "U32",
-    "int32": "I32",
-    "int64": "I64",
-    "uint8": "U8",
-    "int8": "I8",
-}
-_NP_DTYPES = {st: name for name, st in _ST_DTYPES.items()}
-
-
-def safetensors_parts(tensors: dict[str, np.ndarray], metadata: dict[str, str]) -> list:
-    """A safetensors file as [header, buffer, buffer, ...] without joining the buffers.
-
-    Writing and hashing the parts one by one (both release the GIL on large buffers) keeps the
-    writer thread from stalling the engine thread the way building one big bytes object would.
-    """
-    header: dict = {"__metadata__": metadata}
-    parts, offset = [], 0
-    for name, a in tensors.items():
-        a = np.ascontiguousarray(a)
-        header[name] = {
-            "dtype": _ST_DTYPES[a.dtype.name],
-            "shape": list(a.shape),
-            "data_offsets": [offset, offset + a.nbytes],
-        }
-        parts.append(a.data.cast("B"))  # `data`: the array's memoryview
-        offset += a.nbytes
-    head = orjson.dumps(header)
-    head += b" " * (-len(head) % 8)  # the format aligns the data to 8 bytes
-    return [len(head).to_bytes(8, "little") + head, *parts]
 
 
 # -- an entry's two files ---------------------------------------------------------------------
@@ -171,65 +137,6 @@ def check_entry(
     if layout is not None:
         check_layout(arrays, layout, len(e.tokens))
     return arrays
-
-
-class TensorSpec(NamedTuple):
-    """One tensor of a data file: its bytes are [start, stop) of the file."""
-
-    name: str
-    dtype: np.dtype
-    shape: tuple[int, ...]
-    start: int
-    stop: int
-
-
-# An entry's header is ~100 bytes a tensor (a few tensors a layer): 1 MiB is ~10k tensors, far
-# above any model's, and bounds what a damaged header can ask of a read before its digest.
-MAX_HEADER_BYTES = 1 << 20
-
-
-def header_length(first8: bytes, size: int) -> int:
-    """The header's length from a data file's first 8 bytes; ValueError when it cannot be."""
-    n = int.from_bytes(first8, "little")
-    if len(first8) < 8 or size < 8 or not 0 < n <= min(size - 8, MAX_HEADER_BYTES):
-        raise ValueError("bad header length")
-    return n
-
-
-def parse_header(head: bytes, size: int) -> list[TensorSpec]:
-    """The tensors of a `size`-byte data file whose first 8 + n bytes are `head`, in file
-    order; ValueError unless they tile the rest of the file exactly (each its dtype's bytes,
-    in order, nothing left over)."""
-    n = header_length(head[:8], size)
-    header = orjson.loads(head[8 : 8 + n])
-    if not isinstance(header, dict):
-        raise ValueError("bad header")
-    header.pop("__metadata__", None)
-    base, end, out = 8 + n, 0, []
-    for name, t in sorted(header.items(), key=lambda kv: kv[1]["data_offsets"][0]):
-        dtype = np.dtype(_NP_DTYPES[t["dtype"]])
-        shape = tuple(int(x) for x in t["shape"])
-        start, stop = (int(x) for x in t["data_offsets"])
-        count = int(np.prod(shape, dtype=np.int64))
-        if start != end or stop - start != count * dtype.itemsize:
-            raise ValueError(f"tensor {name} does not fit its place in the file")
-        out.append(TensorSpec(name, dtype, shape, base + start, base + stop))
-        end = stop
-    if base + end != size:
-        raise ValueError("bytes left over after the tensors")
-    return out
-
-
-def tensor_views(data: np.ndarray) -> dict[str, np.ndarray]:
-    """A safetensors file's tensors as views of its bytes (`parse_header`'s checks)."""
-    n = header_length(data[:8].tobytes(), len(data))
-    specs = parse_header(data[: 8 + n].tobytes(), len(data))
-    return {
-        t.name: np.frombuffer(
-            data, t.dtype, (t.stop - t.start) // t.dtype.itemsize, t.start
-        ).reshape(t.shape)
-        for t in specs
-    }
 
 
 def entry_from_meta(key: str, meta, data_bytes: int, mtime: float) -> SsdEntry:

@@ -27,9 +27,10 @@ from mlx_lm.models.cache import (
     make_prompt_cache,
 )
 
-from mlxd.worker.cache.format import Layout, TensorSpec
+from mlxd.worker.cache.format import Layout
 from mlxd.worker.cache.kinds import ARRAYS, BF16_STORED, QUANT_PARTS, ROTATING, kind
 from mlxd.worker.cache.quiet_log import QuietLog
+from mlxd.worker.cache.safetensors_file import TensorSpec
 from mlxd.worker.kv.quant import QuantizedRowCache
 
 log = logging.getLogger("mlxd.worker.cache")

@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from mlxd.worker.cache.digest import read_into
-from mlxd.worker.cache.format import TensorSpec, header_length, parse_header
+from mlxd.worker.cache.safetensors_file import TensorSpec, header_length, parse_header
 
 Buffers = Callable[[list[TensorSpec]], list[np.ndarray]]
 
