@@ -47,6 +47,12 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         help="prefill block, tokens (worker/model/blocks.py; -1: the worker's default, off)",
     )
     p.add_argument(
+        "--mlx-lm-first-token",
+        action="store_true",
+        help="first tokens from a decode forward of the last prompt token, as mlx-lm samples "
+        "them (default: from the prefill forward, worker/model/head.py)",
+    )
+    p.add_argument(
         "--buckets",
         action="store_true",
         help="pad extending rows' attention to bucketed shapes (worker/model/shape_buckets.py)",
@@ -92,7 +98,10 @@ def main(argv: list[str]) -> int:
         phases.install(a.variant)
         phases.wrap_model(loaded.model)
     plan = PlanConfig(block=blocks.block)
-    engine = Engine(loaded, batch=16, plan=plan, cache=cache, trace=trace)
+    fold = not a.mlx_lm_first_token
+    engine = Engine(
+        loaded, batch=16, plan=plan, cache=cache, trace=trace, first_token_from_prefill=fold
+    )
     engine.start()
     engine.warmed.wait()
     params = GenerationParams(max_tokens=1, temperature=0.0, top_p=1.0, top_k=0, min_p=0.0)
@@ -124,6 +133,8 @@ def main(argv: list[str]) -> int:
     print(
         f"model {path} · device {mx.default_device()} · mlx {mx.__version__} · variant {a.variant}"
         f" · prefill block {blocks.block} · shape buckets {'on' if shape_buckets.on else 'off'}"
+        f" · first token from {'the prefill forward' if fold else 'a decode forward'}"
+        f"{'' if engine._batch.head is not None or not fold else ' (no head found: decode)'}"
     )
     print(
         f"prefix {a.prefix}, row i's history i x {a.history} (+7r+1 in repeat r), +{a.new} new "

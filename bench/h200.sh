@@ -21,6 +21,8 @@
 #                                 # with where the time went (~6 min, the 8B build included)
 #   bash bench/h200.sh buckets    # issue 33: the same rows, attention shapes as they come, then
 #                                 # padded to buckets (shape_buckets.py) (~6 min, 8B built)
+#   bash bench/h200.sh first-token # issue 33: the same rows (shape buckets on), first tokens from
+#                                 # a decode forward, then from the prefill forward (~5 min)
 #   bash bench/h200.sh restore    # issue 34: gemma3-12b's SSD restore phase by phase, with the
 #                                 # engine's first step on it; bench.cuda_memory (~3 min)
 #   bash bench/h200.sh families  # issue 34: gemma3-12b (sliding window) then nemotron-h-8b
@@ -100,6 +102,15 @@ buckets)
   for b in "" --buckets; do
     timeout 270 python3 -m bench extend --shape qwen3-8b --prefix 6000 --history 300 --new 270 \
       --rows 1,4,8 --repeats 4 --phases $b 2>&1 | grep -v tokenizer | tee "$out/extend-8b$b.md"
+  done
+  ;;
+first-token)
+  # Issue 33: the same rows with shape buckets on (the worker's CUDA default), first tokens
+  # from a decode forward of the last prompt token (mlx-lm's order), then from the prefill
+  # forward (worker/model/head.py) (~5 min, the 8B build included).
+  for f in --mlx-lm-first-token ""; do
+    timeout 270 python3 -m bench extend --shape qwen3-8b --prefix 6000 --history 300 --new 270 \
+      --rows 1,4,8 --repeats 4 --buckets $f 2>&1 | grep -v tokenizer | tee "$out/extend-8b$f.md"
   done
   ;;
 restore)

@@ -81,11 +81,17 @@ def _close(engine: Engine) -> None:
     assert engine.join(30)
 
 
-def test_a_short_request_during_a_long_prefill_decodes_before_the_long_one_is_prefilled(loaded):
+@pytest.mark.parametrize("fold", [True, False], ids=["first-token-from-prefill", "mlx-lm-order"])
+def test_a_short_request_during_a_long_prefill_decodes_before_the_long_one_is_prefilled(
+    loaded, fold
+):
     rows = Rows()
     long, short = rows.sub("long", 600, 2), rows.sub("short", 5, 4)
     plan = PlanConfig(idle_chunk=64, step_budget=32, min_chunk=8)
-    engine = _engine(loaded, rows, batch=4, plan=plan)
+    engine = _engine(loaded, rows, batch=4, plan=plan, first_token_from_prefill=fold)
+    # Folded, a prompt's last token is prefilled with the rest and its forward samples the
+    # first token; in mlx-lm's order it waits for a decode forward of its own.
+    held_back = 0 if fold else 1
 
     def submit_short_at_step_2(st):
         if st.step == 2:
@@ -103,10 +109,10 @@ def test_a_short_request_during_a_long_prefill_decodes_before_the_long_one_is_pr
     joined = by_step[a]
     # The newcomer is prefilled whole in the step that admits it; the long row's chunk
     # there is the busy budget's share, not an idle chunk.
-    assert joined.chunks["short"] == (0, 4)
+    assert joined.chunks["short"] == (0, 5 - held_back)
     assert joined.chunks["long"][1] <= 32
-    # It goes to the decode batch in that same step (its last prompt token's forward samples
-    # its first token there), so the next step hands its first token out: it waited behind
+    # It goes to the decode batch in that same step (its first token sampled there), so the
+    # next step hands its first token out: it waited behind
     # one chunk of the long prompt, not two...
     first_token = rows.first("short", "decoded")
     assert first_token == a + 1
@@ -122,7 +128,7 @@ def test_a_short_request_during_a_long_prefill_decodes_before_the_long_one_is_pr
     # The long prompt was prefilled exactly once, in order, with no gaps.
     spans = [st.chunks["long"] for st in rows.steps if "long" in st.chunks]
     assert spans[0][0] == 0 and all(a_ + n == b_ for (a_, n), (b_, _) in zip(spans, spans[1:]))
-    assert spans[-1][0] + spans[-1][1] == 599
+    assert spans[-1][0] + spans[-1][1] == 600 - held_back
 
 
 def test_prompt_progress_counts_prefilled_tokens_as_the_prefill_goes(loaded):
@@ -146,9 +152,9 @@ def test_prompt_progress_counts_prefilled_tokens_as_the_prefill_goes(loaded):
     rows.wait("long")
     _close(engine)
     assert len(seen) >= 5 and long.prompt_cached == 0
-    assert all(done == n for n, done in seen[:-1]), seen  # 64, 128, ... while the client waits
-    # The step that prefills the last chunk also runs the last token (the row goes to decode).
-    assert seen[-1] == (599, 600), seen
+    assert all(done == n for n, done in seen), seen  # 64, 128, ... while the client waits
+    # The last chunk holds the last token too (its forward samples the first token).
+    assert seen[-1] == (600, 600), seen
     assert long.prompt_done == 600
 
 
@@ -161,7 +167,7 @@ def test_an_idle_batch_prefills_a_long_prompt_in_large_chunks(loaded):
     assert [st.chunks["long"] for st in rows.steps if "long" in st.chunks] == [
         (0, 256),
         (256, 256),
-        (512, 87),
+        (512, 88),  # the last token too: its forward samples the first token
     ]
 
 
@@ -279,8 +285,8 @@ def test_the_step_log_has_a_line_per_step_with_its_prefill_and_decode(loaded, tm
     assert {(x["model"], x["pid"]) for x in lines} == {("tiny", os.getpid())}
     assert all(x["s"] > 0 for x in lines) and lines[0]["t"] == 0
     assert [x["t"] for x in lines] == sorted(x["t"] for x in lines)
-    # Each 150-token prompt is prefilled in chunks, its last token going with the first decode.
-    assert sum(x["prefill_tokens"] for x in lines) == 2 * 149
+    # Each 150-token prompt is prefilled in chunks, its last token with them.
+    assert sum(x["prefill_tokens"] for x in lines) == 2 * 150
     assert max(x["prefill_tokens"] for x in lines) <= 64 * 2
     assert sum(x["decoded"] for x in lines) == 2 * 3
     assert sum(x["admitted"] for x in lines) == 2 and sum(x["finished"] for x in lines) == 2

@@ -18,6 +18,8 @@ from mlxd.worker.cache.replies import Reply
 from mlxd.worker.engine.recovery import Broken, generation_failed
 from mlxd.worker.engine.rows import Event, FirstTokens, Row, Submission
 from mlxd.worker.lora.slots import Adapters
+from mlxd.worker.model import mlx_lm_seam as seam
+from mlxd.worker.model.head import Site
 from mlxd.worker.vision.encode import encode_row
 from mlxd.worker.vision.load import VisionParts
 
@@ -49,6 +51,24 @@ class Batch:
         self.cancellations = 0
         self.recoveries = 0  # failed steps after which the batch was rebuilt (recovery.py)
         self.first_tokens = FirstTokens()
+        # The model's output head (model/head.py) when a row's first token comes from its
+        # prefill forward (its last prompt token prefilled with the rest); None: from a
+        # decode forward of that token, as mlx-lm does.
+        self.head: Site | None = None
+
+    @property
+    def held_back(self) -> int:
+        """Prompt tokens a row leaves for its first decode forward (1) or none (0)."""
+        return 0 if self.head is not None else 1
+
+    def insert(self, segments: list[list[int]], **kwargs) -> int:
+        """Insert one row (its prompt `segments` past its cached prefix) into the generator;
+        its uid. With `head`, its last prompt token is prefilled with the chunk before it."""
+        gen = self.generator()
+        uid = gen.insert_segments([segments], **kwargs)[0]
+        if self.head is not None:
+            seam.fold_last_token(gen, uid)
+        return uid
 
     def __len__(self) -> int:
         return len(self.rows)
@@ -104,17 +124,17 @@ class Batch:
         max_tokens = row.sub.params.max_tokens
         assert max_tokens is not None  # resolve_params fixed it before the submission
         assert self.eos is not None  # set with the generator
-        row.uid = self.generator().insert_segments(
-            [[seq[cached:]]],
+        row.uid = self.insert(
+            [seq[cached:]],
             max_tokens=[max(1, max_tokens - row.generated)],
             # mlx-lm fills a None entry with fresh caches (its own default)
-            caches=[layers],  # type: ignore[list-item]
+            caches=[layers],
             all_tokens=[seq[:cached]],
             samplers=[row.sampler],
             logits_processors=[row.processors],
             stop_sequences=[self.eos],
-        )[0]
-        row.pos, row.todo, row.started = cached, len(seq) - cached - 1, False
+        )
+        row.pos, row.todo, row.started = cached, len(seq) - cached - self.held_back, False
         self.add(row, images)
 
     def park(self, row: Row) -> None:

@@ -51,6 +51,7 @@ from mlxd.worker.engine.warmup import timed_warm_up
 from mlxd.worker.kv.budget import KvBudget
 from mlxd.worker.kv.layers import attention_only
 from mlxd.worker.lora.slots import Adapters
+from mlxd.worker.model import blocks, head
 from mlxd.worker.model.load import LoadedModel, apply_wired_limit
 from mlxd.worker.model.prefill_check import padded_prefill_agrees
 from mlxd.worker.vision.load import VisionParts
@@ -93,6 +94,7 @@ class Engine(EngineCommands, EngineFigures):
         memory_plan: MemoryPlan | None = None,
         spec: SpecConfig | None = None,
         compile_decode: bool = False,
+        first_token_from_prefill: bool = True,
         adapter_cache_bytes: int = DEFAULT_ADAPTER_CACHE_BYTES,
         vision: VisionParts | None = None,
     ):
@@ -116,6 +118,11 @@ class Engine(EngineCommands, EngineFigures):
         budget = KvBudget.of(loaded.kv_cost, kv_budget_bytes, batch, loaded.context_limit, why)
         self._sched = Scheduler(self._batch, batch, self.plan, budget)
         self._sched.serial_prefill = not padded_prefill_agrees(loaded.model)
+        # A row's first token from its prefill forward, not a decode forward of its last
+        # prompt token (model/head.py): plain KV only (a boundary snapshot of other caches is
+        # taken before that token enters them), and not with whole-block prefill (blocks.py).
+        if first_token_from_prefill and self.trimmable and blocks.block == 0:
+            self._batch.head = head.probe(loaded.model)
         self.dead: str | None = None  # why the engine thread stopped unexpectedly
         self._gone = False  # the thread made its last take from the inbox (stopped or dead)
         self.closing = False  # a drain passed its deadline: admit nothing more
@@ -206,7 +213,7 @@ class Engine(EngineCommands, EngineFigures):
         try:
             gen = batch.generator()
             with gen.stats() as st:
-                prompt_responses, responses = step(gen, self.trimmable)
+                prompt_responses, responses = step(gen, self.trimmable, batch.head)
         except Exception as exc:  # the batch state is now unusable: rebuild it
             log.exception(
                 "engine step failed (rows %s)", ", ".join(r.sub.rid for r in batch.rows.values())

@@ -33,17 +33,16 @@ def admit(batch: Batch, sub: Submission, tokenizer) -> Row:
     images = batch.images_for(sub, n)  # so does an image the vision tower cannot encode
     assert p.max_tokens is not None  # resolve_params fixed it before the submission
     assert batch.eos is not None  # set with the generator
-    uid = batch.generator().insert_segments(
-        [prompt_segments(sub, n, batch.trimmable)],
-        # mlx-lm fills a None entry with fresh caches (its own default), though its
-        # annotation says list[list]
-        caches=[layers],  # type: ignore[list-item]
+    uid = batch.insert(
+        prompt_segments(sub, n, batch.trimmable),
+        # mlx-lm fills a None entry with fresh caches (its own default)
+        caches=[layers],
         all_tokens=[list(sub.prompt[:n])],
         max_tokens=[p.max_tokens],
         samplers=[sampler],
         logits_processors=[processors],
         stop_sequences=[batch.eos],
-    )[0]
+    )
     row = Row(
         sub=sub,
         uid=uid,
@@ -51,7 +50,7 @@ def admit(batch: Batch, sub: Submission, tokenizer) -> Row:
         sampler=sampler,
         processors=processors,
         pos=n,
-        todo=len(sub.prompt) - n - 1,
+        todo=len(sub.prompt) - n - batch.held_back,
         slot=slot,
     )
     batch.add(row, images)

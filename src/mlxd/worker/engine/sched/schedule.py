@@ -266,7 +266,7 @@ class Scheduler:
             if row is None:
                 continue
             done, total = r.progress
-            todo = 0 if r.end_of_prompt else max(0, total - done - 1)
+            todo = 0 if r.end_of_prompt else max(0, total - done - self.batch.held_back)
             n = row.todo - todo
             if n > 0 and not r.end_of_prompt:
                 chunks[row.sub.rid] = (row.pos, n)

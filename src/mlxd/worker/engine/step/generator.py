@@ -2,16 +2,19 @@
 
 mlx-lm's BatchGenerator calls only `uids`, `tokens`, `prompt_cache`, `__len__`, `extend`,
 `filter`, `extract_cache` and `next` on its generation batch; DecodeBatch (decode.py) provides
-those. How it is put in place is the seam's (mlx_lm_seam.py).
+those. How it is put in place is the seam's (mlx_lm_seam/).
 """
 
 from __future__ import annotations
+
+from contextlib import nullcontext
 
 from mlx_lm.generate import BatchGenerator
 
 from mlxd.worker.engine.step.decode import DecodeBatch
 from mlxd.worker.engine.step.speculate import SpecConfig
 from mlxd.worker.model import mlx_lm_seam as seam
+from mlxd.worker.model.head import Site
 
 
 def make_generator(
@@ -34,11 +37,15 @@ def decode_batch(gen: BatchGenerator) -> DecodeBatch:
     return seam.decode_batch_of(gen)
 
 
-def step(gen: BatchGenerator, hand_over_early: bool) -> tuple[list, list]:
+def step(gen: BatchGenerator, hand_over_early: bool, head: Site | None = None) -> tuple[list, list]:
     """One step of the generator: (prompt responses, decode responses). `hand_over_early`
     (trimmable caches): rows whose prefill ended in this step go to the decode batch in it
-    (mlx_lm_seam.hand_over_prompted), a step sooner than mlx-lm's own order."""
-    prompt_responses, responses = gen.next()
-    if hand_over_early:
-        prompt_responses = [*prompt_responses, *seam.hand_over_prompted(gen)]
+    (mlx_lm_seam.hand_over_prompted), a step sooner than mlx-lm's own order. `head` (the
+    model's output head, with hand_over_early): rows inserted with their last prompt token
+    folded in (Batch.insert) take their first token from their prefill forward's logits
+    instead of a decode forward of that token (mlx_lm_seam.folding)."""
+    with seam.folding(gen, head) if head is not None else nullcontext():
+        prompt_responses, responses = gen.next()
+        if hand_over_early:
+            prompt_responses = [*prompt_responses, *seam.hand_over_prompted(gen)]
     return prompt_responses, responses
