@@ -113,9 +113,18 @@ def probe(model: nn.Module) -> Site | None:
         log.info("first tokens come from a decode forward: no output head found")
         return None
     ids = mx.array([PROBE_IDS])
-    full = model(ids, cache=make_prompt_cache(model))[:, -1, :]
-    with gathered(site, mx.array([len(PROBE_IDS) - 1])):
-        part = model(ids, cache=make_prompt_cache(model))
+    try:
+        full = model(ids, cache=make_prompt_cache(model))
+        with gathered(site, mx.array([len(PROBE_IDS) - 1])):
+            part = model(ids, cache=make_prompt_cache(model))
+        mx.eval(full, part)
+    except Exception as exc:  # not a language model's forward (an embedding model's backbone)
+        log.info("first tokens come from a decode forward: the probe failed (%s)", exc)
+        return None
+    if full.ndim != 3 or part.ndim != 3:
+        log.info("first tokens come from a decode forward: the model gives no logits")
+        return None
+    full = full[:, -1, :]
     if part.shape[1] != 1 or part.shape[-1] != full.shape[-1]:
         log.info("first tokens come from a decode forward: the head is not where mlxd looks")
         return None
