@@ -92,6 +92,10 @@ class Settings(BaseSettings):
     # Compile the decode forward once per shape (engine/compiled.py). None: on the CPU only,
     # where it measured faster; on the H200 it won at batch 8 on a 0.6B model and lost on 8B.
     compile_decode: bool | None = None
+    # A row's first token from its prefill forward (worker/model/head.py). None: with a GPU
+    # (one decode forward fewer per newcomer); the CPU keeps mlx-lm's order, where the last
+    # layer's extra positions cost more than that forward.
+    first_token_from_prefill: bool | None = None
     warmup: bool = True  # run the engine's shapes once before READY
     # A quiet stream (a long prefill) sends a protocol event this often, not just a comment:
     # coding agents' idle watchdogs count only events (docs/coding-agents.md).

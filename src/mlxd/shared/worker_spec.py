@@ -55,6 +55,7 @@ SAME_AS_SETTINGS = (
     "attention_buckets",
     "kv_budget_bytes",
     "compile_decode",
+    "first_token_from_prefill",
     "warmup",
     "max_body_bytes",
     "prompt_cache_bytes",
@@ -125,6 +126,7 @@ class WorkerSpec(SamplingFields):
     # memory). The worker's memory plan fits weights, caches and KV within it.
     memory_limit_bytes: int | None = Field(None, ge=0)
     compile_decode: bool | None = None  # the decode forward compiled (None: on the CPU only)
+    first_token_from_prefill: bool | None = None  # (None: with a GPU; worker/model/head.py)
     warmup: bool = True  # run the engine's shapes once before READY
     max_body_bytes: int = 32 * 1024 * 1024
     grace_s: float = 30.0

@@ -100,6 +100,13 @@ def _flag_parser(log_level: str) -> argparse.ArgumentParser:
         help="compile the decode forward once per shape (default: on the CPU only)",
     )
     p.add_argument(
+        "--first-token-from-prefill",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="sample a row's first token from its prefill forward, not a decode forward of"
+        " its last prompt token (default: with a GPU)",
+    )
+    p.add_argument(
         "--kv-budget-bytes",
         type=size_arg,
         default=None,

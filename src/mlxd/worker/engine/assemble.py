@@ -92,6 +92,11 @@ def make_engine(
         compile_decode=(
             cfg.compile_decode if cfg.compile_decode is not None else mx.default_device() == mx.cpu
         ),
+        first_token_from_prefill=(
+            cfg.first_token_from_prefill
+            if cfg.first_token_from_prefill is not None
+            else mx.default_device() != mx.cpu
+        ),
     )
 
 
