@@ -1,6 +1,6 @@
 """What other threads ask of the engine: each request becomes a typed command in the engine
-thread's inbox (sched/inbox.py), taken between steps (loop.py's `_handle`). Any thread may
-call these; only the engine thread touches the batch. The Engine (loop.py) is an
+thread's inbox (sched/inbox.py), which the engine thread takes between steps (`_handle`, here).
+Any thread may call these; only the engine thread touches the batch. The Engine (loop.py) is an
 EngineCommands; once its thread is gone, whoever puts a command answers it here, so no
 request waits on a dead thread."""
 
@@ -8,7 +8,10 @@ from __future__ import annotations
 
 import threading
 
+import mlx.core as mx
+
 from mlxd.shared.errors import MlxdError, Unavailable
+from mlxd.worker.cache.prompt_cache import PromptCache
 from mlxd.worker.engine.batch import Batch
 from mlxd.worker.engine.rows import Event, Submission
 from mlxd.worker.engine.sched.inbox import (
@@ -38,6 +41,9 @@ class EngineCommands:
     _gone: bool
     dead: str | None
     closing: bool
+    cache: PromptCache | None
+    _stopping: bool
+    _stream: mx.Stream
 
     def submit(self, sub: Submission) -> None:
         """Queue `sub`; raises PayloadTooLarge (413, before any work) for a row that could
@@ -112,3 +118,34 @@ class EngineCommands:
                     cmd.job.fail(Unavailable(ENGINE_STOPPED))
             except RuntimeError:  # the event loop is already closed: nobody is waiting
                 pass
+
+    def _handle(self, cmd: Command) -> None:
+        """Dispatch one inbox command (on the engine thread, between steps)."""
+        match cmd:
+            case Submit(sub):
+                if self.closing:
+                    sub.sink(Event.failure(Unavailable("This worker is draining")))
+                elif sub.cancelled:  # its client left first: counted here, its Cancel finds none
+                    self._batch.cancellations += 1
+                    if sub.cancel_reason is not None:
+                        sub.sink(Event.failure(sub.cancel_reason))
+                else:
+                    self._sched.add(sub)
+            case Cancel(sub):
+                if not self._sched.cancel(sub):
+                    self._batch.drop(sub)
+            case PersistCache(done):
+                if self.cache is not None:
+                    self.cache.writes.persist_all()
+                done.set()
+            case CloseSession(session, done):
+                if self.cache is not None:
+                    self.cache.close_session(session)
+                done.set()
+            case Stop():
+                self._stopping = True
+            case RunJob(job):
+                if self.closing:
+                    job.fail(Unavailable("This worker is draining"))
+                else:
+                    job.run(self._stream)

@@ -29,17 +29,8 @@ from mlxd.worker.engine.commands import ENGINE_STOPPED, EngineCommands
 from mlxd.worker.engine.emit import emit
 from mlxd.worker.engine.figures import EngineFigures
 from mlxd.worker.engine.recovery import is_out_of_memory, rebuild
-from mlxd.worker.engine.rows import Event, Row
-from mlxd.worker.engine.sched.inbox import (
-    Cancel,
-    CloseSession,
-    Command,
-    Inbox,
-    PersistCache,
-    RunJob,
-    Stop,
-    Submit,
-)
+from mlxd.worker.engine.rows import Row
+from mlxd.worker.engine.sched.inbox import Command, Inbox
 from mlxd.worker.engine.sched.memplan import MemoryPlan
 from mlxd.worker.engine.sched.planner import PlanConfig
 from mlxd.worker.engine.sched.schedule import Scheduler
@@ -51,7 +42,7 @@ from mlxd.worker.engine.warmup import timed_warm_up
 from mlxd.worker.kv.budget import KvBudget
 from mlxd.worker.kv.layers import attention_only
 from mlxd.worker.lora.slots import Adapters
-from mlxd.worker.model import blocks, head
+from mlxd.worker.model import head
 from mlxd.worker.model.load import LoadedModel, apply_wired_limit
 from mlxd.worker.model.prefill_check import padded_prefill_agrees
 from mlxd.worker.vision.load import VisionParts
@@ -118,11 +109,8 @@ class Engine(EngineCommands, EngineFigures):
         budget = KvBudget.of(loaded.kv_cost, kv_budget_bytes, batch, loaded.context_limit, why)
         self._sched = Scheduler(self._batch, batch, self.plan, budget)
         self._sched.serial_prefill = not padded_prefill_agrees(loaded.model)
-        # A row's first token from its prefill forward, not a decode forward of its last
-        # prompt token (model/head.py): plain KV only (a boundary snapshot of other caches is
-        # taken before that token enters them), and not with whole-block prefill (blocks.py).
-        if first_token_from_prefill and self.trimmable and blocks.block == 0:
-            self._batch.head = head.probe(loaded.model)
+        # A row's first token from its prefill forward (model/head.py), where it may be.
+        self._batch.head = head.choose(loaded.model, first_token_from_prefill, self.trimmable)
         self.dead: str | None = None  # why the engine thread stopped unexpectedly
         self._gone = False  # the thread made its last take from the inbox (stopped or dead)
         self.closing = False  # a drain passed its deadline: admit nothing more
@@ -257,37 +245,6 @@ class Engine(EngineCommands, EngineFigures):
             self._trace(st)
         except Exception:  # an observer: never a reason to stop the engine
             log.exception("step trace callback failed")
-
-    def _handle(self, cmd: Command) -> None:
-        """Dispatch one inbox command (on the engine thread, between steps)."""
-        match cmd:
-            case Submit(sub):
-                if self.closing:
-                    sub.sink(Event.failure(Unavailable("This worker is draining")))
-                elif sub.cancelled:  # its client left first: counted here, its Cancel finds none
-                    self._batch.cancellations += 1
-                    if sub.cancel_reason is not None:
-                        sub.sink(Event.failure(sub.cancel_reason))
-                else:
-                    self._sched.add(sub)
-            case Cancel(sub):
-                if not self._sched.cancel(sub):
-                    self._batch.drop(sub)
-            case PersistCache(done):
-                if self.cache is not None:
-                    self.cache.writes.persist_all()
-                done.set()
-            case CloseSession(session, done):
-                if self.cache is not None:
-                    self.cache.close_session(session)
-                done.set()
-            case Stop():
-                self._stopping = True
-            case RunJob(job):
-                if self.closing:
-                    job.fail(Unavailable("This worker is draining"))
-                else:
-                    job.run(self._stream)
 
     def _new_generator(self) -> BatchGenerator:
         if self.adapters is not None:  # the old generator's uids mean nothing to the new one

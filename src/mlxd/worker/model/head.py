@@ -25,6 +25,8 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx_lm.models.cache import make_prompt_cache
 
+from mlxd.worker.model import blocks
+
 log = logging.getLogger("mlxd.worker.model")
 
 # Ids every vocabulary has; eight positions, so a gathered forward differs in shape.
@@ -103,6 +105,19 @@ def gathered(site: Site, positions: mx.array) -> Iterator[None]:
         yield
     finally:
         site.parent[site.name] = inner
+
+
+def choose(model: nn.Module, wanted: bool, trimmable: bool) -> Site | None:
+    """The head a row's first token is read from in its prefill forward, or None for
+    mlx-lm's order (a decode forward of the last prompt token): plain KV only (a boundary
+    snapshot of other caches is taken before that token enters them), not with whole-block
+    prefill (blocks.py), and only where the probe finds the head."""
+    if not (wanted and trimmable and blocks.block == 0):
+        return None
+    site = probe(model)
+    if site is not None:
+        log.info("first tokens from the prefill forward (its head on one position a row)")
+    return site
 
 
 def probe(model: nn.Module) -> Site | None:
