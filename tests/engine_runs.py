@@ -63,3 +63,17 @@ def assert_greedy(model, prompts: dict[str, list[int]], got: dict[str, list[int]
     for rid, prompt in prompts.items():
         want = [int(t) for t, _ in generate_step(mx.array(prompt), model, max_tokens=n)]
         assert got[rid] == want, rid
+
+
+class CountingModel:
+    """The model, recording the length of each forward call."""
+
+    def __init__(self, model):
+        self.model, self.calls = model, []
+
+    def __call__(self, tokens, cache=None):
+        self.calls.append(tokens.shape[1])
+        return self.model(tokens, cache=cache)
+
+    def __getattr__(self, name):
+        return getattr(self.model, name)

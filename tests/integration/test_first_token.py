@@ -9,7 +9,7 @@ import random
 
 import mlx.core as mx
 import pytest
-from engine_runs import assert_greedy, greedy_run
+from engine_runs import CountingModel, assert_greedy, greedy_run
 from mlx_lm.models.cache import make_prompt_cache
 from mlx_lm.utils import load_model as mlx_load
 
@@ -63,20 +63,6 @@ def test_a_model_whose_head_is_elsewhere_keeps_mlx_lms_order(loaded):
 
     assert head.find_site(Headless()) is None
     assert head.probe(Headless()) is None
-
-
-class CountingModel:
-    """The model, recording the length of each forward call."""
-
-    def __init__(self, model):
-        self.model, self.calls = model, []
-
-    def __call__(self, tokens, cache=None):
-        self.calls.append(tokens.shape[1])
-        return self.model(tokens, cache=cache)
-
-    def __getattr__(self, name):
-        return getattr(self.model, name)
 
 
 def _first_tokens(loaded, fold: bool, prompts: list[list[int]]):

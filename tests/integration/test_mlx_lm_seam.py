@@ -7,6 +7,7 @@ from __future__ import annotations
 import mlx.core as mx
 import mlx.nn as nn
 import pytest
+from engine_runs import CountingModel
 from mlx_lm.generate import GenerationBatch, PromptProcessingBatch
 from mlx_lm.models.cache import BatchKVCache
 from mlx_lm.tokenizer_utils import TokenizerWrapper
@@ -61,20 +62,6 @@ def test_every_private_name_the_seam_uses_exists_with_its_type(loaded):
             assert isinstance(getattr(obj, name), EXPECTED_TYPES[name]), (cls, name)
     assert isinstance(made[GenerationBatch]._next_tokens, mx.array)  # empty: nothing sampled yet
     assert hasattr(made[TokenizerWrapper]._tokenizer, "chat_template")
-
-
-class CountingModel:
-    """The model, recording the length of each forward call."""
-
-    def __init__(self, model):
-        self.model, self.calls = model, []
-
-    def __call__(self, tokens, cache=None):
-        self.calls.append(tokens.shape[1])
-        return self.model(tokens, cache=cache)
-
-    def __getattr__(self, name):
-        return getattr(self.model, name)
 
 
 def test_mlx_lm_decodes_through_our_batch_and_prefills_in_our_chunks(loaded):

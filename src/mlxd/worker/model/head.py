@@ -53,13 +53,8 @@ class _GatherLinear(nn.Module):
         return self.inner(_pick(x, self.positions))
 
 
-class _GatherEmbedding(nn.Module):
+class _GatherEmbedding(_GatherLinear):
     """A tied embedding: looks tokens up as before; its `as_linear` sees only the positions."""
-
-    def __init__(self, inner, positions: mx.array):
-        super().__init__()
-        self.inner = inner
-        self.positions = positions
 
     def __call__(self, x):
         return self.inner(x)
