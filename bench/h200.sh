@@ -110,7 +110,7 @@ first-token)
   # forward (worker/model/head.py) (~5 min, the 8B build included).
   for f in --mlx-lm-first-token ""; do
     timeout 270 python3 -m bench extend --shape qwen3-8b --prefix 6000 --history 300 --new 270 \
-      --rows 1,4,8 --repeats 4 --buckets $f 2>&1 | grep -v tokenizer | tee "$out/extend-8b$f.md"
+      --rows 1,4,8 --repeats 3 --buckets $f 2>&1 | grep -v tokenizer | tee "$out/extend-8b$f.md"
   done
   ;;
 restore)
