@@ -23,6 +23,7 @@
 #                                 # padded to buckets (shape_buckets.py) (~6 min, 8B built)
 #   bash bench/h200.sh first-token # issue 33: the same rows (shape buckets on), first tokens from
 #                                 # a decode forward, then from the prefill forward (~5 min)
+#   bash bench/h200.sh first-token-small # the same on the 0.6B shape (~2 min)
 #   bash bench/h200.sh restore    # issue 34: gemma3-12b's SSD restore phase by phase, with the
 #                                 # engine's first step on it; bench.cuda_memory (~3 min)
 #   bash bench/h200.sh families  # issue 34: gemma3-12b (sliding window) then nemotron-h-8b
@@ -111,6 +112,13 @@ first-token)
   for f in --mlx-lm-first-token ""; do
     timeout 270 python3 -m bench extend --shape qwen3-8b --prefix 6000 --history 300 --new 270 \
       --rows 1,4,8 --repeats 3 --buckets $f 2>&1 | grep -v tokenizer | tee "$out/extend-8b$f.md"
+  done
+  ;;
+first-token-small)
+  # The same on the 0.6B shape (~2 min: its build is seconds).
+  for f in --mlx-lm-first-token ""; do
+    timeout 200 python3 -m bench extend --shape qwen3-0.6b --prefix 6000 --history 300 --new 270 \
+      --rows 1,4,8 --repeats 3 --buckets $f 2>&1 | grep -v tokenizer | tee "$out/extend-0.6b$f.md"
   done
   ;;
 restore)
