@@ -17,7 +17,7 @@ from ssd_entries import KEY, LAYOUT, arrays, orjson_load, seeded
 from mlxd.worker.cache import digest as cache_digest
 from mlxd.worker.cache import format as cache_format
 from mlxd.worker.cache import kinds as cache_kinds
-from mlxd.worker.cache import ssd as ssd_module
+from mlxd.worker.cache import restore_read
 from mlxd.worker.cache.layout import safe_name, ssd_folder
 from mlxd.worker.cache.restore_read import read_tensors
 from mlxd.worker.cache.safetensors_file import MAX_HEADER_BYTES
@@ -195,7 +195,7 @@ def test_read_error_skips_the_entry(tmp_path, monkeypatch):
     def eio(path, piece_bytes):
         raise OSError(errno.EIO, "Input/output error")
 
-    monkeypatch.setattr(ssd_module, "read_hashed", eio)
+    monkeypatch.setattr(restore_read, "read_hashed", eio)
     assert store.read(entry) is None
     assert store.stats["read_errors"] == 1 and store.best("", [1, 2, 3]) == (None, 0)
 

@@ -1,6 +1,7 @@
 """An SSD entry's data file read into one buffer per tensor (the restore's read on MLX).
 
-`read_tensors` reads the header first, asks `make` for one writable buffer per tensor (MLX
+`read_checked` is the SSD store's read with its checks, either way it reads. `read_tensors`
+reads the header first, asks `make` for one writable buffer per tensor (MLX
 arrays made all at once, kv_arrays.mlx_buffers), then reads and hashes the file's pieces
 into them on threads (digest.read_into). Each tensor then is an MLX array already: no copy
 after the read, and no buffer shared between tensors.
@@ -19,7 +20,8 @@ from pathlib import Path
 
 import numpy as np
 
-from mlxd.worker.cache.digest import read_into
+from mlxd.worker.cache.digest import read_hashed, read_into
+from mlxd.worker.cache.format import Layout, SsdEntry, check_entry, check_file, decode_entry
 from mlxd.worker.cache.safetensors_file import TensorSpec, header_length, parse_header
 
 Buffers = Callable[[list[TensorSpec]], list[np.ndarray]]
@@ -45,3 +47,18 @@ def read_tensors(
     for b in bufs:
         b.flags.writeable = False  # shared by every request restoring it (keys._read_once)
     return size, {t.name: b for t, b in zip(specs, bufs)}, digest
+
+
+def read_checked(
+    path: Path, e: SsdEntry, layout: Layout | None, buffers: Buffers | None
+) -> dict[str, np.ndarray]:
+    """Entry `e`'s arrays from its data file at `path`, its size, digest, token ids and (with
+    a layout) shapes checked: into one buffer per tensor from `buffers`, or with None into
+    one NumPy buffer for the whole file (digest.read_hashed). Raises OSError for the disk,
+    LayoutMismatch for another model's entry, anything else for damage."""
+    if buffers is None:
+        data, digest = read_hashed(path, e.piece_bytes)
+        return decode_entry(data, digest, e, layout)
+    size, arrays, digest = read_tensors(path, e.piece_bytes, buffers)
+    check_file(size, digest, e)
+    return check_entry(arrays, e, layout)

@@ -19,17 +19,14 @@ from pathlib import Path
 
 import numpy as np
 
-from mlxd.worker.cache.digest import PIECE_BYTES, read_hashed
+from mlxd.worker.cache.digest import PIECE_BYTES
 from mlxd.worker.cache.format import (
     DATA_SUFFIX,
     META_SUFFIX,
     Layout,
     LayoutMismatch,
     SsdEntry,
-    check_entry,
-    check_file,
     data_path,
-    decode_entry,
     encode_entry,
     entry_key,
     entry_paths,
@@ -39,7 +36,7 @@ from mlxd.worker.cache.format import (
 )
 from mlxd.worker.cache.kinds import trims
 from mlxd.worker.cache.quiet_log import QuietLog
-from mlxd.worker.cache.restore_read import Buffers, read_tensors
+from mlxd.worker.cache.restore_read import Buffers, read_checked
 from mlxd.worker.cache.ssd_index import SsdIndex
 from mlxd.worker.cache.ssd_leftovers import Leftovers, is_temporary
 
@@ -48,6 +45,12 @@ log = logging.getLogger("mlxd.worker.ssd")
 # After a failed write (a full disk, a read-only folder) writes pause this long instead of
 # failing one by one, each after writing most of a file.
 WRITE_PAUSE_S = 30.0
+# The store's counters (`stats`); bytes_written counts data files and sidecars that reached
+# the disk.
+STATS = (
+    "hits restores writes bytes_written corrupt evictions rejected write_errors write_skipped"
+    " read_errors delete_errors scan_errors"
+).split()
 
 
 class SsdStore:
@@ -79,20 +82,7 @@ class SsdStore:
         self._paused_until = 0.0  # writes skip until then (monotonic), after a failed write
         self._quiet = QuietLog(log)
         self.leftovers = Leftovers(folder, self._delete_failed)
-        self.stats = {
-            "hits": 0,
-            "restores": 0,
-            "writes": 0,
-            "bytes_written": 0,  # data files and sidecars that reached the disk
-            "corrupt": 0,
-            "evictions": 0,
-            "rejected": 0,
-            "write_errors": 0,
-            "write_skipped": 0,
-            "read_errors": 0,
-            "delete_errors": 0,
-            "scan_errors": 0,
-        }
+        self.stats = dict.fromkeys(STATS, 0)
 
     def __len__(self) -> int:
         return len(self.index)
@@ -212,7 +202,7 @@ class SsdStore:
             return None
         path = data_path(self.dir, e.key)
         try:
-            arrays = self._read_checked(path, e)
+            arrays = read_checked(path, e, self.layout, self.buffers)
         except FileNotFoundError:  # evicted meanwhile, or removed by hand: a plain miss
             self.index.forget(e)
             return None
@@ -238,16 +228,6 @@ class SsdStore:
             os.utime(path)
         self.stats["restores"] += 1
         return arrays
-
-    def _read_checked(self, path: Path, e: SsdEntry) -> dict[str, np.ndarray]:
-        """The entry's arrays, its size, digest, token ids and layout checked; raises OSError
-        for the disk, LayoutMismatch for another model's entry, anything else for damage."""
-        if self.buffers is None:
-            data, digest = read_hashed(path, e.piece_bytes)
-            return decode_entry(data, digest, e, self.layout)
-        size, arrays, digest = read_tensors(path, e.piece_bytes, self.buffers)
-        check_file(size, digest, e)
-        return check_entry(arrays, e, self.layout)
 
     def write(
         self,
