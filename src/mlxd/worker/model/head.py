@@ -26,6 +26,7 @@ import mlx.nn as nn
 from mlx_lm.models.cache import make_prompt_cache
 
 from mlxd.worker.model import blocks
+from mlxd.worker.model.modules import modules_named, parent_of
 
 log = logging.getLogger("mlxd.worker.model")
 
@@ -78,14 +79,10 @@ class Site:
 def find_site(model: nn.Module) -> Site | None:
     """The model's output head (one `lm_head`, else one `embed_tokens`), or None."""
     for name in ("lm_head", "embed_tokens"):
-        keys = [k for k, _ in model.named_modules() if k.split(".")[-1] == name]
-        if len(keys) == 1:
-            *path, last = keys[0].split(".")
-            parent = model
-            for part in path:
-                parent = parent[int(part)] if isinstance(parent, list) else parent[part]
-            return Site(parent, last)
-        if keys:
+        named = modules_named(model, name)
+        if len(named) == 1:
+            return Site(parent_of(model, named[0][0]), name)
+        if named:
             return None
     return None
 

@@ -14,6 +14,8 @@ from mlx_lm.generate import BatchGenerator
 from mlx_lm.models.cache import BatchKVCache
 from mlx_lm.tokenizer_utils import TokenizerWrapper
 
+from mlxd.worker.model.modules import modules_named
+
 
 class SeamError(RuntimeError):
     """mlx-lm no longer has an attribute mlxd relies on: the seam needs updating."""
@@ -114,7 +116,7 @@ def swap_embedding(model, wrap: Callable[[Any], Any]) -> Any:
     """Put `wrap(embedding)` in place of the text model's token embedding (the module named
     `embed_tokens`, wherever the family nests it) and return the wrapper. The wrapper keeps
     the original's `as_linear`, which tied output heads call."""
-    named = [(k, m) for k, m in model.named_modules() if k.split(".")[-1] == "embed_tokens"]
+    named = modules_named(model, "embed_tokens")
     if len(named) != 1:
         raise SeamError(f"expected one embed_tokens module, found {[k for k, _ in named]}")
     key, inner = named[0]

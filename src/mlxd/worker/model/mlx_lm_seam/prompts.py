@@ -37,32 +37,37 @@ def hand_over_prompted(gen: BatchGenerator) -> list:
     its prompt's boundary is taken from the prompt batch after the step (Batch.snapshot),
     before the last token enters its cache."""
     require(gen, "_currently_processing")
-    responses = []
-    for folded in (True, False):
-        rows = gen._currently_processing  # [segments left, prefilled, total] per prompt row
-        if folded:
-            done = [i for i, (segments, _, _) in enumerate(rows) if not segments]
-        else:
-            done = [
-                i for i, (segments, _, _) in enumerate(rows) if [len(s) for s in segments] == [1]
-            ]
-        if not done:
-            continue
-        totals = [rows[i][2] for i in done]
-        gone = set(done)
-        with mx.stream(gen.stream):
-            gen._currently_processing = [r for i, r in enumerate(rows) if i not in gone]
-            split = gen._prompt_batch.split(done)
-            if folded:
-                moved = _sampled_from_prefill(split)
-            else:
-                moved = split.generate([rows[i][0][0] for i in done])
-            gen._generation_batch.extend(moved)
-        responses += [
-            PromptProcessingBatch.Response(uid, (n, n), True, True)
-            for uid, n in zip(moved.uids, totals, strict=True)
-        ]
-    return responses
+    # Folded rows: their whole prompt is in their caches (no segment left).
+    folded = _hand_over(gen, lambda segments: not segments, lambda b, _: _sampled_from_prefill(b))
+    # Rows whose last token stayed apart: it is their one segment left.
+    apart = _hand_over(
+        gen,
+        lambda segments: [len(s) for s in segments] == [1],
+        lambda b, segments: b.generate([s[0] for s in segments]),
+    )
+    return folded + apart
+
+
+def _hand_over(
+    gen: BatchGenerator,
+    ended: Callable[[list], bool],
+    start: Callable[[PromptProcessingBatch, list], GenerationBatch],
+) -> list:
+    """Move the prompt rows whose segments left satisfy `ended` to the decode batch, their
+    first token sampled by `start(their prompt batch, their segments left)`."""
+    rows = gen._currently_processing  # [segments left, prefilled, total] per prompt row
+    done = [i for i, (segments, _, _) in enumerate(rows) if ended(segments)]
+    if not done:
+        return []
+    gone = set(done)
+    with mx.stream(gen.stream):
+        gen._currently_processing = [r for i, r in enumerate(rows) if i not in gone]
+        moved = start(gen._prompt_batch.split(done), [rows[i][0] for i in done])
+        gen._generation_batch.extend(moved)
+    return [
+        PromptProcessingBatch.Response(uid, (rows[i][2],) * 2, True, True)
+        for uid, i in zip(moved.uids, done, strict=True)
+    ]
 
 
 # -- a row's first token from its prefill forward (prefill.py, head.py) ----------------------
