@@ -29,7 +29,7 @@ from .client import BenchError, StreamResult, Target, stream_chat
 from .context import Context, Figure, _order, _percentile, at_once
 from .models import tests_module
 from .session import MODEL_A
-from .workloads import SERVER_FAILED
+from .turns import SERVER_FAILED
 
 BASE = "mlxd_base"  # mlxd with every row on the base model, in the same run
 SCALE = 20.0  # mlx-lm lora's default scale

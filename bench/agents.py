@@ -28,7 +28,7 @@ from . import served
 from .agent_prompts import hit_ratio, openai_tools, session_messages
 from .client import StreamResult, Target, stream_chat
 from .context import Context, Figure, _check_length, _order, _percentile, at_once
-from .workloads import _hold_device
+from .turns import hold_device
 
 
 @dataclass(frozen=True)
@@ -135,7 +135,7 @@ def agents(sz: AgentSizes):
             figs = level_figures(k)
             for run in range(sz.repeats):
                 for t in _order([ctx.mlxd, ctx.mlx_lm], run):
-                    await _hold_device(ctx, t)
+                    await hold_device(ctx, t)
                     r = await run_sessions(ctx, t, k, sz)
                     for s in r.turns:
                         for x in s:
@@ -161,7 +161,7 @@ def burst(sz: AgentSizes):
         agg = Figure("burst", f"aggregate tok/s ×{n}", "tok/s", True)
         for run in range(sz.repeats):
             for t in _order([ctx.mlxd, ctx.mlx_lm], run):
-                await _hold_device(ctx, t)
+                await hold_device(ctx, t)
                 rs, wall = await at_once(ctx, [t] * n, sz.burst_prompt, sz.burst_tokens, "burst")
                 for r in rs:
                     _check_length(agg, r, sz.burst_tokens)

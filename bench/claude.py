@@ -34,7 +34,7 @@ from .agent_prompts import claude_body, claude_chat, hit_ratio, openai_tools
 from .client import BenchError, Target, stream_chat
 from .context import Context, Figure, _order, _percentile
 from .metrics import metric_sums
-from .workloads import _hold_device
+from .turns import hold_device
 
 
 @dataclass(frozen=True)
@@ -181,7 +181,7 @@ def claude(sz: ClaudeSizes, apis: set[str]):
         msg, chat = _figs("messages", ""), _figs("chat", "mlx_lm")
         for run in range(sz.repeats):
             for t in _order([ctx.mlxd, ctx.mlx_lm], run):
-                await _hold_device(ctx, t)
+                await hold_device(ctx, t)
                 # A fresh project each time, so no session starts from another's cache.
                 if t is ctx.mlxd and "messages" in apis:
                     project = ctx.prompt(sz.instructions, "claude")

@@ -26,7 +26,7 @@ import dataclasses
 import time
 from dataclasses import dataclass
 
-from . import context, served, workloads
+from . import context, served, turns, workloads
 from .agent_prompts import hit_ratio
 from .client import BenchError, StreamResult, Target, stream_chat
 from .context import Context, Figure, _order
@@ -225,7 +225,7 @@ class MultiTurn:
             try:
                 for t in _order([ctx.mlxd, ctx.mlx_lm], run):
                     await _conversation(ctx, t, self.sz, self.figs, notes)
-            except workloads.SERVER_FAILED as exc:  # the figures of the runs done still count
+            except turns.SERVER_FAILED as exc:  # the figures of the runs done still count
                 notes.append(f"multi-turn run {run + 1}: failed: {type(exc).__name__}: {exc}")
             if ctx.unload_mlxd is None and not self.shown:
                 notes.append("multi-turn: no unload and reload, the supervisor is not running")

@@ -12,12 +12,11 @@ from __future__ import annotations
 import asyncio
 import time
 
-import aiohttp
-
-from .client import BenchError, Target, stream_chat
+from .client import Target, stream_chat
 from .context import Context, Figure, _check_length, _one, _order, _percentile
 from .metrics import SSD_WRITTEN, engine_first, engine_first_means, ssd_written_bytes
 from .servers import bare_load
+from .turns import SERVER_FAILED, failed, hold_device
 
 WORKLOADS = ("single", "longprompt", "concurrency", "proxy", "multiturn", "swap")
 
@@ -85,14 +84,14 @@ async def longprompt(ctx: Context) -> list[Figure]:
         )
     for run in range(s.repeats):
         for t in _order([ctx.mlxd, ctx.mlx_lm], run):
-            await _hold_device(ctx, t)
+            await hold_device(ctx, t)
             for n, ttft, rate, together in sizes:
                 try:
                     res = await _one(ctx, t, ctx.prompt(n, "long"), 8)
                     ttft.add(t.name, res.ttft_s)
                     rate.add(t.name, (res.prompt_tokens or n) / res.ttft_s)
                 except SERVER_FAILED as exc:
-                    _failed(ttft, t, exc)
+                    failed(ttft, t, exc)
                 many = await asyncio.gather(
                     *(_one(ctx, t, ctx.prompt(n, "long"), 8) for _ in range(s.long_clients)),
                     return_exceptions=True,  # every request ends before the next measurement
@@ -100,41 +99,10 @@ async def longprompt(ctx: Context) -> list[Figure]:
                 if errors := [r for r in many if isinstance(r, BaseException)]:
                     if not all(isinstance(e, SERVER_FAILED) for e in errors):
                         raise errors[0]
-                    _failed(together, t, errors[0])  # out of memory, ...
+                    failed(together, t, errors[0])  # out of memory, ...
                 else:
                     together.add(t.name, max(r.ttft_s for r in many))
     return [fig for _, *figs in sizes for fig in figs]
-
-
-# What a server that cannot serve a request raises here: an error answer, a broken
-# connection, a timeout.
-SERVER_FAILED = (BenchError, aiohttp.ClientError, asyncio.TimeoutError)
-
-
-def _failed(fig: Figure, t: Target, exc: Exception) -> None:
-    """A server that failed a request (a baseline out of memory, ...): said once in the
-    figure's note, and the run goes on with the figures it can still measure."""
-    said = f"{t.name} failed ("
-    if said not in fig.note:
-        why = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:160]
-        fig.note += f"{said}{why}). "
-
-
-async def _hold_device(ctx: Context, t: Target) -> None:
-    """With `exclusive`, give `t` the whole device: before mlx_lm.server's turn unload mlxd's
-    model (and start mlx_lm.server again if it was stopped); before mlxd's, stop mlx_lm.server
-    (where the context can: its model, prompt cache and buffers otherwise stay on the device)
-    and load mlxd's model again (untimed, with a short request)."""
-    if not ctx.sizes.exclusive or ctx.unload_mlxd is None:
-        return
-    if t is ctx.mlx_lm:
-        await ctx.unload_mlxd()
-        if ctx.ensure_mlx_lm is not None:
-            await ctx.ensure_mlx_lm()
-    else:
-        if ctx.stop_mlx_lm is not None:
-            await ctx.stop_mlx_lm()
-        await _one(ctx, t, "warm up", 2)
 
 
 async def _engine_level(ctx: Context, t: Target, c: int, agg: Figure, parts: list[Figure]):
