@@ -224,6 +224,7 @@ class MultiTurn:
         async def part(ctx: Context, notes: list[str]) -> list[Figure]:
             try:
                 for t in _order([ctx.mlxd, ctx.mlx_lm], run):
+                    await turns.hold_device(ctx, t)  # with --exclusive: the device to itself
                     await _conversation(ctx, t, self.sz, self.figs, notes)
             except turns.SERVER_FAILED as exc:  # the figures of the runs done still count
                 notes.append(f"multi-turn run {run + 1}: failed: {type(exc).__name__}: {exc}")
