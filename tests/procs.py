@@ -54,6 +54,10 @@ def start_worker(
         str(socket),
         *args,
     ]
+    if "--ssd-read-ahead" not in args:
+        # Each test here counts the restores its own requests make; the read-ahead at start
+        # (tests/e2e/test_ssd_read_ahead.py) would race them for the same entries.
+        cmd.append("--no-ssd-read-ahead")
     if "--ssd-cache-dir" not in args and "--no-ssd-cache" not in args:
         # Never the user's home, and one folder per socket so test modules stay independent.
         cmd += ["--ssd-cache-dir", str(socket.parent / f"cache-{socket.stem}")]

@@ -28,7 +28,8 @@ def family_dirs(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def daemon(make_module_daemon, family_dirs):
-    return make_module_daemon(models=family_dirs)
+    # Each family's SSD restore through a request (the read-ahead would make it a RAM hit).
+    return make_module_daemon(models=family_dirs, env={"MLXD_SSD_READ_AHEAD": "false"})
 
 
 @pytest.fixture(scope="module")

@@ -25,6 +25,8 @@ from mlxd.worker.api import openai as openai_routes
 from mlxd.worker.api import responses as responses_routes
 from mlxd.worker.api import transcriptions as transcriptions_routes
 from mlxd.worker.api.adapters import add_adapter_routes, mount_configured
+from mlxd.worker.cache.keys import read_once
+from mlxd.worker.cache.read_ahead import read_ahead
 from mlxd.worker.chat.state import WorkerState
 from mlxd.worker.embed.load import load_embedder
 from mlxd.worker.engine.assemble import make_engine, make_prompt_cache
@@ -192,8 +194,14 @@ async def serve(cfg: WorkerSpec) -> int:
         state.loaded.context_limit,
         cfg.batch,
     )
+    # A group's ranks each hold a shard of every entry: one rank alone must not warm its RAM.
+    ahead: asyncio.Task | None = None
+    if cfg.ssd_read_ahead and cfg.group is None:
+        ahead = asyncio.create_task(read_ahead(state, read_once))
 
     await stop.wait()
+    if ahead is not None:
+        ahead.cancel()
     if parent_gone.is_set():
         exit_code = EXIT_PARENT_GONE
     await shutdown(state, runner, grace_s=0.0 if parent_gone.is_set() else cfg.grace_s)

@@ -167,6 +167,12 @@ def _flag_parser(log_level: str) -> argparse.ArgumentParser:
         default=_default("ssd_cache_bytes"),
         help="SSD tier cap in bytes (default 20 GiB)",
     )
+    p.add_argument(
+        "--ssd-read-ahead",
+        action=argparse.BooleanOptionalAction,
+        default=_default("ssd_read_ahead"),
+        help="once ready, read the newest SSD entries into the RAM tier's room (default on)",
+    )
     _opt(
         p,
         "cache_quiet_s",

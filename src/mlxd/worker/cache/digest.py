@@ -79,7 +79,7 @@ def read_hashed(path: Path, piece_bytes: int) -> tuple[np.ndarray, str]:
     with open(path, "rb", buffering=0) as f:
         buf = np.empty(os.fstat(f.fileno()).st_size, dtype=np.uint8)
         digest = read_into(f.fileno(), piece_bytes, [(0, buf)])
-    buf.flags.writeable = False  # shared by every request restoring it (keys._read_once)
+    buf.flags.writeable = False  # shared by every request restoring it (keys.read_once)
     return buf, digest
 
 

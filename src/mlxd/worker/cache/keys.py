@@ -87,7 +87,7 @@ async def make_cache_key(
     entry = cache.ssd_candidate(key.ns, prompt)
     if entry is not None:
         try:
-            arrays = await _read_once(cache, entry)
+            arrays = await read_once(cache, entry)
         except Exception:  # the SSD tier is an optimisation: a failed read is a miss
             log.exception("reading SSD cache entry %s failed", entry.key)
             arrays = None
@@ -99,7 +99,7 @@ async def make_cache_key(
 _reads: dict[str, asyncio.Task] = {}
 
 
-async def _read_once(cache, entry):
+async def read_once(cache, entry):
     """One read of an SSD entry however many requests want it at once (say, agents sharing a
     system prompt right after a restart): they share the arrays instead of each holding a copy."""
     task = _reads.get(entry.key)

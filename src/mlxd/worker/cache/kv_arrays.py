@@ -144,7 +144,7 @@ def _mlx_view(a: np.ndarray) -> mx.array | None:
         return None
     # Another array on the same memory, never the owner itself: a sliding window rotates in
     # place (`keys[..., i, :] = ...`), and MLX would then write into the owner's buffer,
-    # the read every request restoring this entry shares (keys._read_once).
+    # the read every request restoring this entry shares (keys.read_once).
     return owner.reshape(a.shape)
 
 

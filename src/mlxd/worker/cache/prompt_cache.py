@@ -56,6 +56,7 @@ class PromptCache:
             max_queued_writes=max_queued_writes,
         )
         self.ssd_hits = 0
+        self.read_ahead = {"entries": 0, "bytes": 0, "done": 0}  # read_ahead.py's tally
         self.reply_splices = 0  # prompts that got a reply's generated ids back (replies.py)
 
     def start(self) -> None:
@@ -131,12 +132,7 @@ class PromptCache:
     ) -> tuple[list, int, str] | None:
         if self.ram.peek(ns, prompt) >= len(e.tokens):
             return None
-        assert self.ssd is not None  # fetch restores only with an SSD tier
-        layout = self.ssd.layout
-        if layout is None:
-            raise LayoutMismatch("no layout to check the entry against")
-        check_layout(arrays, layout, len(e.tokens))  # again: the arrays may be shared
-        layers = from_numpy(arrays, layout)
+        layers, layout = self._layers(e, arrays)
         self.ssd_hits += 1
         if self.ram.insert(ns, e.tokens, layers, e.session, True, replies=e.replies) is None:
             # Too large to keep in RAM: serve this request straight from the restore.
@@ -144,6 +140,26 @@ class PromptCache:
             n = usable_length(len(e.tokens), common, len(prompt), trims(layout), False)
             return view(layers, n, len(e.tokens)), n, "ssd"
         return None
+
+    def warm(self, e: SsdEntry, arrays: dict) -> bool:
+        """Put a read SSD entry into the RAM tier ahead of any request (read_ahead.py): False
+        when RAM already covers it or has no room for it (nothing is evicted for it)."""
+        if self.ram.peek(e.ns, list(e.tokens)) >= len(e.tokens):
+            return False
+        if self.ram.cap_bytes - self.ram.nbytes < e.file_bytes:
+            return False
+        layers, _ = self._layers(e, arrays)
+        entry = self.ram.insert(e.ns, e.tokens, layers, e.session, True, replies=e.replies)
+        return entry is not None
+
+    def _layers(self, e: SsdEntry, arrays: dict) -> tuple[list, Layout]:
+        """The caches of a read entry, its shapes checked again (the arrays may be shared)."""
+        assert self.ssd is not None  # only entries of the SSD tier come here
+        layout = self.ssd.layout
+        if layout is None:
+            raise LayoutMismatch("no layout to check the entry against")
+        check_layout(arrays, layout, len(e.tokens))
+        return from_numpy(arrays, layout), layout
 
     def store(
         self,
@@ -189,6 +205,7 @@ class PromptCache:
             "cache_spills": writes.spills,
             "cache_demotions": writes.demotions,
             "cache_reply_splices": self.reply_splices,
+            **{f"cache_read_ahead_{k}": n for k, n in self.read_ahead.items()},
         }
         if self.ssd is not None:
             s, w = self.ssd.stats, writes.writer

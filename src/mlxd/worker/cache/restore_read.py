@@ -45,7 +45,7 @@ def read_tensors(
         segments = [(0, head_buf)] + [(t.start, b) for t, b in zip(specs, bufs)]
         digest = read_into(fd, piece_bytes, segments)
     for b in bufs:
-        b.flags.writeable = False  # shared by every request restoring it (keys._read_once)
+        b.flags.writeable = False  # shared by every request restoring it (keys.read_once)
     return size, {t.name: b for t, b in zip(specs, bufs)}, digest
 
 

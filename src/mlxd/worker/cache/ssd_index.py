@@ -28,6 +28,11 @@ class SsdIndex:
     def __contains__(self, key: str) -> bool:
         return key in self._entries
 
+    def entries(self) -> list[SsdEntry]:
+        """Every entry, a snapshot."""
+        with self._lock:
+            return list(self._entries.values())
+
     def clear(self) -> None:
         with self._lock:
             self._entries.clear()
