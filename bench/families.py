@@ -109,7 +109,8 @@ def turn_figures(sz: FamilySizes) -> dict[str, Figure]:
             after,
             "s",
             False,
-            note="mlxd: restored from its SSD tier; mlx_lm.server: its cold re-prefill (its "
+            note="mlxd: from its SSD tier (read into RAM by its read-ahead once loaded, or "
+            "restored by the request); mlx_lm.server: its cold re-prefill (its "
             "cache does not outlive an unload or restart).",
         ),
         "reload_hit": Figure(mt, "turn 2 prompt from cache after reload", "%", True, base=""),
@@ -154,6 +155,12 @@ async def _reload(ctx: Context, figs: dict[str, Figure], notes: list[str]) -> No
         notes.append(f"drain report (mlxd's first unload): {unload.get('drain')}")
     async with t.session() as http:  # the new worker's first request: kernels, buffers
         await stream_chat(http, t, [{"role": "user", "content": "warm up"}], 2)
+        # The resend that follows meets what the read-ahead (on by default) put in RAM by now.
+        async with http.get("/admin/stats") as r:
+            body = (await r.json()).get("workers", {}).get(t.model, {}).get("body", {})
+    ahead = {k[len("cache_read_ahead_") :]: v for k, v in body.items() if "read_ahead" in k}
+    run = len(figs["load"].samples.get(t.name, []))
+    notes.append(f"mlxd's SSD read-ahead before run {run}'s resend: {ahead or 'not reported'}")
 
 
 def _hit(res: StreamResult) -> float | None:

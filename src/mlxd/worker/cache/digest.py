@@ -24,7 +24,7 @@ import numpy as np
 
 PIECE_BYTES = 4 << 20
 MAX_PIECES = 1 << 16  # a sidecar asking for more (tiny pieces of a big file) is damaged
-MAX_THREADS = 8
+MAX_THREADS = 16  # reading + hashing 1.36 GB on the H100 host: 8 threads 255 ms, 16 146 ms
 
 _pool: ThreadPoolExecutor | None = None
 _pool_lock = threading.Lock()
