@@ -18,7 +18,10 @@ def cache_stats(d) -> dict:
     return d.http.get("/admin/stats").json()["workers"]["a"]["body"]
 
 
-@pytest.mark.parametrize("ahead", [True, False], ids=["read-ahead", "off"])
+# Off (the long tier): the same conversation restored by its request, as before read-ahead.
+@pytest.mark.parametrize(
+    "ahead", [True, pytest.param(False, marks=pytest.mark.slow)], ids=["read-ahead", "off"]
+)
 def test_a_reloaded_model_serves_its_last_conversation_from_ram(make_daemon, ahead):
     d = make_daemon(env={"MLXD_SSD_READ_AHEAD": str(ahead).lower()})
     cold = chat(d, LONG)

@@ -9,7 +9,9 @@ first, into the RAM tier's free room: while the worker waits for its next reques
 front of it. A request that wants an entry being read shares that read (keys.read_once).
 
 Bounds: only the RAM tier's room at the time (nothing already in RAM is evicted for a guess),
-one entry at a time, and it stops when the worker drains.
+only namespaces a request can reach (the base model's, mounted adapters'), one entry at a
+time, and it stops when the worker drains. Entries nobody asks for leave RAM as any idle
+entry does (demotion after `cache_idle_s`).
 """
 
 from __future__ import annotations
@@ -72,7 +74,11 @@ async def read_ahead(state, read_once) -> None:
     if cache is None or cache.ssd is None or cache.ssd.disabled is not None:
         return
     t0 = time.monotonic()
-    chosen = pick(cache.ssd.index.entries(), cache.ram.cap_bytes - cache.ram.nbytes)
+    # Only namespaces a request can reach now: the base model's and each mounted adapter's.
+    mounted = engine.adapters.mounted.values() if engine.adapters is not None else ()
+    names = {state.cache_ns, *(state.cache_ns + m.cache_ns for m in mounted)}
+    entries = [e for e in cache.ssd.index.entries() if e.ns in names]
+    chosen = pick(entries, cache.ram.cap_bytes - cache.ram.nbytes)
     loop = asyncio.get_running_loop()
     for e in chosen:
         if state.draining or cache.ram.cap_bytes - cache.ram.nbytes < e.file_bytes:
