@@ -96,15 +96,20 @@ async def make_cache_key(
     return key
 
 
-_reads: dict[str, asyncio.Task] = {}
+_reads: dict[str, tuple[asyncio.Task, bool]] = {}
 
 
-async def read_once(cache, entry):
+async def read_once(cache, entry, use: bool = True):
     """One read of an SSD entry however many requests want it at once (say, agents sharing a
-    system prompt right after a restart): they share the arrays instead of each holding a copy."""
-    task = _reads.get(entry.key)
-    if task is None:
-        task = asyncio.ensure_future(asyncio.to_thread(cache.read_ssd, entry))
-        _reads[entry.key] = task
-        task.add_done_callback(lambda _t, k=entry.key: _reads.pop(k, None))
-    return await asyncio.shield(task)
+    system prompt right after a restart): they share the arrays instead of each holding a copy.
+    `use`: a request's read (the entry's use counted once); False: the read-ahead's guess."""
+    got = _reads.get(entry.key)
+    if got is None:
+        task = asyncio.ensure_future(asyncio.to_thread(cache.read_ssd, entry, use))
+        got = _reads[entry.key] = (task, use)
+        task.add_done_callback(lambda _t, k=entry.key: _reads.pop(k, None))  # type: ignore[misc]
+    task, counted = got
+    arrays = await asyncio.shield(task)
+    if use and not counted and arrays is not None and cache.ssd is not None:
+        cache.ssd.used(entry)  # a request took what the read-ahead was reading
+    return arrays

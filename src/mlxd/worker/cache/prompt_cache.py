@@ -106,8 +106,8 @@ class PromptCache:
             out += [(e.tokens, e.replies) for e in self.ssd.near(ns, prompt, limit - len(out))]
         return out
 
-    def read_ssd(self, e: SsdEntry) -> dict[str, np.ndarray] | None:
-        return self.ssd.read(e) if self.ssd is not None else None
+    def read_ssd(self, e: SsdEntry, use: bool = True) -> dict[str, np.ndarray] | None:
+        return self.ssd.read(e, use) if self.ssd is not None else None
 
     # -- engine thread ----------------------------------------------------------------------
     def fetch(
@@ -144,12 +144,13 @@ class PromptCache:
     def warm(self, e: SsdEntry, arrays: dict) -> bool:
         """Put a read SSD entry into the RAM tier ahead of any request (read_ahead.py): False
         when RAM already covers it or has no room for it (nothing is evicted for it)."""
-        if self.ram.peek(e.ns, list(e.tokens)) >= len(e.tokens):
-            return False
-        if self.ram.cap_bytes - self.ram.nbytes < e.file_bytes:
+        if self.ram.covers(e.ns, e.tokens) or self.ram.cap_bytes - self.ram.nbytes < e.file_bytes:
             return False
         layers, _ = self._layers(e, arrays)
-        entry = self.ram.insert(e.ns, e.tokens, layers, e.session, True, replies=e.replies)
+        # A guess: evicted before anything a request used (ram.py).
+        entry = self.ram.insert(
+            e.ns, e.tokens, layers, e.session, True, replies=e.replies, guess=True
+        )
         return entry is not None
 
     def _layers(self, e: SsdEntry, arrays: dict) -> tuple[list, Layout]:

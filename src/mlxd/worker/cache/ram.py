@@ -51,6 +51,7 @@ class Entry:
     ram_only: bool = False  # a cache type the SSD tier cannot hold
     hits: int = 0  # reuses of at least EARN_TOKENS, its own or those of prefixes it replaced
     replies: tuple[Reply, ...] = ()  # the generated ids among its tokens (replies.py)
+    guess: bool = False  # read ahead from the SSD tier, no request has used it yet
 
     @property
     def key(self) -> tuple[str, tuple[int, ...]]:
@@ -205,6 +206,17 @@ class RamCache:
             trie = self._tries.get(ns)
             return trie.around(prompt, limit, lambda e: bool(e.replies)) if trie else []
 
+    def covers(self, ns: str, tokens: tuple[int, ...]) -> bool:
+        """Whether an entry holds `tokens` or extends them (best() would leave the last token
+        of an exact match to prefill, so it cannot tell)."""
+        with self._lock:
+            trie = self._tries.get(ns)
+            if trie is None:
+                return False
+            m = trie.search(tokens)
+        exact = m.shorter is not None and len(m.shorter[0]) == len(tokens)
+        return exact or (m.common == len(tokens) and m.longer is not None)
+
     def peek(self, ns: str, prompt: list[int]) -> int:
         return self.best(ns, prompt)[1]
 
@@ -218,6 +230,7 @@ class RamCache:
             if e.key in self._lru:
                 self._lru.move_to_end(e.key)
         e.last_used = self.clock()
+        e.guess = False
         if n >= self.earn_tokens:
             e.hits += 1
         self.stats["hits"] += 1
@@ -233,8 +246,11 @@ class RamCache:
         persisted: bool = False,
         hits: int = 0,
         replies: tuple[Reply, ...] = (),
+        guess: bool = False,
     ) -> Entry | None:
         """Store a compact cache for `tokens`; strict prefixes a trimmable entry covers go.
+        `guess`: the SSD read-ahead's (read_ahead.py), first in line for eviction until a
+        request uses it, each after those inserted before it (they come newest first).
 
         The new entry inherits the hits of the entries it replaces: turn N+1 of a conversation
         extends a prefix that was reused."""
@@ -254,12 +270,19 @@ class RamCache:
                 entry.hits += old.hits
                 entry.replies = entry.replies or old.replies
             self._lru[entry.key] = entry
+            if guess:
+                entry.guess = True
+                self._lru.move_to_end(entry.key, last=False)
             self.nbytes += nbytes
             covered = trie.prefixes_of(tokens) if entry.trimmable else []
             for _, p in covered:
                 trie.remove(p.tokens)
                 self._forget(p)
                 entry.hits += p.hits
+            replaced = [p for _, p in covered] + ([old] if old is not None else [])
+            if entry.guess and any(not p.guess for p in replaced):
+                entry.guess = False  # it stands for what a request used: ranked as that was
+                self._lru.move_to_end(entry.key)
         self._enforce_cap()
         return entry
 
@@ -282,10 +305,14 @@ class RamCache:
     def _enforce_cap(self) -> None:
         while self.nbytes > self.cap_bytes and self._lru:
             with self._lock:
-                # Entries without a session go first; session entries are kept together longest.
+                # Guesses nobody used go first, then entries without a session; session
+                # entries are kept together longest.
                 victim = next(
-                    (e for e in self._lru.values() if e.session is None),
-                    next(iter(self._lru.values())),
+                    (e for e in self._lru.values() if e.guess),
+                    next(
+                        (e for e in self._lru.values() if e.session is None),
+                        next(iter(self._lru.values())),
+                    ),
                 )
             self.drop(victim)
             self.stats["evictions"] += 1

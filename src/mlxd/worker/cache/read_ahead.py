@@ -71,11 +71,14 @@ async def read_ahead(state, read_once) -> None:
     """Read the newest SSD entries into the RAM tier's room (`read_once`: keys.read_once,
     which shares a read with requests that want the same entry). Never raises."""
     cache, engine = state.prompt_cache, state.engine
-    if cache is None or cache.ssd is None or cache.ssd.disabled is not None:
+    if cache is None:
+        return
+    if cache.ssd is None or cache.ssd.disabled is not None:
+        cache.read_ahead["done"] = 1
         return
     t0 = time.monotonic()
     # Only namespaces a request can reach now: the base model's and each mounted adapter's.
-    mounted = engine.adapters.mounted.values() if engine.adapters is not None else ()
+    mounted = list(engine.adapters.mounted.values()) if engine.adapters is not None else []
     names = {state.cache_ns, *(state.cache_ns + m.cache_ns for m in mounted)}
     entries = [e for e in cache.ssd.index.entries() if e.ns in names]
     chosen = pick(entries, cache.ram.cap_bytes - cache.ram.nbytes)
@@ -83,8 +86,10 @@ async def read_ahead(state, read_once) -> None:
     for e in chosen:
         if state.draining or cache.ram.cap_bytes - cache.ram.nbytes < e.file_bytes:
             break
+        if cache.ram.covers(e.ns, e.tokens):  # a request brought it (or more) back already
+            continue
         try:
-            arrays = await read_once(cache, e)
+            arrays = await read_once(cache, e, use=False)
             if arrays is None:  # gone or damaged meanwhile (the store dropped it)
                 continue
             job = _Warm(cache, e, arrays, loop)

@@ -195,9 +195,10 @@ class SsdStore:
         self._remove(e)
 
     # -- data -------------------------------------------------------------------------------
-    def read(self, e: SsdEntry) -> dict[str, np.ndarray] | None:
+    def read(self, e: SsdEntry, use: bool = True) -> dict[str, np.ndarray] | None:
         """The entry's arrays after checking size, hash, token ids and (with a layout) shapes;
-        None, and the entry dropped, when anything is off."""
+        None, and the entry dropped, when anything is off. `use`: a request's read (counted,
+        and the entry's recency renewed: `used`); the read-ahead's guesses are neither."""
         if self.disabled is not None:
             return None
         path = data_path(self.dir, e.key)
@@ -223,11 +224,17 @@ class SsdStore:
             self.stats["corrupt"] += 1
             self._remove(e)
             return None
-        e.last_used = time.time()
-        with contextlib.suppress(OSError):  # on-disk recency is a hint for the next scan
-            os.utime(path)
-        self.stats["restores"] += 1
+        if use:
+            self.used(e)
         return arrays
+
+    def used(self, e: SsdEntry) -> None:
+        """A request restored `e`: counted, and its recency renewed (the LRU's, and on disk
+        the next scan's hint)."""
+        e.last_used = time.time()
+        with contextlib.suppress(OSError):
+            os.utime(data_path(self.dir, e.key))
+        self.stats["restores"] += 1
 
     def write(
         self,
