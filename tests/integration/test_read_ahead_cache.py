@@ -3,25 +3,11 @@ real MLX arrays, a real store and writer, a restart in between; no timing."""
 
 from __future__ import annotations
 
-import mlx.core as mx
 import pytest
-from mlx_lm.models.cache import KVCache
+from kv_layers import LAYOUT, layers
 
 from mlxd.worker.cache.prompt_cache import PromptCache
 from mlxd.worker.cache.read_ahead import pick
-
-HEADS, DIM = 2, 4
-LAYOUT = ((HEADS, DIM, HEADS, DIM, "float32"),) * 2
-
-
-def layers(n: int, seed: int) -> list:
-    out = []
-    for i in range(len(LAYOUT)):
-        c = KVCache()
-        k = mx.random.normal((1, HEADS, n, DIM), key=mx.random.key(seed * 10 + i))
-        c.keys, c.values, c.offset = k, k + 1, n
-        out.append(c)
-    return out
 
 
 def tokens(i: int, n: int = 300) -> tuple[int, ...]:

@@ -7,26 +7,13 @@ from __future__ import annotations
 
 import time
 
-import mlx.core as mx
 import pytest
-from mlx_lm.models.cache import KVCache
+from kv_layers import LAYOUT, layers
 
 from mlxd.worker.cache.prompt_cache import PromptCache
 from mlxd.worker.cache.ram import EARN_TOKENS
 
-HEADS, DIM = 2, 4
-LAYOUT = ((HEADS, DIM, HEADS, DIM, "float32"),) * 2
 TEMPLATE = tuple(range(1000, 1010))  # what every chat prompt starts with: ~10 tokens
-
-
-def layers(n: int, seed: int = 0) -> list:
-    out = []
-    for i in range(len(LAYOUT)):
-        c = KVCache()
-        k = mx.random.normal((1, HEADS, n, DIM), key=mx.random.key(seed * 10 + i))
-        c.keys, c.values, c.offset = k, k + 1, n
-        out.append(c)
-    return out
 
 
 def prompt(i: int, n: int = 300) -> tuple[int, ...]:

@@ -1,0 +1,20 @@
+"""Plain KV caches of random values for the prompt cache's tests (real MLX arrays)."""
+
+from __future__ import annotations
+
+import mlx.core as mx
+from mlx_lm.models.cache import KVCache
+
+HEADS, DIM = 2, 4
+LAYOUT = ((HEADS, DIM, HEADS, DIM, "float32"),) * 2  # what layers() makes: two layers
+
+
+def layers(n: int, seed: int = 0) -> list:
+    """A two-layer model's caches holding `n` tokens."""
+    out = []
+    for i in range(len(LAYOUT)):
+        c = KVCache()
+        k = mx.random.normal((1, HEADS, n, DIM), key=mx.random.key(seed * 10 + i))
+        c.keys, c.values, c.offset = k, k + 1, n
+        out.append(c)
+    return out
