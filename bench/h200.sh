@@ -121,6 +121,12 @@ first-token-small)
       --rows 1,4,8 --repeats 3 --buckets $f 2>&1 | grep -v tokenizer | tee "$out/extend-0.6b$f.md"
   done
   ;;
+window-prefill)
+  # Where gemma3-12b's cold 16k prompt goes (2026-12-07, H100: 3-4k tok/s on both servers, the
+  # 8B 24k): chunk sizes, the first-token fold, attention by mask kind (~3 min, build included).
+  timeout 280 python3 -m bench.window_prefill --shape gemma3-12b --tokens 16404 2>&1 \
+    | grep -v tokenizer | tee "$out/window-prefill-gemma3-12b.md"
+  ;;
 restore)
   # Issue 34: where gemma3-12b's 1.4 GB SSD restore goes on the GPU host (no model, no HTTP):
   # read into one NumPy buffer then copied into MLX, against today's read into an MLX array
@@ -163,5 +169,5 @@ vision)
   timeout -k 20 290 bash bench/gpu_run.sh vision --shape gemma3-4b \
     --out "$out/vision-gemma3-4b" 2>&1 | grep -v tokenizer | tail -40
   ;;
-*) echo "usage: $0 profile|small|large|large-conc|spec|ttft|masks|group2|agents|agents-8b|claude|blocks|buckets|restore|families|adapters|vision" >&2; exit 2 ;;
+*) echo "usage: $0 profile|small|large|large-conc|spec|ttft|masks|group2|agents|agents-8b|claude|blocks|buckets|first-token|first-token-small|window-prefill|restore|families|adapters|vision" >&2; exit 2 ;;
 esac
