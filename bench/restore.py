@@ -19,7 +19,7 @@ CUDA the restored bytes sit in managed memory the CPU wrote, and that step fault
 Layers follow gemma3: every `--pattern`-th layer global, the rest windows of `--window`;
 8 KV heads x 256 head dim, bf16.
 
-`--before` times what the code did before: windows kept whole (no `ram.window_only`), the
+`--before` times what the code did before: windows kept whole (no `entry_caches.window_only`), the
 data file hashed whole by one thread, read with `read_bytes` and parsed by safetensors'
 `load` (a copy of every tensor, holding the GIL). Run each in a process of its own: a second
 restore in one process reuses freed memory and skips the page faults a fresh worker pays.
@@ -45,8 +45,8 @@ import numpy as np
 import safetensors.numpy as stnp
 from mlx_lm.models.cache import KVCache, RotatingKVCache
 
+from mlxd.worker.cache import entry_caches, ssd
 from mlxd.worker.cache import format as fmt
-from mlxd.worker.cache import ram, ssd
 from mlxd.worker.cache.digest import read_hashed
 from mlxd.worker.cache.kv_arrays import _layer_layout, from_numpy, mlx_buffers, to_numpy
 from mlxd.worker.cache.prompt_cache import PromptCache
@@ -132,14 +132,14 @@ def main() -> None:
     if a.runs:
         return medians(a.runs, a.modes.split(","))
     if a.before:
-        ram.window_only = lambda c: c
+        entry_caches.window_only = lambda c: c
         fmt.PIECE_BYTES = ssd.PIECE_BYTES = 0
 
     caches = make_caches(a)
     n_tokens = a.turn + a.reply + a.user
     tokens = tuple(int(t) for t in np.random.default_rng(0).integers(0, 200_000, n_tokens))
     layout = tuple(_layer_layout(c) for c in caches)
-    held = {type(c).__name__: c.keys.shape[2] for c in ram.compact(caches)}
+    held = {type(c).__name__: c.keys.shape[2] for c in entry_caches.compact(caches)}
     print(f"{'before' if a.before else 'after'}: {a.layers} layers, {n_tokens} tokens")
     print(f"positions an entry holds per layer kind: {held}")
 
@@ -154,7 +154,7 @@ def main() -> None:
     # -- write: what WritePolicy.enqueue and the writer thread do ----------------------------
     w = Phases()
     with w("compact (RAM insert)"):
-        layers = ram.compact(caches)
+        layers = entry_caches.compact(caches)
     with w("to_numpy (contiguous, eval, views)"):
         arrays, meta, _keep = to_numpy(layers)
     with w("encode_entry (header, digest)"):

@@ -18,9 +18,9 @@ from mlx_lm.generate import generate_step
 from mlx_lm.models.cache import RotatingKVCache, make_prompt_cache
 
 from mlxd.shared.params import GenerationParams
+from mlxd.worker.cache.entry_caches import compact
 from mlxd.worker.cache.format import check_layout
 from mlxd.worker.cache.kv_arrays import from_numpy, kv_layout, mlx_buffers, to_numpy
-from mlxd.worker.cache.ram import compact
 from mlxd.worker.cache.ssd import SsdStore
 from mlxd.worker.engine.draft_model import spec_config
 from mlxd.worker.engine.loop import Engine

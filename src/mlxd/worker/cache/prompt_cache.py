@@ -13,10 +13,11 @@ from pathlib import Path
 
 import numpy as np
 
+from mlxd.worker.cache.entry_caches import compact, usable_length, view
 from mlxd.worker.cache.format import Layout, LayoutMismatch, check_layout
 from mlxd.worker.cache.kinds import trims
 from mlxd.worker.cache.kv_arrays import from_numpy, mlx_buffers
-from mlxd.worker.cache.ram import EARN_TOKENS, Entry, RamCache, compact, usable_length, view
+from mlxd.worker.cache.ram import EARN_TOKENS, Entry, RamCache
 from mlxd.worker.cache.replies import Reply, clip
 from mlxd.worker.cache.ssd import SsdEntry, SsdStore
 from mlxd.worker.cache.trie import common_prefix

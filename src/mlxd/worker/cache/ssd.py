@@ -197,8 +197,7 @@ class SsdStore:
     # -- data -------------------------------------------------------------------------------
     def read(self, e: SsdEntry, use: bool = True) -> dict[str, np.ndarray] | None:
         """The entry's arrays after checking size, hash, token ids and (with a layout) shapes;
-        None, and the entry dropped, when anything is off. `use`: a request's read (counted,
-        and the entry's recency renewed: `used`); the read-ahead's guesses are neither."""
+        None, and the entry dropped, when anything is off. `use`: a request's (`used`)."""
         if self.disabled is not None:
             return None
         path = data_path(self.dir, e.key)
@@ -229,8 +228,7 @@ class SsdStore:
         return arrays
 
     def used(self, e: SsdEntry) -> None:
-        """A request restored `e`: counted, and its recency renewed (the LRU's, and on disk
-        the next scan's hint)."""
+        """A request restored `e` (read-ahead reads are not uses): counted, recency renewed."""
         e.last_used = time.time()
         with contextlib.suppress(OSError):
             os.utime(data_path(self.dir, e.key))
