@@ -174,19 +174,17 @@ class RamCache:
                 entry.hits += old.hits
                 entry.replies = entry.replies or old.replies
             self._lru[entry.key] = entry
-            if guess:
-                entry.guess = True
-                self._lru.move_to_end(entry.key, last=False)
             self.nbytes += nbytes
             covered = trie.prefixes_of(tokens) if entry.trimmable else []
             for _, p in covered:
                 trie.remove(p.tokens)
                 self._forget(p)
                 entry.hits += p.hits
+            # A guess that replaces what a request used stands for it: ranked as that was.
             replaced = [p for _, p in covered] + ([old] if old is not None else [])
-            if entry.guess and any(not p.guess for p in replaced):
-                entry.guess = False  # it stands for what a request used: ranked as that was
-                self._lru.move_to_end(entry.key)
+            entry.guess = guess and all(p.guess for p in replaced)
+            if entry.guess:
+                self._lru.move_to_end(entry.key, last=False)
         self._enforce_cap()
         return entry
 
