@@ -54,7 +54,7 @@ class Row:
 
 
 class Sync:
-    """An engine-thread job the test waits for (what AdapterJob does for the event loop)."""
+    """An engine-thread job the test waits for (what EngineCall does for the event loop)."""
 
     def __init__(self, fn):
         self.fn, self.done, self.value, self.error = fn, threading.Event(), None, None

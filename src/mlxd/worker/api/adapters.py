@@ -17,7 +17,6 @@ from mlxd.shared.errors import BadRequest, MlxdError
 from mlxd.shared.wire.bodies import load_json, parse_model
 from mlxd.worker.chat.state import WorkerState
 from mlxd.worker.engine.loop import Engine
-from mlxd.worker.lora.job import AdapterJob
 
 log = logging.getLogger("mlxd.worker")
 
@@ -42,9 +41,7 @@ def _adapters(engine: Engine):
 async def mount(engine: Engine, name: str, path: Path) -> dict:
     """Mount on the engine thread; the adapter's description, or the mount's error."""
     adapters = _adapters(engine)
-    job = AdapterJob(lambda: adapters.mount(name, path.expanduser()))
-    engine.run_job(job)
-    await job.done
+    await engine.call(lambda: adapters.mount(name, path.expanduser()), "adapter job")
     return next(a for a in adapters.info() if a["name"] == name)
 
 
@@ -72,9 +69,7 @@ async def unmount_route(request: web.Request) -> web.Response:
     _, engine = state.ready()
     body = parse_model(UnmountBody, load_json(await request.read()))
     adapters, name = _adapters(engine), body.name
-    job = AdapterJob(lambda: adapters.unmount(name))
-    engine.run_job(job)
-    await job.done
+    await engine.call(lambda: adapters.unmount(name), "adapter job")
     return _json({"name": name, "unmounted": True})
 
 

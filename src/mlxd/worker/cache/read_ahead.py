@@ -16,12 +16,12 @@ entry does (demotion after `cache_idle_s`).
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 from collections.abc import Iterable
-from typing import Any
+from functools import partial
 
+from mlxd.shared.errors import MlxdError
 from mlxd.worker.cache.format import SsdEntry
 
 log = logging.getLogger("mlxd.worker.cache")
@@ -36,35 +36,6 @@ def pick(entries: Iterable[SsdEntry], room_bytes: int) -> list[SsdEntry]:
             out.append(e)
             room_bytes -= e.file_bytes
     return out
-
-
-class _Warm:
-    """An engine-thread job: put one read entry into the RAM tier (engine/commands.py)."""
-
-    def __init__(self, cache, entry: SsdEntry, arrays: dict, loop: asyncio.AbstractEventLoop):
-        self.cache, self.entry, self.arrays, self.loop = cache, entry, arrays, loop
-        self.done: asyncio.Future[bool] = loop.create_future()
-
-    def _answer(self, ok: bool) -> None:
-        def answer() -> None:
-            if not self.done.done():  # cancelled: the worker is stopping
-                self.done.set_result(ok)
-
-        try:
-            self.loop.call_soon_threadsafe(answer)
-        except RuntimeError:  # the loop is closed: nobody is waiting
-            pass
-
-    def run(self, stream: Any) -> None:
-        try:
-            ok = self.cache.warm(self.entry, self.arrays)
-        except Exception as exc:  # an entry that cannot be used is dropped, as a restore's
-            self.cache.ssd.discard(self.entry, exc)
-            ok = False
-        self._answer(ok)
-
-    def fail(self, err) -> None:
-        self._answer(False)
 
 
 async def read_ahead(state, read_once) -> None:
@@ -82,7 +53,6 @@ async def read_ahead(state, read_once) -> None:
     names = {state.cache_ns, *(state.cache_ns + m.cache_ns for m in mounted)}
     entries = [e for e in cache.ssd.index.entries() if e.ns in names]
     chosen = pick(entries, cache.ram.cap_bytes - cache.ram.nbytes)
-    loop = asyncio.get_running_loop()
     for e in chosen:
         if state.draining or cache.ram.cap_bytes - cache.ram.nbytes < e.file_bytes:
             break
@@ -92,11 +62,11 @@ async def read_ahead(state, read_once) -> None:
             arrays = await read_once(cache, e, use=False)
             if arrays is None:  # gone or damaged meanwhile (the store dropped it)
                 continue
-            job = _Warm(cache, e, arrays, loop)
-            engine.run_job(job)
-            if await job.done:
+            if await engine.call(partial(_warm, cache, e, arrays), "SSD read-ahead"):
                 cache.read_ahead["entries"] += 1
                 cache.read_ahead["bytes"] += e.file_bytes
+        except MlxdError:  # the engine stopped or drains (engine.call): nothing more to read
+            break
         except Exception:  # an optimisation: whatever fails, the requests still restore
             log.exception("SSD read-ahead of entry %s failed", e.key)
     cache.read_ahead["done"] = 1
@@ -108,3 +78,13 @@ async def read_ahead(state, read_once) -> None:
             cache.read_ahead["bytes"],
             time.monotonic() - t0,
         )
+
+
+def _warm(cache, e: SsdEntry, arrays: dict) -> bool:
+    """On the engine thread: the read entry into the RAM tier; one that cannot be used is
+    dropped, as a request's restore drops it."""
+    try:
+        return cache.warm(e, arrays)
+    except Exception as exc:
+        cache.ssd.discard(e, exc)
+        return False

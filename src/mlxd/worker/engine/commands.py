@@ -7,12 +7,15 @@ request waits on a dead thread."""
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
+from typing import Any
 
 import mlx.core as mx
 
 from mlxd.shared.errors import MlxdError, Unavailable
 from mlxd.worker.cache.prompt_cache import PromptCache
 from mlxd.worker.engine.batch import Batch
+from mlxd.worker.engine.call import EngineCall
 from mlxd.worker.engine.rows import Event, Submission
 from mlxd.worker.engine.sched.inbox import (
     Cancel,
@@ -96,6 +99,14 @@ class EngineCommands:
             job.fail(Unavailable(ENGINE_STOPPED))
             return
         self._put(RunJob(job))
+
+    async def call(self, fn: Callable[[], Any], what: str) -> Any:
+        """`fn()` run on the engine thread between steps: its result, or its error raised
+        (an MlxdError; Unavailable once the engine stopped or drains). `what` names it in
+        the log when it fails."""
+        job = EngineCall(fn, what)
+        self.run_job(job)
+        return await job.done
 
     def stop(self) -> None:
         """Ask the thread to exit once in-flight rows are done or cancelled."""
