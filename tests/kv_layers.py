@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import mlx.core as mx
-from mlx_lm.models.cache import KVCache
+from mlx_lm.models.cache import KVCache, RotatingKVCache
 
 HEADS, DIM = 2, 4
 LAYOUT = ((HEADS, DIM, HEADS, DIM, "float32"),) * 2  # what layers() makes: two layers
@@ -16,5 +16,17 @@ def layers(n: int, seed: int = 0) -> list:
         c = KVCache()
         k = mx.random.normal((1, HEADS, n, DIM), key=mx.random.key(seed * 10 + i))
         c.keys, c.values, c.offset = k, k + 1, n
+        out.append(c)
+    return out
+
+
+def window_layers(n: int, window: int, seed: int = 0) -> list:
+    """The same two layers as sliding-window caches of `window` tokens holding `n` (past the
+    window they cannot be cut back to a shorter prompt)."""
+    out = []
+    for i in range(len(LAYOUT)):
+        c = RotatingKVCache(max_size=window)
+        k = mx.random.normal((1, HEADS, n, DIM), key=mx.random.key(seed * 10 + i))
+        c.update_and_fetch(k, k + 1)
         out.append(c)
     return out

@@ -4,7 +4,7 @@ real MLX arrays, a real store and writer, a restart in between; no timing."""
 from __future__ import annotations
 
 import pytest
-from kv_layers import LAYOUT, layers
+from kv_layers import LAYOUT, layers, window_layers
 
 from mlxd.worker.cache.prompt_cache import PromptCache
 from mlxd.worker.cache.read_ahead import pick
@@ -73,6 +73,22 @@ def test_an_entry_ram_already_holds_or_extends_is_not_read_in_again(restarted):
     assert cache.warm(e1, cache.read_ssd(e1, use=False)) is True
     assert cache.ram.covers("", e1.tokens)
     assert cache.warm(e1, cache.read_ssd(e1, use=False)) is False  # exact: held already
+
+
+def test_a_windowed_snapshot_is_not_covered_by_the_longer_turn_after_it(restarted):
+    """A sliding-window (or hybrid) model keeps a snapshot at the prompt's length beside the
+    entry of the whole turn: the longer one cannot be cut back, so the snapshot is read ahead
+    too (gemma3-12b's resend after a reload was restored from the SSD, 2026-12-07)."""
+    cache = restarted()
+    e2, _ = cache.ssd.best("", list(tokens(2)))
+    cache.store("", tokens(2) + (5, 6), window_layers(302, 64, 9))  # the turn went on
+    assert not cache.ram.covers("", e2.tokens)
+    assert cache.warm(e2, cache.read_ssd(e2, use=False)) is True
+    assert cache.ram.covers("", e2.tokens)
+    # The same turn in caches that can be cut back (a window not yet full) does cover it.
+    e1, _ = cache.ssd.best("", list(tokens(1)))
+    cache.store("", tokens(1) + (5, 6), window_layers(302, 512, 8))
+    assert cache.ram.covers("", e1.tokens)
 
 
 def test_guesses_are_evicted_before_what_requests_used_and_nothing_for_them(restarted):

@@ -111,15 +111,18 @@ class RamCache:
             return trie.around(prompt, limit, lambda e: bool(e.replies)) if trie else []
 
     def covers(self, ns: str, tokens: tuple[int, ...]) -> bool:
-        """Whether an entry holds `tokens` or extends them (best() would leave the last token
-        of an exact match to prefill, so it cannot tell)."""
+        """Whether an entry holds `tokens`, or extends them and can be cut back to them
+        (best() would leave the last token of an exact match to prefill, so it cannot tell).
+        A window or recurrent state past `tokens` cannot: a sliding-window or hybrid model's
+        snapshot at a prompt's length is its own entry, not covered by the turn after it."""
         with self._lock:
             trie = self._tries.get(ns)
             if trie is None:
                 return False
             m = trie.search(tokens)
         exact = m.shorter is not None and len(m.shorter[0]) == len(tokens)
-        return exact or (m.common == len(tokens) and m.longer is not None)
+        longer = m.longer[1] if m.common == len(tokens) and m.longer is not None else None
+        return exact or (longer is not None and longer.trimmable)
 
     def peek(self, ns: str, prompt: list[int]) -> int:
         return self.best(ns, prompt)[1]
