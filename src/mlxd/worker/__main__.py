@@ -18,6 +18,9 @@ os.environ.setdefault("PYTHONUNBUFFERED", "1")
 from mlxd.worker.device_env import apply_device_env  # noqa: E402
 
 apply_device_env(os.environ)  # before MLX's first kernel: it reads them once
+from mlxd.worker import import_cache  # noqa: E402
+
+import_cache.install()  # before mlx-lm imports transformers: its import table from disk
 
 from mlxd.worker.config import parse_args  # noqa: E402
 from mlxd.worker.dist.env import forget_hostfile, group_env, write_hostfile  # noqa: E402
