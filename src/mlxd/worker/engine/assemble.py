@@ -19,7 +19,7 @@ from mlxd.worker.cache.prompt_cache import PromptCache
 from mlxd.worker.engine import steplog
 from mlxd.worker.engine.draft_model import spec_config
 from mlxd.worker.engine.loop import Engine
-from mlxd.worker.engine.sched.planner import MIN_CHUNK, PlanConfig
+from mlxd.worker.engine.sched.planner import MIN_CHUNK, PlanConfig, window_chunk
 from mlxd.worker.model import blocks
 from mlxd.worker.model.load import LoadedModel, apply_memory_limit, device_memory_bytes
 from mlxd.worker.vision.load import VisionParts
@@ -46,11 +46,11 @@ def make_engine(
     (docs/configuration.md); a draft model's weights count in the memory plan. `engine_cls`:
     a worker group's rank makes its own (worker/group/engine.py)."""
     default_idle, default_budget = default_prefill()
-    idle = cfg.prefill_step or default_idle
+    cost = loaded.kv_cost
+    idle = cfg.prefill_step or window_chunk(default_idle, cost.window if cost else 0)
     # A busy step never prefills more than an idle one.
     budget_tokens = min(cfg.prefill_budget or default_budget, idle)
     plan = PlanConfig(idle, budget_tokens, min(MIN_CHUNK, budget_tokens), blocks.block)
-    cost = loaded.kv_cost
     mem = plan_memory(
         machine_bytes=device_memory_bytes(),
         share_bytes=cfg.memory_limit_bytes,
