@@ -22,7 +22,8 @@ ids = load_tokenizer(Path(sys.argv[2])).encode("The harbor town kept its lightho
 build = iu.define_import_structure.__wrapped__.__wrapped__  # transformers' own, uncached
 saved = [json.loads(f.read_text()) for f in sorted(Path(sys.argv[1]).glob("*.json"))]
 same = [import_cache.from_json(s["table"]) == build(s["module_path"], s["prefix"]) for s in saved]
-print(json.dumps({"ids": ids, "same": same}))
+import transformers
+print(json.dumps({"ids": ids, "same": same, "probe": "MlxdProbeName" in dir(transformers)}))
 """
 
 
@@ -41,11 +42,15 @@ def probe(folder, model) -> dict:
 def test_the_second_start_reads_the_table_and_tokenizes_the_same(tmp_path, tiny_model_dir):
     first = probe(tmp_path, tiny_model_dir)
     files = sorted(tmp_path.glob("transformers-imports-*.json"))
-    assert files and first["same"] == [True] * len(files)
-    stamps = {f: f.stat().st_mtime_ns for f in files}
+    assert files and first["same"] == [True] * len(files) and not first["probe"]
+    # A name planted in the saved top-level table shows up: the next start reads the file.
+    for f in files:
+        saved = json.loads(f.read_text())
+        if saved["prefix"] == "models":
+            saved["table"][0][1].append(["zz_probe", ["MlxdProbeName"]])
+            f.write_text(json.dumps(saved))
     second = probe(tmp_path, tiny_model_dir)
-    assert second == first  # the same tokens, the same table
-    assert {f: f.stat().st_mtime_ns for f in files} == stamps  # read back, not rebuilt
+    assert second["probe"] and second["ids"] == first["ids"]
 
 
 def test_a_damaged_table_is_built_again_and_replaced(tmp_path, tiny_model_dir):

@@ -67,9 +67,10 @@ def test_warmup_shapes_follow_the_plan_and_the_context():
     assert warmup_shapes(PlanConfig(step_budget=8, min_chunk=8), 4, 64, True) == ([8], [1, 2])
 
 
-def test_a_sliding_window_model_prefills_in_chunks_of_about_its_window():
+def test_a_sliding_window_model_prefills_in_chunks_of_its_window():
     assert window_chunk(4096, 0) == 4096  # no window layers: the device's default
     assert window_chunk(4096, 1024) == 1024  # gemma3: 16k prompt 1.91 -> 1.68 s, half the peak
     assert window_chunk(4096, 4096) == 4096  # gemma2's 4,096-token window: unchanged
-    assert window_chunk(4096, 128) == 1024  # gpt-oss: never below the floor
+    assert window_chunk(4096, 8192) == 4096  # never above the device's default
+    assert window_chunk(4096, 128) == 4096  # gpt-oss: small windows keep the default
     assert window_chunk(512, 1024) == 512  # the CPU's smaller default stays

@@ -79,7 +79,8 @@ class Settings(BaseSettings):
     context_limit: int | None = Field(None, ge=16)
     # Prefill tokens per step: prefill_step while nothing decodes (None: 4096 on a GPU, 512
     # on the CPU), prefill_budget while rows decode or a new row joins a running prefill
-    # (None: 4096 on a GPU, 1024 on the CPU).
+    # (None: 4096 on a GPU, 1024 on the CPU). A model with sliding windows of 1024+ tokens
+    # takes its window for both where it is smaller (engine/sched/planner.py window_chunk).
     prefill_step: int | None = Field(None, ge=16)
     prefill_budget: int | None = Field(None, ge=16)
     # Prefill in whole blocks of this many tokens on CUDA (None or 0: off; 256 is the value

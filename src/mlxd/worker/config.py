@@ -83,7 +83,7 @@ def _flag_parser(log_level: str) -> argparse.ArgumentParser:
         type=int,
         default=None,
         help="prompt tokens per prefill step while nothing decodes (default: 4096 on a GPU,"
-        " 512 on the CPU)",
+        " 512 on the CPU; a sliding window of 1024+ tokens where it is smaller)",
     )
     _opt(p, "prefill_budget", int, "prompt tokens per step while rows decode")
     _opt(p, "prefill_block", int, "prefill in whole blocks of this many tokens (0: off)")

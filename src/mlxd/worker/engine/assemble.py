@@ -47,9 +47,13 @@ def make_engine(
     a worker group's rank makes its own (worker/group/engine.py)."""
     default_idle, default_budget = default_prefill()
     cost = loaded.kv_cost
-    idle = cfg.prefill_step or window_chunk(default_idle, cost.window if cost else 0)
-    # A busy step never prefills more than an idle one.
-    budget_tokens = min(cfg.prefill_budget or default_budget, idle)
+    window = cost.window if cost else 0
+    # A set prefill_budget lifts the default idle chunk to it: a busy step never prefills
+    # more than an idle one, and what was set is never cut by a default.
+    idle = cfg.prefill_step or max(
+        window_chunk(default_idle, window), min(cfg.prefill_budget or 0, default_idle)
+    )
+    budget_tokens = min(cfg.prefill_budget or window_chunk(default_budget, window), idle)
     plan = PlanConfig(idle, budget_tokens, min(MIN_CHUNK, budget_tokens), blocks.block)
     mem = plan_memory(
         machine_bytes=device_memory_bytes(),

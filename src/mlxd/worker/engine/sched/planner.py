@@ -28,20 +28,20 @@ MIN_CHUNK = 64
 SMALL_CHUNK = 16  # the warm-up's prefill chunk on the CPU
 
 
-# The smallest idle chunk a sliding-window model's default is cut to (window_chunk).
+# The smallest window that sets a model's default prefill chunk (window_chunk).
 WINDOW_CHUNK_FLOOR = 1024
 
 
 def window_chunk(default: int, window: int) -> int:
-    """The default idle chunk for a model with sliding-window layers of `window` tokens (0:
-    none): at most the window, never below WINDOW_CHUNK_FLOOR (nor above `default`). A window
-    layer's chunk of C queries attends over C + window keys, so a prompt of N tokens costs it
-    N x (C + window) scores: gemma3-12b's 16k prompt on an H100 (docs/benchmarks.md,
+    """The default prefill chunk for a model with sliding-window layers of `window` tokens
+    (0: none): the window, when it is at least WINDOW_CHUNK_FLOOR and below `default`. A
+    window layer's chunk of C queries attends over C + window keys, so a prompt of N tokens
+    costs it N x (C + window) scores: gemma3-12b's 16k prompt on an H100 (docs/benchmarks.md,
     2026-12-07 05:33) took 1.91 s at 4,096-token chunks (window layers 0.81 s of it, 59.7 GiB
-    peak) and 1.68 s at 1,024 (31.7 GiB peak)."""
-    if window <= 0:
-        return default
-    return min(default, max(WINDOW_CHUNK_FLOOR, window))
+    peak) and 1.68 s at 1,024 (31.7 GiB peak). Smaller windows (gpt-oss: 128) keep the
+    default: their window layers cost little, and a smaller chunk would feed each expert of a
+    MoE fewer tokens per step (not measured)."""
+    return min(default, window) if window >= WINDOW_CHUNK_FLOOR else default
 
 
 @dataclass(frozen=True)
