@@ -144,8 +144,14 @@ families)
   # go before the 8B's are written: 22 + 15 GiB and a prompt cache tier on a 64 GiB disk.
   # The 12B with --exclusive (2026-12-07, H100: beside mlx_lm.server's model and buffers
   # mlxd's figures doubled and both ran out of memory): the multi-turn part only (~5 min).
-  timeout -k 20 330 bash bench/gpu_run.sh families --shape gemma3-12b --exclusive \
-    --only multiturn --out "$out/families-gemma3-12b" 2>&1 | grep -v tokenizer | tail -40
+  # The engine's step log and the worker logs come back flat (the device tool drops folders
+  # deeper than $OUT/x/y): where a reload's resend spent its time (2026-12-07 05:40).
+  MLXD_STEP_LOG="$out/steps-gemma3-12b.jsonl" timeout -k 20 330 bash bench/gpu_run.sh \
+    families --shape gemma3-12b --exclusive --only multiturn --out "$out/families-gemma3-12b" \
+    2>&1 | grep -v tokenizer | tail -40
+  find "$out/families-gemma3-12b/logs" -name "*.log" | while read -r f; do
+    cp "$f" "$out/gemma3-12b-$(basename "$(dirname "$f")")-$(basename "$f")"
+  done
   rm -rf "$HOME/.cache/mlxd-bench/models/gemma3-12b"
   timeout -k 20 230 bash bench/gpu_run.sh families --shape nemotron-h-8b \
     --out "$out/families-nemotron-h-8b" 2>&1 | grep -v tokenizer | tail -40
