@@ -26,3 +26,49 @@ def test_newest_first_while_they_fit_and_a_smaller_older_one_fills_the_rest():
 def test_no_room_reads_nothing():
     assert pick([entry("a", 1, 1.0)], 0) == []
     assert pick([], 1 << 30) == []
+
+
+class _Busy:
+    """An engine with a row in flight for its first `polls` looks, then none."""
+
+    adapters = None
+
+    def __init__(self, polls: int):
+        self.polls, self.looks, self.read_at = polls, 0, []
+
+    @property
+    def queued_rows(self) -> int:
+        return 0
+
+    def rows_in_flight(self) -> list:
+        self.looks += 1
+        return ["row"] if self.looks <= self.polls else []
+
+    async def call(self, fn, what):
+        return fn()
+
+
+def test_the_read_ahead_waits_for_the_rows_in_flight_before_each_read(monkeypatch):
+    import asyncio
+    import types
+
+    from mlxd.worker.cache import read_ahead as ra
+
+    monkeypatch.setattr(ra, "QUIET_POLL_S", 0)
+    engine = _Busy(polls=3)
+    entries = [entry("a", 10, 2.0), entry("b", 10, 1.0)]
+    ram = types.SimpleNamespace(cap_bytes=100, nbytes=0, covers=lambda ns, t: False)
+    ssd = types.SimpleNamespace(disabled=None, index=types.SimpleNamespace(entries=lambda: entries))
+    cache = types.SimpleNamespace(
+        ssd=ssd, ram=ram, read_ahead={"entries": 0, "bytes": 0, "done": 0}, warm=lambda e, a: True
+    )
+    state = types.SimpleNamespace(prompt_cache=cache, engine=engine, draining=False, cache_ns="ns")
+
+    async def read_once(c, e, use):
+        engine.read_at.append((e.key, engine.looks))
+        return {}
+
+    asyncio.run(ra.read_ahead(state, read_once))
+    # Not one read while the row was in flight (looks 1-3); then both, newest first.
+    assert engine.read_at == [("a", 4), ("b", 5)]
+    assert cache.read_ahead == {"entries": 2, "bytes": 20, "done": 1}

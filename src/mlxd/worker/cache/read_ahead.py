@@ -10,12 +10,15 @@ front of it. A request that wants an entry being read shares that read (keys.rea
 
 Bounds: only the RAM tier's room at the time (nothing already in RAM is evicted for a guess),
 only namespaces a request can reach (the base model's, mounted adapters'), one entry at a
-time, and it stops when the worker drains. Entries nobody asks for leave RAM as any idle
+time and only while no row is in the engine or on its way to it (a read beside a request
+would take the disk, the hashing threads and the engine thread's turns from it), and it
+stops when the worker drains. Entries nobody asks for leave RAM as any idle
 entry does (demotion after `cache_idle_s`).
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import Iterable
@@ -25,6 +28,8 @@ from mlxd.shared.errors import MlxdError
 from mlxd.worker.cache.format import SsdEntry
 
 log = logging.getLogger("mlxd.worker.cache")
+
+QUIET_POLL_S = 0.05  # how often a paused read-ahead looks whether the requests are done
 
 
 def pick(entries: Iterable[SsdEntry], room_bytes: int) -> list[SsdEntry]:
@@ -54,6 +59,7 @@ async def read_ahead(state, read_once) -> None:
     entries = [e for e in cache.ssd.index.entries() if e.ns in names]
     chosen = pick(entries, cache.ram.cap_bytes - cache.ram.nbytes)
     for e in chosen:
+        await _quiet(state, engine)
         if state.draining or cache.ram.cap_bytes - cache.ram.nbytes < e.file_bytes:
             break
         if cache.ram.covers(e.ns, e.tokens):  # a request brought it (or more) back already
@@ -78,6 +84,12 @@ async def read_ahead(state, read_once) -> None:
             cache.read_ahead["bytes"],
             time.monotonic() - t0,
         )
+
+
+async def _quiet(state, engine) -> None:
+    """Until no row is in the batch or on its way to it, or the worker drains."""
+    while not state.draining and (engine.queued_rows or engine.rows_in_flight()):
+        await asyncio.sleep(QUIET_POLL_S)
 
 
 def _warm(cache, e: SsdEntry, arrays: dict) -> bool:
