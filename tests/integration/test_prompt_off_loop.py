@@ -4,15 +4,11 @@ events: the first request's tokenizing is held until the second has its whole an
 
 from __future__ import annotations
 
-import asyncio
 import threading
 
 import httpx
 import pytest
-from aiohttp.test_utils import TestServer
-from inproc import stop_engine, worker_state
-
-from mlxd.worker.app import build_app
+from inproc import serving, stop_engine, worker_state
 
 HANG_S = 120
 # The second request's bound: it fails the test (a read timeout) when the held tokenizing
@@ -25,16 +21,8 @@ MARK = "lighthouse-ledger-mark"
 def served(tiny_model_dir):
     """(base URL, worker state): the worker's app on 127.0.0.1, its event loop in a thread."""
     state = worker_state(tiny_model_dir)
-    loop = asyncio.new_event_loop()
-    thread = threading.Thread(target=loop.run_forever, daemon=True)
-    thread.start()
-    server = TestServer(build_app(state), host="127.0.0.1")
-    asyncio.run_coroutine_threadsafe(server.start_server(), loop).result(HANG_S)
-    yield f"http://127.0.0.1:{server.port}", state
-    asyncio.run_coroutine_threadsafe(server.close(), loop).result(HANG_S)
-    loop.call_soon_threadsafe(loop.stop)
-    thread.join(HANG_S)
-    loop.close()
+    with serving(state, HANG_S) as url:
+        yield url, state
     stop_engine(state)
 
 

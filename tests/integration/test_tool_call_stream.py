@@ -8,20 +8,16 @@ non-streamed answer. The worker's clock is a fake that the heartbeat tests move 
 
 from __future__ import annotations
 
-import asyncio
 import json
 import re
-import threading
 
 import anthropic
 import httpx
 import openai
 import pytest
-from aiohttp.test_utils import TestServer
-from inproc import stop_engine, worker_state
+from inproc import serving, stop_engine, worker_state
 
 from mlxd.shared.wire.first_token import FIRST_TOKEN
-from mlxd.worker.app import build_app
 
 NOTE = "bring an umbrella, a coat and boots"
 PARAMS = {
@@ -66,16 +62,8 @@ def served(tiny_model_dir):
     """(base URL, clock): the worker's app on 127.0.0.1, its event loop in a thread."""
     clock = SteppingClock()
     state = worker_state(tiny_model_dir, clock, stream_heartbeat_s=HEARTBEAT_S)
-    loop = asyncio.new_event_loop()
-    thread = threading.Thread(target=loop.run_forever, daemon=True)
-    thread.start()
-    server = TestServer(build_app(state), host="127.0.0.1")
-    asyncio.run_coroutine_threadsafe(server.start_server(), loop).result(HANG_S)
-    yield f"http://127.0.0.1:{server.port}", clock
-    asyncio.run_coroutine_threadsafe(server.close(), loop).result(HANG_S)
-    loop.call_soon_threadsafe(loop.stop)
-    thread.join(HANG_S)
-    loop.close()
+    with serving(state, HANG_S) as url:
+        yield url, clock
     stop_engine(state)
 
 
