@@ -62,7 +62,9 @@ def test_the_read_ahead_waits_for_the_rows_in_flight_before_each_read(monkeypatc
     cache = types.SimpleNamespace(
         ssd=ssd, ram=ram, read_ahead={"entries": 0, "bytes": 0, "done": 0}, warm=lambda e, a: True
     )
-    state = types.SimpleNamespace(prompt_cache=cache, engine=engine, draining=False, cache_ns="ns")
+    state = types.SimpleNamespace(
+        prompt_cache=cache, engine=engine, draining=False, cache_ns="ns", generating=0
+    )
 
     async def read_once(c, e, use):
         engine.read_at.append((e.key, engine.looks))
@@ -72,3 +74,38 @@ def test_the_read_ahead_waits_for_the_rows_in_flight_before_each_read(monkeypatc
     # Not one read while the row was in flight (looks 1-3); then both, newest first.
     assert engine.read_at == [("a", 4), ("b", 5)]
     assert cache.read_ahead == {"entries": 2, "bytes": 20, "done": 1}
+
+
+def test_the_read_ahead_waits_for_a_request_still_being_prepared(monkeypatch):
+    """A request counts from its parse (render, its own SSD read), before the engine has it."""
+    import asyncio
+    import types
+
+    from mlxd.worker.cache import read_ahead as ra
+
+    monkeypatch.setattr(ra, "QUIET_POLL_S", 0)
+    engine = _Busy(polls=0)  # nothing in the engine at any time
+    ram = types.SimpleNamespace(cap_bytes=100, nbytes=0, covers=lambda ns, t: False)
+    entries = [entry("a", 10, 1.0)]
+    ssd = types.SimpleNamespace(disabled=None, index=types.SimpleNamespace(entries=lambda: entries))
+    cache = types.SimpleNamespace(
+        ssd=ssd, ram=ram, read_ahead={"entries": 0, "bytes": 0, "done": 0}, warm=lambda e, a: True
+    )
+    state = types.SimpleNamespace(
+        prompt_cache=cache, engine=engine, draining=False, cache_ns="ns", generating=1
+    )
+
+    async def read_once(c, e, use):
+        engine.read_at.append((e.key, state.generating))
+        return {}
+
+    async def main():
+        task = asyncio.create_task(ra.read_ahead(state, read_once))
+        for _ in range(20):  # the request is prepared meanwhile: no read
+            await asyncio.sleep(0)
+        assert engine.read_at == []
+        state.generating = 0
+        await task
+
+    asyncio.run(main())
+    assert engine.read_at == [("a", 0)]

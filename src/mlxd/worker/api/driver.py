@@ -123,6 +123,14 @@ async def serve(request: web.Request, surface: Surface) -> web.StreamResponse:
     """Answer one generating request on `surface`."""
     state: WorkerState = request.app["state"]
     state.ready()  # a 503 while loading or draining, before the body is even read
+    state.generating += 1
+    try:
+        return await _answer(request, surface, state)
+    finally:
+        state.generating -= 1
+
+
+async def _answer(request: web.Request, surface: Surface, state: WorkerState) -> web.StreamResponse:
     req = parse_model(surface.request, load_json(await request.read()))
     job = req.to_chat_job()
     job.session = job.session or session_of(request, req)

@@ -10,9 +10,9 @@ front of it. A request that wants an entry being read shares that read (keys.rea
 
 Bounds: only the RAM tier's room at the time (nothing already in RAM is evicted for a guess),
 only namespaces a request can reach (the base model's, mounted adapters'), one entry at a
-time and only while no row is in the engine or on its way to it (a read beside a request
-would take the disk, the hashing threads and the engine thread's turns from it), and it
-stops when the worker drains. Entries nobody asks for leave RAM as any idle
+time and only while no request is being answered (a read beside one would take the disk, the
+hashing threads and the engine thread's turns from it; a read already started finishes), and
+it stops when the worker drains. Entries nobody asks for leave RAM as any idle
 entry does (demotion after `cache_idle_s`).
 """
 
@@ -87,8 +87,11 @@ async def read_ahead(state, read_once) -> None:
 
 
 async def _quiet(state, engine) -> None:
-    """Until no row is in the batch or on its way to it, or the worker drains."""
-    while not state.draining and (engine.queued_rows or engine.rows_in_flight()):
+    """Until no generating request is being answered (from its parse on: its render, its
+    own SSD read) and no row is in the batch or queued for it, or the worker drains."""
+    while not state.draining and (
+        state.generating or engine.queued_rows or engine.rows_in_flight()
+    ):
         await asyncio.sleep(QUIET_POLL_S)
 
 

@@ -35,6 +35,9 @@ class WorkerState:
     prompt_cache: PromptCache | None = None
     cache_ns: str = ""
     counters: dict = field(default_factory=lambda: {"requests": 0, "errors_4xx": 0})
+    # Generating requests being answered now, from their body's parse to their last byte
+    # (api/driver.py): the SSD read-ahead reads only while there are none.
+    generating: int = 0
     facts: ModelFacts | None = None  # what the folder says: chat or embedding model, pooling
     clock: Callable[[], float] = time.monotonic  # keep-alive ticks and heartbeats (tests fake it)
 
