@@ -37,19 +37,42 @@ def session_of(request: web.Request, body: BaseModel) -> str | None:
     return header[:256] if header else None
 
 
-def stable_boundary(tokenizer, messages: list[dict], kwargs: dict, prompt: list[int]) -> int:
+def stable_boundary(
+    tokenizer, messages: list[dict], kwargs: dict, prompt: list[int], text: str | None = None
+) -> int:
     """Tokens of the conversation without the generation primer: the next turn starts so.
 
     Rendered again without add_generation_prompt; the shared prefix with the full prompt is
-    the point where turn N+1's prompt still equals turn N's.
+    the point where turn N+1's prompt still equals turn N's. Where the prompt's `text` is
+    that rendering plus a primer that starts with a special token (ChatML's `<|im_start|>`,
+    Gemma's `<start_of_turn>`, Llama 3's `<|start_header_id|>`), only the primer is encoded:
+    a tokenizer splits at special tokens before anything else, so the conversation's tokens
+    are the prompt's up to the primer's (a 40k-token conversation is not encoded twice).
     """
     try:
-        text = tokenizer.apply_chat_template(
+        stable = tokenizer.apply_chat_template(
             messages, add_generation_prompt=False, tokenize=False, **kwargs
         )
     except Exception:
         return 0
-    return common_prefix(tokenizer.encode(text, add_special_tokens=False), prompt)
+    if (
+        text is not None
+        and text.startswith(stable)
+        and _special_first(tokenizer, text[len(stable) :])
+    ):
+        tail = tokenizer.encode(text[len(stable) :], add_special_tokens=False)
+        if 0 < len(tail) < len(prompt) and list(prompt[len(prompt) - len(tail) :]) == tail:
+            return len(prompt) - len(tail)
+    return common_prefix(tokenizer.encode(stable, add_special_tokens=False), prompt)
+
+
+def _special_first(tokenizer, tail: str) -> bool:
+    """Whether `tail` starts with one of the tokenizer's special tokens."""
+    try:
+        specials = tokenizer.all_special_tokens
+    except Exception:
+        return False
+    return any(t and tail.startswith(t) for t in specials)
 
 
 def suffix_boundary(

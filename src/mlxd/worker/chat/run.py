@@ -155,7 +155,7 @@ class ChatRun:
             p = self.prompt
             if images is None:  # a second render and encode: off the loop too
                 at = await asyncio.to_thread(
-                    stable_boundary, m.tokenizer, job.messages, p.kwargs, p.ids
+                    stable_boundary, m.tokenizer, job.messages, p.kwargs, p.ids, p.text
                 )
             else:  # the ids came through the processor: find the primer's tokens at the end
                 at = suffix_boundary(m.tokenizer, job.messages, p.kwargs, p.text, p.ids)
