@@ -67,8 +67,11 @@ def stable_boundary(
 
 
 def _special_first(tokenizer, tail: str) -> bool:
-    """Whether `tail` starts with one of the tokenizer's special tokens."""
+    """Whether `tail` starts with one of the tokenizer's special tokens (and the tokenizer
+    splits at them: not with `split_special_tokens`, which reads them as plain text)."""
     try:
+        if getattr(tokenizer, "split_special_tokens", False):
+            return False
         specials = tokenizer.all_special_tokens
     except Exception:
         return False
