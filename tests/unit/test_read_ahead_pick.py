@@ -48,23 +48,29 @@ class _Busy:
         return fn()
 
 
-def test_the_read_ahead_waits_for_the_rows_in_flight_before_each_read(monkeypatch):
-    import asyncio
+def _worker(engine, entries, generating):
+    """The worker state the read-ahead reads: an SSD index of `entries`, 100 bytes of RAM."""
     import types
 
-    from mlxd.worker.cache import read_ahead as ra
-
-    monkeypatch.setattr(ra, "QUIET_POLL_S", 0)
-    engine = _Busy(polls=3)
-    entries = [entry("a", 10, 2.0), entry("b", 10, 1.0)]
     ram = types.SimpleNamespace(cap_bytes=100, nbytes=0, covers=lambda ns, t: False)
     ssd = types.SimpleNamespace(disabled=None, index=types.SimpleNamespace(entries=lambda: entries))
     cache = types.SimpleNamespace(
         ssd=ssd, ram=ram, read_ahead={"entries": 0, "bytes": 0, "done": 0}, warm=lambda e, a: True
     )
-    state = types.SimpleNamespace(
-        prompt_cache=cache, engine=engine, draining=False, cache_ns="ns", generating=0
+    return types.SimpleNamespace(
+        prompt_cache=cache, engine=engine, draining=False, cache_ns="ns", generating=generating
     )
+
+
+def test_the_read_ahead_waits_for_the_rows_in_flight_before_each_read(monkeypatch):
+    import asyncio
+
+    from mlxd.worker.cache import read_ahead as ra
+
+    monkeypatch.setattr(ra, "QUIET_POLL_S", 0)
+    engine = _Busy(polls=3)
+    state = _worker(engine, [entry("a", 10, 2.0), entry("b", 10, 1.0)], generating=0)
+    cache = state.prompt_cache
 
     async def read_once(c, e, use):
         engine.read_at.append((e.key, engine.looks))
@@ -79,21 +85,12 @@ def test_the_read_ahead_waits_for_the_rows_in_flight_before_each_read(monkeypatc
 def test_the_read_ahead_waits_for_a_request_still_being_prepared(monkeypatch):
     """A request counts from its parse (render, its own SSD read), before the engine has it."""
     import asyncio
-    import types
 
     from mlxd.worker.cache import read_ahead as ra
 
     monkeypatch.setattr(ra, "QUIET_POLL_S", 0)
     engine = _Busy(polls=0)  # nothing in the engine at any time
-    ram = types.SimpleNamespace(cap_bytes=100, nbytes=0, covers=lambda ns, t: False)
-    entries = [entry("a", 10, 1.0)]
-    ssd = types.SimpleNamespace(disabled=None, index=types.SimpleNamespace(entries=lambda: entries))
-    cache = types.SimpleNamespace(
-        ssd=ssd, ram=ram, read_ahead={"entries": 0, "bytes": 0, "done": 0}, warm=lambda e, a: True
-    )
-    state = types.SimpleNamespace(
-        prompt_cache=cache, engine=engine, draining=False, cache_ns="ns", generating=1
-    )
+    state = _worker(engine, [entry("a", 10, 1.0)], generating=1)
 
     async def read_once(c, e, use):
         engine.read_at.append((e.key, state.generating))
