@@ -57,6 +57,25 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         action="store_true",
         help="pad extending rows' attention to bucketed shapes (worker/model/shape_buckets.py)",
     )
+    p.add_argument(
+        "--max-tokens",
+        type=int,
+        default=8,
+        help="tokens each row asks for (a first token that is also the last waits for the row's "
+        "end: its KV stored to the prompt cache; 1 measured that until 2026-12-07)",
+    )
+    p.add_argument(
+        "--late-first-token",
+        action="store_true",
+        help="a row's first token sent after the next decode step, as mlx-lm returns it "
+        "(default: at the end of the step that drew it, emit.send_first)",
+    )
+    p.add_argument(
+        "--keep-buffers",
+        action="store_true",
+        help="no mx.clear_cache() anywhere in the process (the prefill gives MLX's buffers back "
+        "after every forward, as mlx-lm does; on CUDA each next forward allocates them again)",
+    )
     return p.parse_args(argv)
 
 
@@ -69,8 +88,12 @@ def main(argv: list[str]) -> int:
     import mlx.core as mx
     from mlx_lm.models.cache import make_prompt_cache
 
+    if a.keep_buffers:
+        mx.clear_cache = lambda: None  # every module looks it up on mx at each call
+
     from mlxd.shared.params import GenerationParams
     from mlxd.worker.cache.prompt_cache import PromptCache
+    from mlxd.worker.engine import loop
     from mlxd.worker.engine.loop import Engine
     from mlxd.worker.engine.rows import Submission
     from mlxd.worker.engine.sched.planner import PlanConfig
@@ -97,6 +120,8 @@ def main(argv: list[str]) -> int:
         phases = Phases(mx)
         phases.install(a.variant)
         phases.wrap_model(loaded.model)
+    if a.late_first_token:
+        loop.first_tokens = lambda gen: []  # type: ignore[assignment]
     plan = PlanConfig(block=blocks.block)
     fold = not a.mlx_lm_first_token
     engine = Engine(
@@ -104,7 +129,9 @@ def main(argv: list[str]) -> int:
     )
     engine.start()
     engine.warmed.wait()
-    params = GenerationParams(max_tokens=1, temperature=0.0, top_p=1.0, top_k=0, min_p=0.0)
+    params = GenerationParams(
+        max_tokens=a.max_tokens, temperature=0.0, top_p=1.0, top_k=0, min_p=0.0
+    )
     seed = [0]
 
     def fresh(n: int) -> list[int]:  # ids nobody sent before: no cache hit
@@ -134,6 +161,9 @@ def main(argv: list[str]) -> int:
         f"model {path} · device {mx.default_device()} · mlx {mx.__version__} · variant {a.variant}"
         f" · prefill block {blocks.block} · shape buckets {'on' if shape_buckets.on else 'off'}"
         f" · first token from {'the prefill forward' if fold else 'a decode forward'}"
+        f"{' (sent after the next decode step)' if a.late_first_token else ''}"
+        f"{' · buffers kept (no clear_cache)' if a.keep_buffers else ''}"
+        f" · {a.max_tokens} tokens a row"
         f"{'' if engine._batch.head is not None or not fold else ' (no head found: decode)'}"
     )
     print(

@@ -39,6 +39,7 @@ class Rows:
     def __init__(self):
         self.steps = []
         self.events: dict[str, list] = {}
+        self.event_steps: dict[str, list[int]] = {}  # the step each event came out in
         self.done: dict[str, threading.Event] = {}
         self.on_step = None  # called with each StepTrace on the engine thread
 
@@ -50,9 +51,11 @@ class Rows:
     def sub(self, rid: str, n_prompt: int, max_tokens: int) -> Submission:
         rng = random.Random(rid)
         self.events[rid], self.done[rid] = [], threading.Event()
+        self.event_steps[rid] = []
 
-        def sink(ev):
+        def sink(ev):  # on the engine thread, before the trace of the step it came out in
             self.events[rid].append(ev)
+            self.event_steps[rid].append(len(self.steps) + 1)
             if ev.finish_reason is not None:
                 self.done[rid].set()
 
@@ -111,9 +114,11 @@ def test_a_short_request_during_a_long_prefill_decodes_before_the_long_one_is_pr
     # there is the busy budget's share, not an idle chunk.
     assert joined.chunks["short"] == (0, 5 - held_back)
     assert joined.chunks["long"][1] <= 32
-    # It goes to the decode batch in that same step (its first token sampled there), so the
-    # next step hands its first token out: it waited behind
-    # one chunk of the long prompt, not two...
+    # It goes to the decode batch in that same step (its first token sampled there), and its
+    # first token goes out at that step's end: it waited behind one chunk of the long
+    # prompt, not two (mlx-lm returns it from the next step, after another chunk)...
+    assert rows.event_steps["short"][0] == a and rows.first("short", "sent_first") == a
+    # ...the next step returns that token again, and nothing goes out for it twice...
     first_token = rows.first("short", "decoded")
     assert first_token == a + 1
     # ...while the long row is still prefilling, and it decodes at every step until done.
@@ -122,6 +127,7 @@ def test_a_short_request_during_a_long_prefill_decodes_before_the_long_one_is_pr
     finished = rows.first("short", "finished")
     assert all("short" in by_step[s].decoded for s in range(first_token, finished + 1))
     assert len(rows.events["short"]) == 4 and rows.events["short"][-1].completion_tokens == 4
+    assert [e.completion_tokens for e in rows.events["short"]] == [1, 2, 3, 4]
     # Busy steps stay within the budget while the short row is in; then idle chunks again.
     assert all(by_step[s].chunks["long"][1] <= 32 for s in range(a, finished + 1))
     assert finished < long_prefill_end and by_step[finished + 1].chunks["long"][1] == 64

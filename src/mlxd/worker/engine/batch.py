@@ -44,6 +44,7 @@ class Batch:
         self.trimmable = trimmable
         self.gen: BatchGenerator | None = None  # made on the engine thread (its MLX stream)
         self.eos: StopSequences | None = None
+        self.eos_ids: frozenset[int] = frozenset()  # the tokens `eos` stops at
         self.rows: dict[int, Row] = {}
         self._by_sub: dict[int, Row] = {}
         self.broken: Broken = []  # rows whose own code raised during this step (the guards)
@@ -119,6 +120,7 @@ class Batch:
         from `layers` (a prompt-cache prefix; None: all prefilled again). Its next token is
         the one it would have written; raises on an MLX error (this row only)."""
         seq = [*row.sub.prompt, *row.tokens]
+        row.sent_ahead = False  # its next token is drawn again, after the tokens it sent
         row.slot = self.slot_for(row.sub, row.slot)
         images = self.images_for(row.sub, cached)
         max_tokens = row.sub.params.max_tokens

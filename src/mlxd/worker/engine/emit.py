@@ -2,11 +2,15 @@
 
 Runs on the engine thread; `sink` hands the event to the request's asyncio side. A row that
 ends (end of sequence, a stop string, its token limit) hands its prompt state to the cache.
+A row whose first token was sampled in this step gets it now (`send_first`), not after the
+next step's decode forward and prefill chunk, where mlx-lm's order returns it.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
+from typing import NamedTuple
 
 from mlxd.worker.engine.batch import Batch
 from mlxd.worker.engine.recovery import generation_failed
@@ -16,23 +20,61 @@ from mlxd.worker.engine.step.logprobs import logprob_entry
 log = logging.getLogger("mlxd.worker.engine.loop")
 
 
-def emit(batch: Batch, responses) -> None:
-    """Hand each row its token from this step; one row's failure ends that row only."""
-    for r in responses:
+def emit(batch: Batch, responses, firsts: Sequence[tuple[int, int]] = ()) -> list[int]:
+    """Hand each row its token from this step, then each row that entered decoding in it its
+    first token (uid, token); one row's failure ends that row only. Returns the uids sent a
+    first token ahead."""
+    ahead = []
+    for r in [*responses, *(Ahead(uid, tok) for uid, tok in firsts)]:
         if r.uid not in batch.rows:
             continue  # failed during this step already
         try:
-            on_token(batch, r)
+            if isinstance(r, Ahead):
+                if send_first(batch, r):
+                    ahead.append(r.uid)
+            else:
+                on_token(batch, r)
         except Exception:
             rid = batch.rows[r.uid].sub.rid if r.uid in batch.rows else r.uid
             log.exception("row %s failed", rid)
             batch.fail(r.uid, generation_failed(str(rid)))
+    return ahead
+
+
+class Ahead(NamedTuple):
+    """A token sent at the end of the step that drew it (the response on_token reads)."""
+
+    uid: int
+    token: int
+    finish_reason: None = None
+    logprobs: None = None
+
+
+def send_first(batch: Batch, r: Ahead) -> bool:
+    """Send a row the token it drew in this step, ahead of the decode step that returns it.
+
+    Only where that step cannot end the row there (an end-of-sequence token, its last token
+    by max_tokens) and no log-probabilities are asked for: what those need comes with the
+    decode step's response. A stop string it completes ends the row now (on_token)."""
+    row = batch.rows[r.uid]
+    if row.sent_ahead or row.sub.params.logprobs or r.token in batch.eos_ids:
+        return False
+    max_tokens = row.sub.params.max_tokens
+    if max_tokens is not None and row.generated + 1 >= max_tokens:
+        return False
+    on_token(batch, r)
+    row.sent_ahead = True
+    return True
 
 
 def on_token(batch: Batch, r) -> None:
     """One generated token of one row: detokenize, cut at stop strings, send the event."""
     row = batch.rows.get(r.uid)
     if row is None:
+        return
+    if row.sent_ahead:  # this token went out at the end of the step that drew it
+        row.sent_ahead = False
+        assert r.finish_reason is None, "a token that ends its row is never sent ahead"
         return
     row.generated += 1
     if row.generated == 1:

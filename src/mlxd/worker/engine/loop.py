@@ -34,7 +34,7 @@ from mlxd.worker.engine.sched.inbox import Command, Inbox
 from mlxd.worker.engine.sched.memplan import MemoryPlan
 from mlxd.worker.engine.sched.planner import PlanConfig
 from mlxd.worker.engine.sched.schedule import Scheduler
-from mlxd.worker.engine.step.generator import decode_batch, make_generator, step
+from mlxd.worker.engine.step.generator import decode_batch, first_tokens, make_generator, step
 from mlxd.worker.engine.step.speculate import SpecConfig
 from mlxd.worker.engine.step.token import Clock
 from mlxd.worker.engine.trace import StepTrace
@@ -163,6 +163,7 @@ class Engine(EngineCommands, EngineFigures):
         batch = self._batch
         batch.gen = self._new_generator()
         batch.eos = StopSequences([(t,) for t in self.m.eos_ids])
+        batch.eos_ids = frozenset(self.m.eos_ids)
         last_upkeep = time.monotonic()
         while True:
             idle = not batch.rows and not self._sched.waiting and not self._stopping
@@ -202,6 +203,7 @@ class Engine(EngineCommands, EngineFigures):
             gen = batch.generator()
             with gen.stats() as st:
                 prompt_responses, responses = step(gen, self.trimmable, batch.head)
+            firsts = first_tokens(gen)  # rows that got their first token in this step
         except Exception as exc:  # the batch state is now unusable: rebuild it
             log.exception(
                 "engine step failed (rows %s)", ", ".join(r.sub.rid for r in batch.rows.values())
@@ -224,7 +226,7 @@ class Engine(EngineCommands, EngineFigures):
         before = {uid: row.sub.rid for uid, row in batch.rows.items()}
         batch.fail_broken()
         t1 = time.perf_counter()
-        emit(batch, responses)
+        ahead = emit(batch, responses, firsts)
         t2 = time.perf_counter()
         if self.clock is not None:
             self.clock["step"] += t1 - t0
@@ -236,6 +238,7 @@ class Engine(EngineCommands, EngineFigures):
             queued = len(self._sched)
             st = StepTrace(self._steps, chunk, names, chunks, decoded, done, queued, t0, t2 - t0)
             st.preempted.extend(self._sched.preempted)
+            st.sent_first.extend(before[u] for u in ahead if u in before)
             self._traced(st)
 
     def _traced(self, st: StepTrace) -> None:

@@ -85,6 +85,9 @@ class Row:
     processors: list = field(default_factory=list)  # everything the batch runs for this row
     tokens: list[int] = field(default_factory=list)  # generated so far, as the client saw them
     generated: int = 0
+    # Its token drawn last was sent at the end of the step that drew it (emit.send_first):
+    # the decode step that returns that token again sends nothing.
+    sent_ahead: bool = False
     resumed: bool = False  # carried over a failed step once already
     admitted_at: float = field(default_factory=time.monotonic)
     # Prefill progress in this batch, for the planner (schedule.py) and the trace.

@@ -25,3 +25,4 @@ class StepTrace:
     seconds: float = 0.0  # how long the step took, its rows' events included
     failed: str = ""  # the error that failed the step (its rows were rebuilt), else ""
     preempted: list[str] = field(default_factory=list)  # rows preempted before it (KV budget)
+    sent_first: list[str] = field(default_factory=list)  # rows sent a token drawn in it (emit)

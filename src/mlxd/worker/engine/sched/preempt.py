@@ -35,8 +35,10 @@ def resumable(sub: Submission) -> bool:
 def park(batch: Batch, row: Row) -> None:
     """Take `row` out of the batch to resume later (its KV to the prompt cache)."""
     sampling = getattr(row.sampler, "sampling", None)  # the row's RowSampling
-    if row.started and row.todo == 0 and getattr(sampling, "key", None) is not None:
-        # Its next token is drawn already: the resumption draws it again, from this key.
+    drawn = row.started and row.todo == 0 and not row.sent_ahead
+    if drawn and getattr(sampling, "key", None) is not None:
+        # Its next token is drawn already, not sent: the resumption draws it again, from
+        # this key. (One sent ahead is among the tokens the resumption starts from.)
         sampling.key = sampling.prev_key  # type: ignore[union-attr]
     batch.park(row)
 

@@ -73,6 +73,7 @@ class DecodeBatch:
         self._window: mx.array | None = None  # (B, PENALTY_WINDOW) recent tokens, for penalties
         self._table: Table | None = None  # rebuilt after the rows change
         self._adapted = False  # some row of this step has a LoRA adapter
+        self.arrived: list[tuple[list[int], mx.array]] = []  # rows taken in since next()
 
     def __len__(self) -> int:
         return len(self.uids)
@@ -105,6 +106,7 @@ class DecodeBatch:
         self.num_tokens.extend(handed.num_tokens)
         self.matchers.extend(handed.matchers)
         nxt = handed.next_tokens
+        self.arrived.append((list(other.uids), nxt))  # generator.first_tokens reads them
         lp = None
         if handed.next_logprobs and any(s.logprobs for s in new):
             lp = mx.stack(handed.next_logprobs).reshape(len(other.uids), -1)
@@ -176,6 +178,7 @@ class DecodeBatch:
     # -- the step -------------------------------------------------------------------------
     def next(self) -> list[Token]:
         """Feed the tokens computed last step, launch the next step, return the fed tokens."""
+        self.arrived = []
         if not self.uids:
             return []
         # Each row's adapter (worker/lora/) for every forward below, speculation's too.

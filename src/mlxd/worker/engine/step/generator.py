@@ -8,6 +8,7 @@ those. How it is put in place is the seam's (mlx_lm_seam/).
 from __future__ import annotations
 
 from contextlib import nullcontext
+from typing import cast
 
 from mlx_lm.generate import BatchGenerator
 
@@ -35,6 +36,25 @@ def make_generator(
 def decode_batch(gen: BatchGenerator) -> DecodeBatch:
     """The generator's decode batch (for log-probability requests and the profile clock)."""
     return seam.decode_batch_of(gen)
+
+
+def first_tokens(gen: BatchGenerator) -> list[tuple[int, int]]:
+    """(uid, first token) of the rows the decode batch took in during this step, read now.
+
+    mlx-lm returns a row's first token from the decode step after the one that sampled it:
+    behind that step's forward and behind the prefill chunk the same step runs for rows
+    still prefilling (up to a whole chunk of someone else's prompt). The token is sampled
+    already: from the prefill forward's logits, whose evaluation this step waited for (or
+    from a forward of the last prompt token, launched in this step), so the engine sends it
+    at the end of this step instead (emit.send_first)."""
+    d = decode_batch(gen)
+    arrived, d.arrived = d.arrived, []
+    live = set(d.uids)
+    out = []
+    for uids, toks in arrived:
+        ids = cast(list[int], toks.tolist())  # mlx's stub: tolist() is list or scalar
+        out += [(u, t) for u, t in zip(uids, ids, strict=True) if u in live]
+    return out
 
 
 def step(gen: BatchGenerator, hand_over_early: bool, head: Site | None = None) -> tuple[list, list]:
