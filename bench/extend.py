@@ -71,6 +71,12 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         "(default: at the end of the step that drew it, emit.send_first)",
     )
     p.add_argument(
+        "--worker-buffers",
+        action="store_true",
+        help="MLX's buffer cache capped as a worker caps it (model/load.py limit_buffer_cache: "
+        "1/16 of the device; default: MLX's own, the whole device)",
+    )
+    p.add_argument(
         "--keep-buffers",
         action="store_true",
         help="no mx.clear_cache() anywhere in the process (the prefill gives MLX's buffers back "
@@ -103,6 +109,10 @@ def main(argv: list[str]) -> int:
 
     from .models import cached_model
 
+    if a.worker_buffers:
+        from mlxd.worker.model.load import limit_buffer_cache
+
+        limit_buffer_cache()
     path = cached_model(a.shape)
     loaded = load_model(path, "extend")
     blocks.ANY_DEVICE = True  # measured on any device, the CPU included (off there in a worker)
@@ -163,6 +173,7 @@ def main(argv: list[str]) -> int:
         f" · first token from {'the prefill forward' if fold else 'a decode forward'}"
         f"{' (sent after the next decode step)' if a.late_first_token else ''}"
         f"{' · buffers kept (no clear_cache)' if a.keep_buffers else ''}"
+        f"{' · buffer cache capped as in a worker' if a.worker_buffers else ''}"
         f" · {a.max_tokens} tokens a row"
         f"{'' if engine._batch.head is not None or not fold else ' (no head found: decode)'}"
     )

@@ -73,6 +73,7 @@ class _Row:
     sub: _Sub
     generated: int = 0
     resumed: bool = False
+    sent_ahead: bool = False
 
 
 def _rids(rows):
@@ -87,6 +88,14 @@ def test_a_row_a_guard_caught_is_the_only_one_failed():
 
 def test_without_a_caught_row_the_rows_without_tokens_are_blamed():
     old, new = _Row(_Sub("old"), 12), _Row(_Sub("new"), 0)
+    fail, resume = blame([old, new], [])
+    assert _rids(fail) == ["new"] and _rids(resume) == ["old"]
+
+
+def test_a_row_whose_only_token_went_out_ahead_is_blamed_as_a_newcomer():
+    """Its first token was sent at the end of the step that drew it (emit.send_first): the
+    failed step was its first decode step, where its parameters meet sampling first."""
+    old, new = _Row(_Sub("old"), 1), _Row(_Sub("new"), 1, sent_ahead=True)
     fail, resume = blame([old, new], [])
     assert _rids(fail) == ["new"] and _rids(resume) == ["old"]
 

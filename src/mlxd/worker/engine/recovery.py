@@ -14,7 +14,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from mlxd.shared.errors import Unavailable
-from mlxd.worker.engine.rows import Event, Row, Submission
+from mlxd.worker.engine.rows import Event, Row, Submission, not_decoding
 from mlxd.worker.engine.sched.oom import split_after_oom
 
 if TYPE_CHECKING:  # no MLX at import time: `blame` is unit-tested without it
@@ -98,17 +98,19 @@ def guard_sampler(sub: Submission, sampler: Callable, broken: Broken) -> Guarded
 def blame(rows: list[Row], broken: Broken) -> tuple[list[Row], list[Row]]:
     """(rows to fail, rows to resume) after a step failed with an exception.
 
-    A row a guard caught is to blame. Otherwise the suspects are the rows that have produced
-    no token yet: rows already decoding went through sampling at least once, while a new row
-    meets its parameters and its first sampling in this step. When every row is decoding the
-    cause cannot be told apart and all of them fail (resuming them could fail the same way).
+    A row a guard caught is to blame. Otherwise the suspects are the rows that have not been
+    through a decode step yet: rows already decoding went through sampling at least once,
+    while a new row meets its parameters and its first sampling in this step (its first
+    token, drawn in the step before, may have gone out already: emit.send_first). When
+    every row is decoding the cause cannot be told apart and all of them fail (resuming them
+    could fail the same way).
     Rows with their own logits processors cannot be resumed (a grammar's state cannot be
     rewound to the tokens the client has seen) and fail with the culprits, as do rows
     resumed once already: a row present at two failed steps is not carried over again, so
     a row that keeps failing the batch cannot keep getting newcomers blamed.
     """
     noted = {id(sub) for sub, _ in broken}
-    culprits = [r for r in rows if id(r.sub) in noted] or [r for r in rows if r.generated == 0]
+    culprits = [r for r in rows if id(r.sub) in noted] or [r for r in rows if not_decoding(r)]
     if not culprits:
         return list(rows), []
     blamed = {id(r) for r in culprits}

@@ -97,3 +97,9 @@ class Row:
     kv_tokens: int = 0  # positions the KV budget counts it at (kv/reserve.py)
     slot: int = 0  # its adapter's slot while in the batch (worker/lora/; 0: the base)
     seq: int = 0  # admission order (kept over a preemption): the newest are preempted first
+
+
+def not_decoding(row: Row) -> bool:
+    """Not through a decode step yet: no token, or only its first, which went out at the end
+    of the step that drew it (emit.send_first), before the decode step that returns it."""
+    return row.generated == 0 or row.generated == 1 and row.sent_ahead

@@ -21,7 +21,7 @@ step once already, and a worker group's rows (its ranks must admit alike) fail a
 
 from __future__ import annotations
 
-from mlxd.worker.engine.rows import Row
+from mlxd.worker.engine.rows import Row, not_decoding
 from mlxd.worker.engine.sched.preempt import resumable
 
 MAX_WAITS = 2  # times one request may be sent back to the queue by allocation failures
@@ -44,7 +44,7 @@ def split_after_oom(
     """(fail, stay, wait) from blame's (fail, stay) after an allocation failure; `wait` in
     admission order (the oldest first). `noted`: ids of the submissions a guard caught in
     the step (their own code raised): they fail, as blame says."""
-    if not stay and fail and all(r.generated > 0 for r in fail):
+    if not stay and fail and not any(not_decoding(r) for r in fail):
         # Every row was decoding: the oldest that may carry on do, up to half of the rows.
         eligible = sorted((r for r in fail if may_stay(r) and id(r.sub) not in noted), key=_age)
         stay = eligible[: (len(fail) + 1) // 2]
