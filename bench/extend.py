@@ -77,6 +77,17 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         "1/16 of the device; default: MLX's own, the whole device)",
     )
     p.add_argument(
+        "--ssd",
+        action="store_true",
+        help="an SSD tier beside the RAM tier, each row's history written behind (as a "
+        "worker's write-behind does between turns) before its extension",
+    )
+    p.add_argument(
+        "--ssd-copy",
+        action="store_true",
+        help="with --ssd: the writer reads a copy (kv_arrays.COPY_FOR_HOST_READS)",
+    )
+    p.add_argument(
         "--keep-buffers",
         action="store_true",
         help="no mx.clear_cache() anywhere in the process (the prefill gives MLX's buffers back "
@@ -122,7 +133,18 @@ def main(argv: list[str]) -> int:
     trace = open_step_log(a.step_log, "extend") if a.step_log else None
     # The RAM tier holds every row's history at K = 8 on the 8B (~10 GB); 64 GiB left an H100
     # (80 GB) no room for the plain baseline's caches beside the model.
-    cache = PromptCache(16 << 30, None, 0)
+    ssd_dir = None
+    if a.ssd:
+        import tempfile
+
+        from mlxd.worker.cache import kv_arrays
+
+        kv_arrays.COPY_FOR_HOST_READS = a.ssd_copy
+        ssd_dir = Path(tempfile.mkdtemp(prefix="extend-ssd-"))
+    layout = kv_arrays.kv_layout(loaded.model) if a.ssd else None
+    # earn_tokens 0: every history is written (a real session's turns earn it by their reuse)
+    cache = PromptCache(16 << 30, ssd_dir, 64 << 30, layout=layout, quiet_s=0.0, earn_tokens=0)
+    cache.start()
     phases = None
     if a.phases or a.variant != "default":
         from .extend_phases import Phases
@@ -174,6 +196,8 @@ def main(argv: list[str]) -> int:
         f"{' (sent after the next decode step)' if a.late_first_token else ''}"
         f"{' · buffers kept (no clear_cache)' if a.keep_buffers else ''}"
         f"{' · buffer cache capped as in a worker' if a.worker_buffers else ''}"
+        f"{' · SSD tier, histories written behind' if a.ssd else ''}"
+        f"{' from copies' if a.ssd_copy else ''}"
         f" · {a.max_tokens} tokens a row"
         f"{'' if engine._batch.head is not None or not fold else ' (no head found: decode)'}"
     )
@@ -197,6 +221,8 @@ def main(argv: list[str]) -> int:
             # built for one length would make the next repeat look cheaper than it is).
             hist = [prefix + fresh(i * a.history + 7 * r + 1) for i in range(k)]
             run(hist)  # each session's history is cached (its previous turn)
+            if a.ssd:  # ...and written behind to the SSD tier, as between a worker's turns
+                _written(cache, k)
             news = [h + fresh(a.new) for h in hist]
             if phases is not None:
                 phases.reset()
@@ -213,11 +239,25 @@ def main(argv: list[str]) -> int:
         )
     engine.stop()
     engine.join(30)
+    if ssd_dir is not None:
+        import shutil
+
+        shutil.rmtree(ssd_dir, ignore_errors=True)
     # As the worker does (mlxd/worker/__main__.py): skip the interpreter's teardown, where
     # MLX's per-thread streams of the engine thread abort a clean exit ("terminate called").
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0)
+
+
+def _written(cache, k: int, timeout_s: float = 120.0) -> None:
+    """Wait until the write-behind has written `k` more entries (the engine's idle upkeep
+    hands them to the writer)."""
+    start = cache.stats().get("cache_ssd_writes", 0)
+    until = time.monotonic() + timeout_s
+    while cache.stats().get("cache_ssd_writes", 0) < start + k and time.monotonic() < until:
+        time.sleep(0.05)
+    cache.writes.flush()
 
 
 def _plain(model, hist, new: int, fresh, make_prompt_cache, mx) -> float:

@@ -69,11 +69,18 @@ def _parts(i: int, c: Any) -> dict[str, mx.array]:
     return {f"{i}.k": c.keys[..., : c.offset, :], f"{i}.v": c.values[..., : c.offset, :]}
 
 
+# Whether the SSD writer reads a copy of an entry instead of the entry itself. On CUDA MLX
+# allocates managed memory, and the CPU reading a buffer the device holds moves its pages to
+# the host; the entry's next use on the device (the session's next turn) moves them back.
+COPY_FOR_HOST_READS = False
+
+
 def to_numpy(layers: list) -> tuple[dict[str, np.ndarray], dict[str, str], list]:
     """Zero-copy NumPy views of cache layers, as the SSD format names and stores them, and
     the evaluated MLX arrays behind them (they must outlive the views)."""
     named = {n: _bits_view(a) for i, c in enumerate(layers) for n, a in _parts(i, c).items()}
-    keep: list = [mx.contiguous(a) for a in named.values()]
+    copy = mx.array if COPY_FOR_HOST_READS else mx.contiguous
+    keep: list = [copy(a) for a in named.values()]
     mx.eval(keep)
     arrays = {n: np.asarray(memoryview(a)) for n, a in zip(named, keep)}
     return arrays, {"layers": str(len(layers))}, keep
