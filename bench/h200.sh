@@ -24,6 +24,10 @@
 #   bash bench/h200.sh first-token # issue 33: the same rows (shape buckets on), first tokens from
 #                                 # a decode forward, then from the prefill forward (~5 min)
 #   bash bench/h200.sh first-token-small # the same on the 0.6B shape (~2 min)
+#   bash bench/h200.sh host-reads # issue 33: the same rows (8 tokens each), their histories
+#                                 # written behind to an SSD tier first, the writer reading the
+#                                 # entries, then copies; then MLX's buffer cache capped as in a
+#                                 # worker (~5 min, the 8B build included)
 #   bash bench/h200.sh restore    # issue 34: gemma3-12b's SSD restore phase by phase, with the
 #                                 # engine's first step on it; bench.cuda_memory (~3 min)
 #   bash bench/h200.sh families  # issue 34: gemma3-12b (sliding window) then nemotron-h-8b
@@ -119,6 +123,16 @@ first-token-small)
   for f in --mlx-lm-first-token ""; do
     timeout 200 python3 -m bench extend --shape qwen3-0.6b --prefix 6000 --history 300 --new 270 \
       --rows 1,4,8 --repeats 3 --buckets $f 2>&1 | grep -v tokenizer | tee "$out/extend-0.6b$f.md"
+  done
+  ;;
+host-reads)
+  # Issue 33 (2026-12-07): in the worker a lone 215-token extending row's step took 83-130 ms
+  # against 34 ms for a whole first token in `bench extend`. Suspects: the SSD writer reading
+  # each turn's entry on the CPU (CUDA managed memory moves the pages to the host; the next
+  # turn's use moves them back) and the worker's capped buffer cache.
+  for f in "" "--ssd" "--ssd --ssd-copy" "--worker-buffers"; do
+    timeout 140 python3 -m bench extend --shape qwen3-8b --prefix 6000 --history 300 --new 270 \
+      --rows 1,4,8 --repeats 3 --buckets $f 2>&1 | grep -v tokenizer | tee -a "$out/host-reads.md"
   done
   ;;
 window-prefill)
