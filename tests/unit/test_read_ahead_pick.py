@@ -58,7 +58,12 @@ def _worker(engine, entries, generating):
         ssd=ssd, ram=ram, read_ahead={"entries": 0, "bytes": 0, "done": 0}, warm=lambda e, a: True
     )
     return types.SimpleNamespace(
-        prompt_cache=cache, engine=engine, draining=False, cache_ns="ns", generating=generating
+        prompt_cache=cache,
+        engine=engine,
+        draining=False,
+        started=True,
+        cache_ns="ns",
+        generating=generating,
     )
 
 
@@ -106,3 +111,36 @@ def test_the_read_ahead_waits_for_a_request_still_being_prepared(monkeypatch):
 
     asyncio.run(main())
     assert engine.read_at == [("a", 0)]
+
+
+def test_the_read_ahead_starts_before_ready_and_reads_adapters_mounted_at_ready(monkeypatch):
+    """The first read runs beside the warm-up; the namespaces are looked at again before each
+    entry, so an adapter mounted at READY has its entries read too."""
+    import asyncio
+    import types
+
+    from mlxd.worker.cache import read_ahead as ra
+
+    monkeypatch.setattr(ra, "QUIET_POLL_S", 0)
+    engine = _Busy(polls=0)
+    engine.adapters = types.SimpleNamespace(mounted={})
+    entries = [entry("base", 10, 2.0), SsdEntry("lora", "ns+a1", (1,), 10, "0" * 64, None, 3.0)]
+    state = _worker(engine, entries, generating=0)
+    state.started = False
+
+    async def read_once(c, e, use):
+        engine.read_at.append((e.key, state.started))
+        return {}
+
+    async def main():
+        task = asyncio.create_task(ra.read_ahead(state, read_once))
+        for _ in range(20):  # warming up: the base model's entry is read meanwhile
+            await asyncio.sleep(0)
+        assert engine.read_at == [("base", False)] and not task.done()
+        engine.adapters.mounted = {"a1": types.SimpleNamespace(cache_ns="+a1")}
+        state.started = True  # READY, the adapter mounted
+        await task
+
+    asyncio.run(main())
+    assert engine.read_at == [("base", False), ("lora", True)]
+    assert state.prompt_cache.read_ahead == {"entries": 2, "bytes": 20, "done": 1}

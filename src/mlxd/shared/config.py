@@ -115,7 +115,7 @@ class Settings(BaseSettings):
     prompt_cache_bytes: Bytes | None = Field(None, ge=0)  # RAM tier; None: sized from memory
     ssd_cache: bool = True  # SSD tier under $MLXD_HOME/cache
     ssd_cache_bytes: Bytes = Field(20 * 1024**3, ge=0)
-    # Once READY, read the newest SSD entries into the RAM tier's room (worker/cache/read_ahead.py)
+    # From the start, beside the warm-up: the newest SSD entries into the RAM tier's room
     ssd_read_ahead: bool = True
 
     # Structured-output grammars (per worker; docs/security.md): static caps before a compile,

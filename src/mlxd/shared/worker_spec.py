@@ -137,7 +137,7 @@ class WorkerSpec(SamplingFields):
     prompt_cache_bytes: int | None = None  # None: sized from memory; 0: no prompt cache
     ssd_cache_dir: Path | None = None  # None: no SSD tier
     ssd_cache_bytes: int = 20 * 1024**3
-    ssd_read_ahead: bool = True  # the newest SSD entries into RAM once READY (read_ahead.py)
+    ssd_read_ahead: bool = True  # the newest SSD entries into RAM from the start (read_ahead.py)
     cache_quiet_s: float = 2.0
     cache_idle_s: float = 300.0
     generation: int = 0  # the supervisor's slot generation; /health reports it back

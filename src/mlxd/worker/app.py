@@ -181,6 +181,12 @@ async def serve(cfg: WorkerSpec) -> int:
     # test-only slow prefill, read by api/generation.py
     state.engine.debug_prefill_delay_s = cfg.debug_prefill_delay_s
     state.engine.start()
+    # The SSD tier's newest entries are read back into RAM from here on, the first beside the
+    # warm-up (cache/read_ahead.py). A group's ranks each hold a shard of every entry: one
+    # rank alone must not warm its RAM.
+    ahead: asyncio.Task | None = None
+    if cfg.ssd_read_ahead and cfg.group is None:
+        ahead = asyncio.create_task(read_ahead(state, read_once))
     # The warm-up runs on the engine thread; READY only after it, so no user pays for it
     # (the supervisor's load time includes it).
     _phase(state, "warming up")
@@ -194,11 +200,6 @@ async def serve(cfg: WorkerSpec) -> int:
         state.loaded.context_limit,
         cfg.batch,
     )
-    # A group's ranks each hold a shard of every entry: one rank alone must not warm its RAM.
-    ahead: asyncio.Task | None = None
-    if cfg.ssd_read_ahead and cfg.group is None:
-        ahead = asyncio.create_task(read_ahead(state, read_once))
-
     await stop.wait()
     if ahead is not None:
         ahead.cancel()

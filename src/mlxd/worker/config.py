@@ -171,7 +171,8 @@ def _flag_parser(log_level: str) -> argparse.ArgumentParser:
         "--ssd-read-ahead",
         action=argparse.BooleanOptionalAction,
         default=_default("ssd_read_ahead"),
-        help="once ready, read the newest SSD entries into the RAM tier's room (default on)",
+        help="from the start (beside the warm-up), read the newest SSD entries into the RAM "
+        "tier's room (default on)",
     )
     _opt(
         p,

@@ -4,9 +4,13 @@ A model unloaded (idle, evicted, hot-swapped) or a daemon restarted comes back w
 cache on the SSD only, and the first turn of each conversation then pays a restore: for
 gemma3-12b's 16k-token conversation a 1.4 GB read, 0.84 s against 0.22 s for the same prompt
 from RAM (H100, docs/benchmarks.md 2026-12-07). The conversations most likely to come back
-first are the ones used last, so once the worker is READY it reads those entries, newest
-first, into the RAM tier's free room: while the worker waits for its next request, not in
-front of it. A request that wants an entry being read shares that read (keys.read_once).
+first are the ones used last, so the worker reads those entries, newest first, into the RAM
+tier's free room from the moment its prompt cache and engine exist: the first read runs
+beside the warm-up (seconds on a GPU), so a request that loaded the model and waits for
+READY finds its conversation in RAM; later ones while the worker waits for requests, not in
+front of them. A request that wants an entry being read shares that read (keys.read_once);
+an entry read during the warm-up enters the RAM tier right after it (on the engine thread).
+The namespaces are looked at again before each entry: adapters mounted at READY count.
 
 Bounds: only the RAM tier's room at the time (nothing already in RAM is evicted for a guess),
 only namespaces a request can reach (the base model's, mounted adapters'), one entry at a
@@ -53,17 +57,16 @@ async def read_ahead(state, read_once) -> None:
         cache.read_ahead["done"] = 1
         return
     t0 = time.monotonic()
-    # Only namespaces a request can reach now: the base model's and each mounted adapter's.
-    mounted = list(engine.adapters.mounted.values()) if engine.adapters is not None else []
-    names = {state.cache_ns, *(state.cache_ns + m.cache_ns for m in mounted)}
-    entries = [e for e in cache.ssd.index.entries() if e.ns in names]
-    chosen = pick(entries, cache.ram.cap_bytes - cache.ram.nbytes)
-    for e in chosen:
+    seen: set[str] = set()
+    while True:
         await _quiet(state, engine)
-        if state.draining or cache.ram.cap_bytes - cache.ram.nbytes < e.file_bytes:
-            break
-        if cache.ram.covers(e.ns, e.tokens):  # a request brought it (or more) back already
+        e = _next(state, cache, engine, seen)
+        if e is None and not state.started and not state.draining:
+            await asyncio.sleep(QUIET_POLL_S)  # adapters are mounted at READY: look again
             continue
+        if e is None or state.draining:
+            break
+        seen.add(e.key)
         try:
             arrays = await read_once(cache, e, use=False)
             if arrays is None:  # gone or damaged meanwhile (the store dropped it)
@@ -76,14 +79,28 @@ async def read_ahead(state, read_once) -> None:
         except Exception:  # an optimisation: whatever fails, the requests still restore
             log.exception("SSD read-ahead of entry %s failed", e.key)
     cache.read_ahead["done"] = 1
-    if chosen:
+    if seen:
         log.info(
             "SSD read-ahead: %d of %d entries (%d bytes) into the RAM tier in %.2f s",
             cache.read_ahead["entries"],
-            len(chosen),
+            len(seen),
             cache.read_ahead["bytes"],
             time.monotonic() - t0,
         )
+
+
+def _next(state, cache, engine, seen: set[str]) -> SsdEntry | None:
+    """The newest entry not tried yet that a request can reach (the base model's namespace,
+    each mounted adapter's), that RAM does not hold already and that fits its room."""
+    mounted = list(engine.adapters.mounted.values()) if engine.adapters is not None else []
+    names = {state.cache_ns, *(state.cache_ns + m.cache_ns for m in mounted)}
+    room = cache.ram.cap_bytes - cache.ram.nbytes
+    entries = [e for e in cache.ssd.index.entries() if e.ns in names and e.key not in seen]
+    for e in pick(entries, room):
+        if not cache.ram.covers(e.ns, e.tokens):
+            return e
+        seen.add(e.key)  # a request brought it (or more) back already
+    return None
 
 
 async def _quiet(state, engine) -> None:
