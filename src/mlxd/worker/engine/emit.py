@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from mlxd.worker.engine.batch import Batch
 from mlxd.worker.engine.recovery import generation_failed
@@ -20,12 +20,12 @@ from mlxd.worker.engine.step.logprobs import logprob_entry
 log = logging.getLogger("mlxd.worker.engine.loop")
 
 
-def emit(batch: Batch, responses, firsts: Sequence[tuple[int, int]] = ()) -> list[int]:
+def emit(batch: Batch, responses, firsts: Sequence[tuple[int, int, Any]] = ()) -> list[int]:
     """Hand each row its token from this step, then each row that entered decoding in it its
-    first token (uid, token); one row's failure ends that row only. Returns the uids sent a
-    first token ahead."""
+    first token (uid, token, its log-probabilities or None); one row's failure ends that row
+    only. Returns the uids sent a first token ahead."""
     ahead = []
-    for r in [*responses, *(Ahead(uid, tok) for uid, tok in firsts)]:
+    for r in [*responses, *(Ahead(uid, tok, None, lp) for uid, tok, lp in firsts)]:
         if r.uid not in batch.rows:
             continue  # failed during this step already
         try:
@@ -47,17 +47,20 @@ class Ahead(NamedTuple):
     uid: int
     token: int
     finish_reason: None = None
-    logprobs: None = None
+    logprobs: Any = None  # (vocabulary,) when the decode batch kept them
 
 
 def send_first(batch: Batch, r: Ahead) -> bool:
     """Send a row the token it drew in this step, ahead of the decode step that returns it.
 
     Only where that step cannot end the row there (an end-of-sequence token, its last token
-    by max_tokens) and no log-probabilities are asked for: what those need comes with the
-    decode step's response. A stop string it completes ends the row now (on_token)."""
+    by max_tokens): what ends a row comes with the decode step's response, as do a row's
+    log-probabilities where the batch kept none this time. A stop string it completes ends
+    the row now (on_token)."""
     row = batch.rows[r.uid]
-    if row.sent_ahead or row.sub.params.logprobs or r.token in batch.eos_ids:
+    if row.sent_ahead or r.token in batch.eos_ids:
+        return False
+    if row.sub.params.logprobs and r.logprobs is None:
         return False
     max_tokens = row.sub.params.max_tokens
     if max_tokens is not None and row.generated + 1 >= max_tokens:

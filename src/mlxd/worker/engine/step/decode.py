@@ -73,7 +73,7 @@ class DecodeBatch:
         self._window: mx.array | None = None  # (B, PENALTY_WINDOW) recent tokens, for penalties
         self._table: Table | None = None  # rebuilt after the rows change
         self._adapted = False  # some row of this step has a LoRA adapter
-        self.arrived: list[tuple[list[int], mx.array]] = []  # rows taken in since next()
+        self.arrived: list[tuple[list[int], mx.array, list]] = []  # rows taken in since next()
 
     def __len__(self) -> int:
         return len(self.uids)
@@ -106,7 +106,7 @@ class DecodeBatch:
         self.num_tokens.extend(handed.num_tokens)
         self.matchers.extend(handed.matchers)
         nxt = handed.next_tokens
-        self.arrived.append((list(other.uids), nxt))  # generator.first_tokens reads them
+        self.arrived.append((list(other.uids), nxt, handed.next_logprobs))  # first_tokens
         lp = None
         if handed.next_logprobs and any(s.logprobs for s in new):
             lp = mx.stack(handed.next_logprobs).reshape(len(other.uids), -1)

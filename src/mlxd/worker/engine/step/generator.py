@@ -10,6 +10,7 @@ from __future__ import annotations
 from contextlib import nullcontext
 from typing import cast
 
+import mlx.core as mx
 from mlx_lm.generate import BatchGenerator
 
 from mlxd.worker.engine.step.decode import DecodeBatch
@@ -38,8 +39,9 @@ def decode_batch(gen: BatchGenerator) -> DecodeBatch:
     return seam.decode_batch_of(gen)
 
 
-def first_tokens(gen: BatchGenerator) -> list[tuple[int, int]]:
-    """(uid, first token) of the rows the decode batch took in during this step, read now.
+def first_tokens(gen: BatchGenerator) -> list[tuple[int, int, mx.array | None]]:
+    """(uid, first token, its log-probabilities or None) of the rows the decode batch took
+    in during this step, read now.
 
     mlx-lm returns a row's first token from the decode step after the one that sampled it:
     behind that step's forward and behind the prefill chunk the same step runs for rows
@@ -51,9 +53,11 @@ def first_tokens(gen: BatchGenerator) -> list[tuple[int, int]]:
     arrived, d.arrived = d.arrived, []
     live = set(d.uids)
     out = []
-    for uids, toks in arrived:
+    for uids, toks, lps in arrived:
         ids = cast(list[int], toks.tolist())  # mlx's stub: tolist() is list or scalar
-        out += [(u, t) for u, t in zip(uids, ids, strict=True) if u in live]
+        for j, (u, t) in enumerate(zip(uids, ids, strict=True)):
+            if u in live:
+                out.append((u, t, lps[j] if len(lps) == len(uids) else None))
     return out
 
 
