@@ -144,3 +144,45 @@ def test_the_read_ahead_starts_before_ready_and_reads_adapters_mounted_at_ready(
     asyncio.run(main())
     assert engine.read_at == [("base", False), ("lora", True)]
     assert state.prompt_cache.read_ahead == {"entries": 2, "bytes": 20, "done": 1}
+
+
+def test_entries_are_read_while_the_engine_thread_warms_up_and_taken_in_after(monkeypatch):
+    """The engine thread takes nothing during the warm-up: every entry that fits the room is
+    read meanwhile (their bytes held against it), and all go into RAM once it is over."""
+    import asyncio
+
+    from mlxd.worker.cache import read_ahead as ra
+
+    monkeypatch.setattr(ra, "QUIET_POLL_S", 0)
+    warmed = asyncio.Event()
+    engine = _Busy(polls=0)
+    taken: list[str] = []
+
+    async def call(fn, what):  # as Engine.call: run on the engine thread after the warm-up
+        await warmed.wait()
+        return fn()
+
+    engine.call = call
+    # 100 bytes of room: a, b, c (30 each) fit with 10 left; d (30) does not, e (10) does.
+    entries = [entry(k, n, t) for k, n, t in [("a", 30, 5), ("b", 30, 4), ("c", 30, 3)]]
+    entries += [entry("d", 30, 2), entry("e", 10, 1)]
+    state = _worker(engine, entries, generating=0)
+    state.started = False
+    state.prompt_cache.warm = lambda e, arrays: taken.append(e.key) or True
+
+    async def read_once(c, e, use):
+        engine.read_at.append(e.key)
+        return {}
+
+    async def main():
+        task = asyncio.create_task(ra.read_ahead(state, read_once))
+        for _ in range(50):
+            await asyncio.sleep(0)
+        assert engine.read_at == ["a", "b", "c", "e"] and taken == []  # all read, none in
+        warmed.set()
+        state.started = True
+        await task
+
+    asyncio.run(main())
+    assert taken == ["a", "b", "c", "e"]
+    assert state.prompt_cache.read_ahead == {"entries": 4, "bytes": 100, "done": 1}

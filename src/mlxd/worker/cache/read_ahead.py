@@ -49,7 +49,11 @@ def pick(entries: Iterable[SsdEntry], room_bytes: int) -> list[SsdEntry]:
 
 async def read_ahead(state, read_once) -> None:
     """Read the newest SSD entries into the RAM tier's room (`read_once`: keys.read_once,
-    which shares a read with requests that want the same entry). Never raises."""
+    which shares a read with requests that want the same entry). Never raises.
+
+    An entry read goes to the engine thread to enter RAM (`engine.call`) and the next read
+    begins without waiting for that: during the warm-up the engine thread takes nothing, so
+    every entry that fits is read then, its bytes held against the room until it is in."""
     cache, engine = state.prompt_cache, state.engine
     if cache is None:
         return
@@ -58,26 +62,29 @@ async def read_ahead(state, read_once) -> None:
         return
     t0 = time.monotonic()
     seen: set[str] = set()
-    while True:
+    held: list[tuple[SsdEntry, asyncio.Future]] = []  # read, not yet taken into RAM
+    going = True
+    while going:
         await _quiet(state, engine)
-        e = _next(state, cache, engine, seen)
-        if e is None and not state.started and not state.draining:
+        going = _settle(cache, held, done_only=True)
+        e = _next(state, cache, engine, seen, sum(h.file_bytes for h, _ in held))
+        if going and e is None and not state.started and not state.draining:
             await asyncio.sleep(QUIET_POLL_S)  # adapters are mounted at READY: look again
             continue
-        if e is None or state.draining:
+        if not going or e is None or state.draining:
             break
         seen.add(e.key)
         try:
             arrays = await read_once(cache, e, use=False)
-            if arrays is None:  # gone or damaged meanwhile (the store dropped it)
-                continue
-            if await engine.call(partial(_warm, cache, e, arrays), "SSD read-ahead"):
-                cache.read_ahead["entries"] += 1
-                cache.read_ahead["bytes"] += e.file_bytes
-        except MlxdError:  # the engine stopped or drains (engine.call): nothing more to read
-            break
         except Exception:  # an optimisation: whatever fails, the requests still restore
             log.exception("SSD read-ahead of entry %s failed", e.key)
+            continue
+        if arrays is not None:  # None: gone or damaged meanwhile (the store dropped it)
+            warm = engine.call(partial(_warm, cache, e, arrays), "SSD read-ahead")
+            held.append((e, asyncio.ensure_future(warm)))
+    if held:
+        await asyncio.wait([f for _, f in held])
+        _settle(cache, held, done_only=False)
     cache.read_ahead["done"] = 1
     if seen:
         log.info(
@@ -89,12 +96,31 @@ async def read_ahead(state, read_once) -> None:
         )
 
 
-def _next(state, cache, engine, seen: set[str]) -> SsdEntry | None:
+def _settle(cache, held: list, done_only: bool) -> bool:
+    """Count the entries the engine thread took into RAM and drop them from `held` (only
+    those it has answered for, with `done_only`); False once it refused (stopped, drains)."""
+    going = True
+    for item in [h for h in held if h[1].done() or not done_only]:
+        held.remove(item)
+        e, fut = item
+        try:
+            if fut.result():
+                cache.read_ahead["entries"] += 1
+                cache.read_ahead["bytes"] += e.file_bytes
+        except MlxdError:  # the engine stopped or drains: nothing more to read
+            going = False
+        except Exception:
+            log.exception("SSD read-ahead of entry %s failed", e.key)
+    return going
+
+
+def _next(state, cache, engine, seen: set[str], held_bytes: int) -> SsdEntry | None:
     """The newest entry not tried yet that a request can reach (the base model's namespace,
-    each mounted adapter's), that RAM does not hold already and that fits its room."""
+    each mounted adapter's), that RAM does not hold already and that fits its room (less
+    `held_bytes`, read and on their way in)."""
     mounted = list(engine.adapters.mounted.values()) if engine.adapters is not None else []
     names = {state.cache_ns, *(state.cache_ns + m.cache_ns for m in mounted)}
-    room = cache.ram.cap_bytes - cache.ram.nbytes
+    room = cache.ram.cap_bytes - cache.ram.nbytes - held_bytes
     entries = [e for e in cache.ssd.index.entries() if e.ns in names and e.key not in seen]
     for e in pick(entries, room):
         if not cache.ram.covers(e.ns, e.tokens):
