@@ -186,3 +186,45 @@ def test_entries_are_read_while_the_engine_thread_warms_up_and_taken_in_after(mo
     asyncio.run(main())
     assert taken == ["a", "b", "c", "e"]
     assert state.prompt_cache.read_ahead == {"entries": 4, "bytes": 100, "done": 1}
+
+
+def test_a_stopped_worker_leaves_no_unretrieved_error_from_an_entry_on_its_way_in(monkeypatch):
+    """The worker cancels the read-ahead when it stops; the engine then answers the entry it
+    had not taken in yet with an error, which nobody awaits any more: nothing is reported."""
+    import asyncio
+    import gc
+
+    from mlxd.shared.errors import Unavailable
+    from mlxd.worker.cache import read_ahead as ra
+
+    monkeypatch.setattr(ra, "QUIET_POLL_S", 0)
+    stopped = None
+    engine = _Busy(polls=0)
+
+    async def call(fn, what):  # the engine is warming up, then stops without taking it
+        await stopped.wait()
+        raise Unavailable("the engine stopped")
+
+    engine.call = call
+    state = _worker(engine, [entry("a", 10, 1.0)], generating=0)
+    state.started = False
+    reported: list = []
+
+    async def read_once(c, e, use):
+        return {}
+
+    async def main():
+        nonlocal stopped
+        stopped = asyncio.Event()
+        asyncio.get_running_loop().set_exception_handler(lambda loop, ctx: reported.append(ctx))
+        task = asyncio.create_task(ra.read_ahead(state, read_once))
+        for _ in range(20):
+            await asyncio.sleep(0)
+        task.cancel()  # the worker stops
+        stopped.set()
+        for _ in range(20):
+            await asyncio.sleep(0)
+        gc.collect()
+
+    asyncio.run(main())
+    assert reported == []

@@ -80,8 +80,13 @@ async def read_ahead(state, read_once) -> None:
             log.exception("SSD read-ahead of entry %s failed", e.key)
             continue
         if arrays is not None:  # None: gone or damaged meanwhile (the store dropped it)
-            warm = engine.call(partial(_warm, cache, e, arrays), "SSD read-ahead")
-            held.append((e, asyncio.ensure_future(warm)))
+            warm = asyncio.ensure_future(
+                engine.call(partial(_warm, cache, e, arrays), "SSD read-ahead")
+            )
+            # Looked at even when this task is cancelled first (the worker stops): no
+            # "exception never retrieved" from an engine that answered it at its exit.
+            warm.add_done_callback(lambda f: f.cancelled() or f.exception())
+            held.append((e, warm))
     if held:
         await asyncio.wait([f for _, f in held])
         _settle(cache, held, done_only=False)
