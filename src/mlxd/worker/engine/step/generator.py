@@ -50,6 +50,8 @@ def first_tokens(gen: BatchGenerator) -> list[tuple[int, int, mx.array | None]]:
     from a forward of the last prompt token, launched in this step), so the engine sends it
     at the end of this step instead (emit.send_first)."""
     d = decode_batch(gen)
+    if not d.arrived:  # most steps: nobody entered decoding
+        return []
     arrived, d.arrived = d.arrived, []
     live = set(d.uids)
     out = []
