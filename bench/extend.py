@@ -141,10 +141,12 @@ def main(argv: list[str]) -> int:
 
         kv_arrays.COPY_FOR_HOST_READS = a.ssd_copy
         ssd_dir = Path(tempfile.mkdtemp(prefix="extend-ssd-"))
-    layout = kv_arrays.kv_layout(loaded.model) if a.ssd else None
-    # earn_tokens 0: every history is written (a real session's turns earn it by their reuse)
-    cache = PromptCache(16 << 30, ssd_dir, 64 << 30, layout=layout, quiet_s=0.0, earn_tokens=0)
-    cache.start()
+        layout = kv_arrays.kv_layout(loaded.model)
+        # earn_tokens 0: every history is written (a session's turns earn it by their reuse)
+        cache = PromptCache(16 << 30, ssd_dir, 64 << 30, layout=layout, quiet_s=0, earn_tokens=0)
+        cache.start()
+    else:  # the RAM tier alone, as every run before 2026-12-07 12:40 measured
+        cache = PromptCache(16 << 30, None, 0)
     phases = None
     if a.phases or a.variant != "default":
         from .extend_phases import Phases
@@ -242,6 +244,7 @@ def main(argv: list[str]) -> int:
     if ssd_dir is not None:
         import shutil
 
+        cache.writes.flush()  # a write behind still running would leave its file
         shutil.rmtree(ssd_dir, ignore_errors=True)
     # As the worker does (mlxd/worker/__main__.py): skip the interpreter's teardown, where
     # MLX's per-thread streams of the engine thread abort a clean exit ("terminate called").
