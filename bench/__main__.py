@@ -16,6 +16,7 @@
     python -m bench families --shape gemma3-12b      # a sliding-window / hybrid model (issue 34)
     python -m bench adapters --shape qwen3-8b        # 32 clients over 1/4/16 LoRA adapters (36)
     python -m bench vision --shape gemma3-4b         # images: TTFT, 2nd turn, a mix vs mlx-vlm (35)
+    python -m bench cpu_blas                         # CPU decode: bundled BLAS vs OpenBLAS (Linux)
 
 See docs/benchmarks.md for what each workload measures and the goals.
 """
@@ -51,7 +52,7 @@ ROOT = Path(__file__).resolve().parents[1]
 # only in the processes they start or in that module.
 STANDALONE = (
     "kvquant", "profile", "speculative", "extend", "masks", "attention", "steps", "group",
-    "agents", "claude", "families", "adapters", "vision",
+    "agents", "claude", "families", "adapters", "vision", "cpu_blas",
 )  # fmt: skip
 
 
@@ -69,6 +70,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     sub.add_parser("families", help="sliding-window and hybrid models", add_help=False)
     sub.add_parser("adapters", help="clients over many LoRA adapters vs base", add_help=False)
     sub.add_parser("vision", help="image requests vs mlx-vlm's generate", add_help=False)
+    sub.add_parser("cpu_blas", help="CPU decode: bundled BLAS vs OpenBLAS", add_help=False)
     r = sub.add_parser("run", help="run the side-by-side benchmark")
     r.add_argument(
         "--model", type=Path, help="mlx-lm model folder (default: a random model built for --shape)"

@@ -11,7 +11,13 @@ import pathlib
 
 import pytest
 
-from tiny_model import build_tiny_embedding_model, build_tiny_model
+from mlxd.worker.cpu_blas import load_cpu_blas
+
+# The references computed here (mlx-lm's own generation) use the BLAS the workers use: before
+# anything imports mlx.core.
+load_cpu_blas(os.environ)
+
+from tiny_model import build_tiny_embedding_model, build_tiny_model  # noqa: E402
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -18,6 +18,9 @@ os.environ.setdefault("PYTHONUNBUFFERED", "1")
 from mlxd.worker.device_env import apply_device_env  # noqa: E402
 
 apply_device_env(os.environ)  # before MLX's first kernel: it reads them once
+from mlxd.worker.cpu_blas import load_cpu_blas  # noqa: E402
+
+load_cpu_blas(os.environ)  # before mlx.core is imported: MLX binds to it then
 from mlxd.worker import import_cache  # noqa: E402
 
 import_cache.install()  # before mlx-lm imports transformers: its import table from disk

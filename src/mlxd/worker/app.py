@@ -16,6 +16,7 @@ from mlxd.shared.middleware import error_middleware, request_id_middleware
 from mlxd.shared.model_facts import read_model_facts
 from mlxd.shared.routes import WORKER_PATHS
 from mlxd.shared.worker_spec import WorkerSpec
+from mlxd.worker import cpu_blas
 from mlxd.worker.api import anthropic as anthropic_routes
 from mlxd.worker.api import completions as completions_routes
 from mlxd.worker.api import control
@@ -241,6 +242,8 @@ def main(cfg: WorkerSpec) -> int:
         stream=sys.stderr,
     )
     log.debug("spec %s", cfg.model_dump_json())
+    if cpu_blas.LOADED:
+        log.info("CPU matrix products through %s, one thread", cpu_blas.LOADED[0])
     if cfg.group is not None and cfg.group.rank > 0:  # a follower rank serves no socket
         return run_follower(cfg)
     runner: Callable[[Coroutine[Any, Any, int]], int]
