@@ -89,6 +89,17 @@ def wait_healthy(socket: Path, proc: subprocess.Popen, timeout_s: float = 60.0) 
     raise TimeoutError("worker did not become healthy")
 
 
+def wait_rows(socket: Path, n: int = 1, timeout_s: float = 30.0) -> None:
+    """Until the worker at `socket` has at least `n` rows in its batch: a request sent from
+    another thread has been admitted (a sleep would guess, on a machine of any speed)."""
+    deadline = time.monotonic() + timeout_s
+    with uds_client(socket) as c:
+        while c.get("/stats").json()["rows_active"] < n:
+            if time.monotonic() > deadline:
+                raise AssertionError(f"no {n} rows in the worker's batch in {timeout_s} s")
+            time.sleep(0.01)
+
+
 def stop(proc: subprocess.Popen, timeout_s: float = 15.0) -> int:
     if proc.poll() is None:
         proc.terminate()

@@ -11,7 +11,7 @@ import httpx
 import psutil
 import pytest
 
-from procs import TIGHT_KV_ALLOWANCE, estimate_bytes
+from procs import TIGHT_KV_ALLOWANCE, estimate_bytes, wait_rows
 
 MSG = [{"role": "user", "content": "hello"}]
 
@@ -154,7 +154,7 @@ def test_plain_request_to_a_dying_worker_is_502(make_daemon):
     result = {}
     t = threading.Thread(target=lambda: result.setdefault("r", ask(d, "a", 400)))
     t.start()
-    time.sleep(0.5)
+    wait_rows(d.home / "run" / "a.sock")  # reached the worker, and decoding: killed mid-row
     os.kill(d.worker_pids("a")[0], signal.SIGKILL)
     t.join(30)
     r = result["r"]

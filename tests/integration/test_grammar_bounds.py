@@ -220,7 +220,10 @@ def test_full_compile_slots_give_a_clear_503(worker, http):
     hold = [threading.Thread(target=held, args=(n,)) for n in (21, 22)]
     for t in hold:
         t.start()
-    time.sleep(0.5)
+    deadline = time.monotonic() + 10
+    while compile_children(worker[1]) < 3:  # the spare and both held compiles: slots full
+        assert time.monotonic() < deadline, "the two held compiles did not start"
+        time.sleep(0.02)
     r = chat(http, guided_json=heavy(23))
     for t in hold:
         t.join(60)

@@ -210,6 +210,11 @@ def test_a_huge_prompt_on_messages_gets_the_anthropic_envelope(http):
 
 
 # -- the engine, in process ---------------------------------------------------------------
+# A row that is still decoding when the test thread submits the next one, however fast the
+# machine decodes (40 tokens took ~0.3 s here before OpenBLAS, ~0.1 s with it).
+LONG = 400
+
+
 class _Row:
     """One submission and what its sink received."""
 
@@ -264,10 +269,10 @@ def _run(engine: Engine, row: _Row) -> _Row:
 
 
 def test_a_failed_step_fails_its_row_and_carries_the_others_over(engine):
-    reference = _run(engine, _Row("reference"))
-    assert reference.last.error is None and reference.last.completion_tokens == 40
+    reference = _run(engine, _Row("reference", max_tokens=LONG))
+    assert reference.last.error is None and reference.last.completion_tokens == LONG
 
-    good = _Row("good")
+    good = _Row("good", max_tokens=LONG)  # still decoding when `bad` comes, on any machine
     engine.submit(good.sub)
     assert good.started.wait(60)  # decoding: it has been through sampling already
     bad = _run(engine, _Row("bad", processors=[_wrong_shape]))
@@ -278,23 +283,23 @@ def test_a_failed_step_fails_its_row_and_carries_the_others_over(engine):
     assert "shape" not in bad.last.error.message.lower()  # no exception text for clients
     # The good row went on where it was: all its tokens, the same greedy text.
     assert good.last.error is None and good.last.finish_reason == "length"
-    assert good.last.completion_tokens == 40 and good.text == reference.text
+    assert good.last.completion_tokens == LONG and good.text == reference.text
     assert engine.recoveries == 1 and engine.dead is None
 
-    after = _run(engine, _Row("after"))
+    after = _run(engine, _Row("after", max_tokens=LONG))
     assert after.last.error is None and after.text == reference.text
     assert engine.active_rows == 0
 
 
 def test_a_sampler_that_raises_fails_its_row_without_a_rebuild(engine):
-    good = _Row("good")
+    good = _Row("good", max_tokens=LONG)
     engine.submit(good.sub)
     assert good.started.wait(60)
     # What the API's validator refuses (top_k beyond the vocabulary), handed to the engine.
     bad = _run(engine, _Row("bad", temperature=1.0, top_k=10**9))
     assert good.done.wait(60)
     assert bad.last.finish_reason == "error" and "top_k" not in bad.last.error.message
-    assert good.last.error is None and good.last.completion_tokens == 40
+    assert good.last.error is None and good.last.completion_tokens == LONG
     assert engine.recoveries == 0
     assert _run(engine, _Row("after", max_tokens=5)).last.error is None
 
@@ -309,7 +314,7 @@ def test_a_batch_that_cannot_be_rebuilt_marks_the_engine_dead(loaded):
             raise MemoryError("cannot allocate the batch")
 
         engine._new_generator = no_more_batches
-        good = _Row("good")
+        good = _Row("good", max_tokens=LONG)
         engine.submit(good.sub)
         assert good.started.wait(60)
         bad = _run(engine, _Row("bad", processors=[_wrong_shape]))
@@ -374,8 +379,8 @@ def test_a_new_row_that_never_fits_waits_for_the_others_then_fails_with_out_of_m
     engine = _oom_engine(loaded, monkeypatch, lambda e: _in_batch(e, hog))
     engine.start()
     try:
-        reference = _run(engine, _Row("reference"))
-        good = _Row("good")
+        reference = _run(engine, _Row("reference", max_tokens=LONG))
+        good = _Row("good", max_tokens=LONG)
         log = _ordered(good, hog)
         engine.submit(good.sub)
         assert good.started.wait(60)
@@ -384,7 +389,7 @@ def test_a_new_row_that_never_fits_waits_for_the_others_then_fails_with_out_of_m
         assert hog.last.finish_reason == "error" and hog.last.error.status == 503
         assert hog.last.error.code == "out_of_memory" and "out of memory" in hog.last.error.message
         assert good.last.error is None and good.text == reference.text
-        assert log.index(("hog", 0, "error")) > log.index(("good", 40, "length"))
+        assert log.index(("hog", 0, "error")) > log.index(("good", LONG, "length"))
         assert hog.sub.oom_waits == 1 and engine.recoveries == 14
         assert engine.dead is None
         assert _run(engine, _Row("after", max_tokens=5)).last.error is None
@@ -397,7 +402,7 @@ def test_a_new_row_out_of_memory_beside_another_waits_and_answers_in_full(loaded
     # Memory too short for both rows at once (another process on the GPU): the newcomer is
     # not failed for it; it waits until the decoding row is done and then writes exactly
     # what it would have written alone.
-    good, late = _Row("good"), _Row("late", prompt=[9, 8, 7, 6, 5])
+    good, late = _Row("good", max_tokens=LONG), _Row("late", prompt=[9, 8, 7, 6, 5])
     engine = _oom_engine(loaded, monkeypatch, lambda e: _in_batch(e, good) and _in_batch(e, late))
     engine.start()
     try:
@@ -410,7 +415,7 @@ def test_a_new_row_out_of_memory_beside_another_waits_and_answers_in_full(loaded
         assert late.last.error is None and late.last.completion_tokens == 40
         assert late.text == reference.text and good.last.error is None
         first_late = next(i for i, (rid, n, _) in enumerate(log) if rid == "late" and n > 0)
-        assert first_late > log.index(("good", 40, "length"))
+        assert first_late > log.index(("good", LONG, "length"))
         assert late.sub.oom_waits == 1 and engine.dead is None
     finally:
         engine.stop()

@@ -7,11 +7,10 @@ import stat
 import subprocess
 import sys
 import threading
-import time
 
 from mlxd.shared.exit_codes import EXIT_MODEL_LOAD_ERROR
 
-from procs import start_worker, stop, uds_client, uds_openai
+from procs import start_worker, stop, uds_client, uds_openai, wait_rows
 
 
 def test_stale_socket_is_replaced_and_mode_is_0600(tiny_model_dir, short_tmp):
@@ -69,7 +68,7 @@ def test_sigterm_lets_the_stream_in_flight_finish(tiny_model_dir, short_tmp):
 
     t = threading.Thread(target=run)
     t.start()
-    time.sleep(0.3)
+    wait_rows(sock)  # admitted: SIGTERM lets it finish, it is not refused
     proc.send_signal(signal.SIGTERM)
     t.join(60)
     assert got == {"usage": 150, "finish": "length"}
@@ -91,7 +90,7 @@ def test_drain_finishes_rows_then_refuses_new_ones(tiny_model_dir, short_tmp):
     try:
         t = threading.Thread(target=run)
         t.start()
-        time.sleep(0.3)
+        wait_rows(sock)  # in the batch before the drain: it finishes, the next is refused
         with uds_client(sock) as c:
             body = c.post("/admin/drain").json()
             assert body["status"] == "drained" and body["cancelled"] == 0
@@ -127,7 +126,7 @@ def test_drain_deadline_cancels_with_a_clear_error(tiny_model_dir, short_tmp):
     try:
         t = threading.Thread(target=run)
         t.start()
-        time.sleep(0.3)
+        wait_rows(sock)  # in the batch when the drain's grace runs out: cancelled, not refused
         with uds_client(sock) as c:
             body = c.post("/admin/drain").json()
         t.join(30)
