@@ -7,7 +7,6 @@ import os
 import subprocess
 import sys
 import threading
-import time
 
 import pytest
 
@@ -131,7 +130,8 @@ def test_logs_follow_prints_new_lines(make_daemon):
     reader = threading.Thread(target=lambda: lines.extend(iter(p.stdout.readline, "")))
     reader.start()
     try:
-        time.sleep(1.5)  # let it print the tail and start following
+        # Its tail printed: it follows from that file offset, so the next line cannot be missed.
+        d.wait_for(lambda: lines, 30, "the tail")
         d.http.post(
             "/v1/chat/completions",
             headers={"x-request-id": "follow-me"},

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import sys
 import time
 from collections.abc import Callable, Coroutine
 from typing import Any
 
+import mlx.core as mx
 from aiohttp import web
 
 from mlxd.shared.exit_codes import EXIT_MODEL_LOAD_ERROR, EXIT_OK, EXIT_PARENT_GONE
@@ -242,8 +244,8 @@ def main(cfg: WorkerSpec) -> int:
         stream=sys.stderr,
     )
     log.debug("spec %s", cfg.model_dump_json())
-    if cpu_blas.LOADED:
-        log.info("CPU matrix products through %s, one thread", cpu_blas.LOADED[0])
+    if line := cpu_blas.startup_line(os.environ, mx.default_device() == mx.cpu):
+        log.info("%s", line)
     if cfg.group is not None and cfg.group.rank > 0:  # a follower rank serves no socket
         return run_follower(cfg)
     runner: Callable[[Coroutine[Any, Any, int]], int]

@@ -55,3 +55,25 @@ def load_cpu_blas(environ: MutableMapping[str, str], platform: str = sys.platfor
         else:
             environ[var] = value
     return None
+
+
+def startup_line(environ: MutableMapping[str, str], on_cpu: bool, platform: str = sys.platform):
+    """What the worker's log says of its matrix products, or None where there is nothing to
+    say (not Linux, or a GPU worker: its products are on the device)."""
+    if LOADED:
+        return f"CPU matrix products through {LOADED[0]}, one thread"
+    if not on_cpu or not platform.startswith("linux"):
+        return None
+    choice = environ.get("MLXD_CPU_BLAS", "auto").strip() or "auto"
+    if choice == "off":
+        return "CPU matrix products through MLX's bundled reference BLAS (MLXD_CPU_BLAS=off)"
+    if choice != "auto":
+        return (
+            f"CPU matrix products through MLX's bundled reference BLAS: MLXD_CPU_BLAS={choice} "
+            "did not load or has no cblas_sgemm"
+        )
+    return (
+        "CPU matrix products through MLX's bundled reference BLAS, several times slower than "
+        "OpenBLAS: install it (Debian and Ubuntu: apt-get install libopenblas0) and restart "
+        "(docs/operations.md, 'Matrix products on Linux CPUs')"
+    )
