@@ -57,7 +57,9 @@ def load_cpu_blas(environ: MutableMapping[str, str], platform: str = sys.platfor
     return None
 
 
-def startup_line(environ: MutableMapping[str, str], on_cpu: bool, platform: str = sys.platform):
+def startup_line(
+    environ: MutableMapping[str, str], on_cpu: bool, platform: str = sys.platform
+) -> str | None:
     """What the worker's log says of its matrix products, or None where there is nothing to
     say (not Linux, or a GPU worker: its products are on the device)."""
     if LOADED:
