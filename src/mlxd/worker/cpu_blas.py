@@ -4,7 +4,15 @@ MLX's Linux CPU wheel (`mlx[cpu]`) links the reference BLAS (netlib's `libblas`,
 `mlx_cpu.libs`), whose `cblas_sgemm` is a plain loop nest: a (8 x 256) x (256 x 768) float32
 product took 1.45 ms on this project's 2-core x86 machine, OpenBLAS's 0.135 ms on one thread,
 and a decode step's matrix products grow with the batch (8 rows of a tiny llama decoded 5.5x
-faster). Every matrix product of a CPU worker goes through that call.
+faster). A CPU worker computes unquantized layers in float32 (model/load.py upcasts float16
+and bfloat16 weights), so their products all go through that call; quantized layers use
+MLX's own kernels and gain nothing.
+
+The price: the reference BLAS gives a row the same bits whatever the product's other rows,
+OpenBLAS does not (its kernels differ by shape), so a row's logits can differ in the last bits
+(~5e-6 on the tiny llama) between a batch and alone, or a prefill and a decode step. Near-tie
+tokens could flip where the bundled BLAS was exact; the greedy-identity tests pass on
+OpenBLAS's Zen, Haswell and Sandybridge kernels, and MLXD_CPU_BLAS=off restores exactness.
 
 MLX's library finds `cblas_sgemm` when Python imports it, and the dynamic linker looks in the
 global scope (the program and what was loaded with RTLD_GLOBAL) before that library's own
@@ -29,7 +37,12 @@ import sys
 from collections.abc import MutableMapping
 
 CANDIDATES = ("libopenblas.so.0", "libopenblas.so")
-THREAD_VARIABLES = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS")
+THREAD_VARIABLES = (
+    "OPENBLAS_NUM_THREADS",
+    "OMP_NUM_THREADS",
+    "MKL_NUM_THREADS",
+    "BLIS_NUM_THREADS",
+)
 LOADED: list[str] = []  # what this process loaded (the worker's start-up line names it)
 
 
@@ -42,11 +55,12 @@ def load_cpu_blas(environ: MutableMapping[str, str], platform: str = sys.platfor
     before = {var: environ.get(var) for var in THREAD_VARIABLES}
     environ.update(dict.fromkeys(THREAD_VARIABLES, "1"))  # read by the library as it loads
     for name in CANDIDATES if choice == "auto" else (choice,):
-        try:
-            lib = ctypes.CDLL(name, mode=os.RTLD_GLOBAL)
+        try:  # looked at privately first: a library that is no BLAS interposes nothing
+            lib = ctypes.CDLL(name, mode=os.RTLD_LOCAL)
         except OSError:
             continue
         if hasattr(lib, "cblas_sgemm"):
+            ctypes.CDLL(name, mode=os.RTLD_GLOBAL)  # the same library, now seen by MLX
             LOADED.append(name)
             return name
     for var, value in before.items():  # nothing loaded: the environment as it was
@@ -75,7 +89,7 @@ def startup_line(
             "did not load or has no cblas_sgemm"
         )
     return (
-        "CPU matrix products through MLX's bundled reference BLAS, several times slower than "
-        "OpenBLAS: install it (Debian and Ubuntu: apt-get install libopenblas0) and restart "
-        "(docs/operations.md, 'Matrix products on Linux CPUs')"
+        "CPU matrix products through MLX's bundled reference BLAS: for unquantized models "
+        "several times slower than OpenBLAS; install it (Debian and Ubuntu: apt-get install "
+        "libopenblas0) and restart (docs/operations.md, 'Matrix products on Linux CPUs')"
     )
