@@ -20,6 +20,7 @@ import safetensors.numpy as stnp
 from mlxd.worker.cache.layout import fingerprint, safe_name
 from mlxd.worker.cache.prompt_cache import PromptCache
 from mlxd.worker.cache.ssd import SsdStore
+from mlxd.worker.cache.trie import common_prefix
 
 from procs import ROOT, start_worker, stop, uds_client, uds_openai
 
@@ -32,19 +33,22 @@ def ask(oai, content: str, n: int = 8):
     )
 
 
-def chat_ids(model_dir, content: str) -> list[int]:
+def chat_ids(model_dir, contents: list[str]) -> list[list[int]]:
+    """Each one-message chat's prompt ids, as the model's own chat template renders them."""
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(str(model_dir))
-    msgs = [{"role": "user", "content": content}]
-    ids = tok.apply_chat_template(
-        msgs, add_generation_prompt=True, tokenize=True, return_dict=False
-    )
-    return list(ids)
-
-
-def common_head(a: list[int], b: list[int]) -> int:
-    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+    return [
+        list(
+            tok.apply_chat_template(
+                [{"role": "user", "content": c}],
+                add_generation_prompt=True,
+                tokenize=True,
+                return_dict=False,
+            )
+        )
+        for c in contents
+    ]
 
 
 def stats(sock) -> dict:
@@ -166,9 +170,9 @@ def test_an_entry_of_the_wrong_shapes_is_a_miss_and_is_deleted(tiny_model_dir, s
         assert [r.choices[0].message.content for r in rs] == [reference, *others]
         # No row reuses its own (forged) entry: at most the head it shares with a sibling that
         # finished before it was admitted (threads on a loaded machine do not start together).
-        ids = [chat_ids(tiny_model_dir, p) for p in prompts]
+        ids = chat_ids(tiny_model_dir, prompts)
         for i, r in enumerate(rs):
-            shared = max(common_head(ids[i], other) for other in ids[:i] + ids[i + 1 :])
+            shared = max(common_prefix(ids[i], other) for other in ids[:i] + ids[i + 1 :])
             assert r.usage.prompt_tokens_details.cached_tokens <= shared < len(ids[i]) // 2
         s = stats(sock)
         assert s["cache_ssd_rejected"] >= 1 and s["cache_ssd_restores"] == 0

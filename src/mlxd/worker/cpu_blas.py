@@ -49,7 +49,7 @@ LOADED: list[str] = []  # what this process loaded (the worker's start-up line n
 def load_cpu_blas(environ: MutableMapping[str, str], platform: str = sys.platform) -> str | None:
     """Load a BLAS for MLX's CPU backend before MLX is imported; the name loaded, or None
     (off, not Linux, none found, or MLX already imported: too late to bind it)."""
-    choice = environ.get("MLXD_CPU_BLAS", "auto").strip() or "auto"
+    choice = _choice(environ)
     if choice == "off" or not platform.startswith("linux") or "mlx.core" in sys.modules:
         return None
     before = {var: environ.get(var) for var in THREAD_VARIABLES}
@@ -80,7 +80,7 @@ def startup_line(
         return f"CPU matrix products through {LOADED[0]}, one thread"
     if not on_cpu or not platform.startswith("linux"):
         return None
-    choice = environ.get("MLXD_CPU_BLAS", "auto").strip() or "auto"
+    choice = _choice(environ)
     if choice == "off":
         return "CPU matrix products through MLX's bundled reference BLAS (MLXD_CPU_BLAS=off)"
     if choice != "auto":
@@ -93,3 +93,8 @@ def startup_line(
         "several times slower than OpenBLAS; install it (Debian and Ubuntu: apt-get install "
         "libopenblas0) and restart (docs/operations.md, 'Matrix products on Linux CPUs')"
     )
+
+
+def _choice(environ: MutableMapping[str, str]) -> str:
+    """MLXD_CPU_BLAS as set: `auto` where unset or empty."""
+    return environ.get("MLXD_CPU_BLAS", "auto").strip() or "auto"
