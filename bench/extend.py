@@ -83,9 +83,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         "worker's write-behind does between turns) before its extension",
     )
     p.add_argument(
-        "--ssd-copy",
+        "--ssd-in-place",
         action="store_true",
-        help="with --ssd: the writer reads a copy (kv_arrays.COPY_FOR_HOST_READS)",
+        help="with --ssd: the writer reads the entries' own arrays, as before 2026-12-07 (on "
+        "CUDA it reads device-made copies, kv_arrays.host_read_copies)",
     )
     p.add_argument(
         "--keep-buffers",
@@ -139,11 +140,11 @@ def main(argv: list[str]) -> int:
 
         from mlxd.worker.cache import kv_arrays
 
-        kv_arrays.COPY_FOR_HOST_READS = a.ssd_copy
+        kv_arrays.HOST_READ_COPIES = False if a.ssd_in_place else None
         ssd_dir = Path(tempfile.mkdtemp(prefix="extend-ssd-"))
         layout = kv_arrays.kv_layout(loaded.model)
         # earn_tokens 0: every history is written (a session's turns earn it by their reuse)
-        cache = PromptCache(16 << 30, ssd_dir, 64 << 30, layout=layout, quiet_s=0, earn_tokens=0)
+        cache = PromptCache(16 << 30, ssd_dir, 12 << 30, layout=layout, quiet_s=0, earn_tokens=0)
         cache.start()
     else:  # the RAM tier alone, as every run before 2026-12-07 12:40 measured
         cache = PromptCache(16 << 30, None, 0)
@@ -199,7 +200,7 @@ def main(argv: list[str]) -> int:
         f"{' · buffers kept (no clear_cache)' if a.keep_buffers else ''}"
         f"{' · buffer cache capped as in a worker' if a.worker_buffers else ''}"
         f"{' · SSD tier, histories written behind' if a.ssd else ''}"
-        f"{' from copies' if a.ssd_copy else ''}"
+        f"{' from the entries in place' if a.ssd_in_place else ''}"
         f" · {a.max_tokens} tokens a row"
         f"{'' if engine._batch.head is not None or not fold else ' (no head found: decode)'}"
     )

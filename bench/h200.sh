@@ -126,14 +126,18 @@ first-token-small)
   done
   ;;
 host-reads)
-  # Issue 33 (2026-12-07): in the worker a lone 215-token extending row's step took 83-130 ms
-  # against 34 ms for a whole first token in `bench extend`. Suspects: the SSD writer reading
-  # each turn's entry on the CPU (CUDA managed memory moves the pages to the host; the next
-  # turn's use moves them back) and the worker's capped buffer cache.
-  for f in "" "--ssd" "--ssd --ssd-copy" "--worker-buffers"; do
-    timeout 140 python3 -m bench extend --shape qwen3-8b --prefix 6000 --history 300 --new 270 \
-      --rows 1,4,8 --repeats 3 --buckets $f 2>&1 | grep -v tokenizer | tee -a "$out/host-reads.md"
+  # Issue 33: rows extending histories the SSD tier wrote behind. 2026-12-07 (H100): K = 1
+  # 0.275 s against 0.048 s with no SSD tier: the writer's CPU read of an entry moved its
+  # buffer into managed memory and its pages to the host, and the extension faulted them back.
+  # The writer now reads device-made copies on CUDA (kv_arrays.host_read_copies); A/B with
+  # the old read in place, copies first and last (~5 min, the 8B built). A run cut short by
+  # its timeout leaves its SSD folder: removed before each.
+  for f in "--ssd" "--ssd --ssd-in-place" "--ssd"; do
+    rm -rf "${TMPDIR:-/tmp}"/extend-ssd-*
+    timeout 150 python3 -m bench extend --shape qwen3-8b --prefix 6000 --history 300 --new 270 \
+      --rows 1,4 --repeats 3 --buckets $f 2>&1 | grep -v tokenizer | tee -a "$out/host-reads.md"
   done
+  rm -rf "${TMPDIR:-/tmp}"/extend-ssd-*
   ;;
 window-prefill)
   # Where gemma3-12b's cold 16k prompt goes (2026-12-07, H100: 3-4k tok/s on both servers, the

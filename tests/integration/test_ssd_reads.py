@@ -134,3 +134,53 @@ def test_buffers_made_on_any_thread_are_mlx_memory(tmp_path):
     assert len(got) == 5
     for bufs in got:
         assert all(_mlx_view(b) is not None and b.flags.writeable for b in bufs)
+
+
+def _address(x) -> int:
+    """Where an MLX array's bytes are (as the SSD writer's NumPy view sees them)."""
+    return np.asarray(memoryview(x)).ctypes.data
+
+
+def test_the_writer_reads_device_made_copies_where_asked_and_the_cache_itself_elsewhere(
+    monkeypatch,
+):
+    """On CUDA the writer's CPU read would move an entry's buffer into managed memory and its
+    pages to the host (the next turn faults them back): it reads copies there. Elsewhere
+    (Apple silicon, the CPU backend) it reads the entry in place, no copy."""
+    import mlx.core as mx
+    from mlx_lm.models.cache import KVCache
+
+    from mlxd.worker.cache import kv_arrays
+
+    c = KVCache()
+    k = mx.arange(16, dtype=mx.float32).reshape(1, 1, 4, 4)
+    c.state = (k, k + 1, 4)  # exactly its tokens: to_numpy's slice is the whole buffer
+    mx.eval(c.state)
+    for copies in (False, True):
+        monkeypatch.setattr(kv_arrays, "HOST_READ_COPIES", copies)
+        arrays, meta, keep = kv_arrays.to_numpy([c])
+        assert meta == {"layers": "1"}
+        assert np.array_equal(arrays["0.k"], np.arange(16, dtype=np.float32).reshape(1, 1, 4, 4))
+        assert np.array_equal(arrays["0.v"], arrays["0.k"] + 1)
+        shared = arrays["0.k"].ctypes.data == _address(c.keys)
+        assert shared is not copies, f"copies={copies}: the writer read the entry's own buffer"
+    monkeypatch.setattr(kv_arrays, "HOST_READ_COPIES", None)
+    assert kv_arrays.host_read_copies() is False  # this CPU: in place
+
+
+def test_the_read_ahead_can_take_device_copies_of_a_read_entry(tmp_path):
+    """from_numpy's `device_copy` (the read-ahead on CUDA): the caches hold copies, not the
+    read's buffers, with the same values; without it they hold the read's memory."""
+    from mlxd.worker.cache.kv_arrays import from_numpy
+
+    store = seeded(tmp_path / "dc")
+    store.buffers = mlx_buffers
+    got = store.read(store.best("", [1, 2, 3])[0])
+    assert got is not None
+    for copy in (False, True):
+        (layer,) = from_numpy(got, LAYOUT, device_copy=copy)
+        keys, values = layer.state[:2]
+        assert np.array_equal(np.array(keys), arrays()["0.k"])
+        assert np.array_equal(np.array(values), arrays()["0.v"])
+        shared = _address(keys) == got["0.k"].ctypes.data
+        assert shared is not copy

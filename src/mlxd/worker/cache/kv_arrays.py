@@ -3,7 +3,8 @@ caches a model makes (what every stored entry is checked against).
 
 Attention KV (plain or quantized), sliding windows and recurrent states travel, one tensor
 set per layer as kinds.py names them; bfloat16 travels as its uint16 bits. Zero-copy both
-ways: a write sees NumPy views of the evaluated caches (to_numpy); a restore reads each
+ways where the memory allows: a write sees NumPy views of the evaluated caches (to_numpy;
+on CUDA views of device-made copies, host_read_copies); a restore reads each
 tensor into an MLX array of its own (mlx_buffers), which from_numpy then uses as it is. The
 copy a restore made before (`mx.array` of every tensor) was 61% of a 1.4 GB gemma3-12b
 restore on this project's 2-core CPU (4.5 of 7.4 s, `python -m bench.restore --layers 48`).
@@ -69,17 +70,39 @@ def _parts(i: int, c: Any) -> dict[str, mx.array]:
     return {f"{i}.k": c.keys[..., : c.offset, :], f"{i}.v": c.values[..., : c.offset, :]}
 
 
-# Whether the SSD writer reads a copy of an entry instead of the entry itself. On CUDA MLX
-# allocates managed memory, and the CPU reading a buffer the device holds moves its pages to
-# the host; the entry's next use on the device (the session's next turn) moves them back.
-COPY_FOR_HOST_READS = False
+# Whether the SSD writer reads copies of an entry's arrays rather than the arrays themselves.
+# On CUDA, MLX keeps what the GPU computes in device memory, and the first CPU read of an array
+# (the buffer protocol, as to_numpy's views) moves its buffer into managed memory for good:
+# the writer's read then pulls the pages to the host, and the entry's next use on the device
+# (the session's next turn, which extends it) faults them back. `bench extend --ssd` on an
+# H100 (2026-12-07): a lone row extending a 6k history written behind got its first token
+# in 0.275 s, against 0.048 s with no SSD tier. A copy made on the device takes that move
+# instead, and the entry stays where the GPU reads it. None: copies on CUDA only (Apple
+# silicon's memory is one, and the CPU backend reads its own memory in place).
+HOST_READ_COPIES: bool | None = None
+
+
+def on_cuda() -> bool:
+    return mx.default_device() == mx.gpu and mx.cuda.is_available()
+
+
+def host_read_copies() -> bool:
+    return on_cuda() if HOST_READ_COPIES is None else HOST_READ_COPIES
+
+
+def copy_on_device(x: mx.array) -> mx.array:
+    """A copy of `x` in a buffer of its own, made on the default stream (the device). A
+    product by one, exact for every dtype these arrays have (bfloat16 travels as its bits);
+    mlx 0.32 has no copying op (`mx.contiguous` shares a contiguous buffer)."""
+    return mx.multiply(x, mx.array(1, dtype=x.dtype))
 
 
 def to_numpy(layers: list) -> tuple[dict[str, np.ndarray], dict[str, str], list]:
-    """Zero-copy NumPy views of cache layers, as the SSD format names and stores them, and
-    the evaluated MLX arrays behind them (they must outlive the views)."""
+    """NumPy views of cache layers, as the SSD format names and stores them, and the evaluated
+    MLX arrays behind them (they must outlive the views): views of the caches' own buffers
+    where the CPU reads those in place, of device-made copies on CUDA (host_read_copies)."""
     named = {n: _bits_view(a) for i, c in enumerate(layers) for n, a in _parts(i, c).items()}
-    copy = mx.array if COPY_FOR_HOST_READS else mx.contiguous
+    copy = copy_on_device if host_read_copies() else mx.contiguous
     keep: list = [copy(a) for a in named.values()]
     mx.eval(keep)
     arrays = {n: np.asarray(memoryview(a)) for n, a in zip(named, keep)}
@@ -155,40 +178,48 @@ def _mlx_view(a: np.ndarray) -> mx.array | None:
     return owner.reshape(a.shape)
 
 
-def _mx(a: np.ndarray, dtype: str) -> mx.array:
+def _mx(a: np.ndarray, dtype: str, copy: bool = False) -> mx.array:
     x = _mlx_view(a)
     if x is None:
         x = mx.array(a)  # NumPy's memory: one copy
+    elif copy:
+        x = copy_on_device(x)
     return x.view(mx.bfloat16) if dtype == BF16_STORED else x
 
 
-def from_numpy(arrays: dict[str, np.ndarray], layout: Layout) -> list:
-    """Cache layers holding an SSD entry's arrays (checked against `layout`), evaluated."""
-    layers = [_layer(i, layer, arrays) for i, layer in enumerate(layout)]
+def from_numpy(arrays: dict[str, np.ndarray], layout: Layout, device_copy: bool = False) -> list:
+    """Cache layers holding an SSD entry's arrays (checked against `layout`), evaluated.
+
+    `device_copy` (the read-ahead, on CUDA): each tensor read into MLX memory is copied by the
+    device first. The read filled managed memory from the CPU, so the first step on the entry
+    would fault its pages over (gemma3-12b's 1.4 GB entry on an H100: that step 195 ms against
+    140 ms on KV that never left the device, 2026-12-07); the read-ahead pays that while the
+    worker is idle instead of a request paying it."""
+    layers = [_layer(i, layer, arrays, device_copy) for i, layer in enumerate(layout)]
     mx.eval([c.state for c in layers])
     return layers
 
 
-def _layer(i: int, layer: tuple, arrays: dict[str, np.ndarray]) -> Any:
+def _layer(i: int, layer: tuple, arrays: dict[str, np.ndarray], copy: bool = False) -> Any:
     """Layer `i` of an entry. Through mlx-lm's `state` setters: they assign what the
     attributes hold (mlx-lm's __init__ sets them to None, so they read as None-typed)."""
     k = kind(layer)
     if k == ARRAYS:
         a = ArraysCache(size=len(layer) - 1)
-        slots = [_mx(arrays[f"{i}.a{j}"], d) for j, (_, d) in enumerate(layer[1:])]
+        slots = [_mx(arrays[f"{i}.a{j}"], d, copy) for j, (_, d) in enumerate(layer[1:])]
         a.state = (slots, None, None)  # its states, no batch padding nor lengths
         return a
     if k == "quant":
         dtype, bits, group = layer[4], layer[5], layer[6]
         q = QuantizedRowCache(group_size=group, bits=bits)
         qk, qv = (
-            tuple(_mx(arrays[f"{i}.{side}{s}"], dtype if s else "") for s in QUANT_PARTS)
+            tuple(_mx(arrays[f"{i}.{side}{s}"], dtype if s else "", copy) for s in QUANT_PARTS)
             for side in "kv"
         )
         q.state = (qk, qv, qk[0].shape[2], group, bits)
         return q
     dtype = layer[5] if k == ROTATING else layer[4]
-    keys, values = _mx(arrays[f"{i}.k"], dtype), _mx(arrays[f"{i}.v"], dtype)
+    keys, values = _mx(arrays[f"{i}.k"], dtype, copy), _mx(arrays[f"{i}.v"], dtype, copy)
     if k == ROTATING:
         window, keep = layer[6], layer[7]
         r = RotatingKVCache(max_size=window, keep=keep)

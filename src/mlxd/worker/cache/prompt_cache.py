@@ -16,7 +16,7 @@ import numpy as np
 from mlxd.worker.cache.entry_caches import compact, usable_length, view
 from mlxd.worker.cache.format import Layout, LayoutMismatch, check_layout
 from mlxd.worker.cache.kinds import trims
-from mlxd.worker.cache.kv_arrays import from_numpy, mlx_buffers
+from mlxd.worker.cache.kv_arrays import from_numpy, mlx_buffers, on_cuda
 from mlxd.worker.cache.ram import EARN_TOKENS, Entry, RamCache
 from mlxd.worker.cache.replies import Reply, clip
 from mlxd.worker.cache.ssd import SsdEntry, SsdStore
@@ -147,21 +147,22 @@ class PromptCache:
         when RAM already covers it or has no room for it (nothing is evicted for it)."""
         if self.ram.covers(e.ns, e.tokens) or self.ram.cap_bytes - self.ram.nbytes < e.file_bytes:
             return False
-        layers, _ = self._layers(e, arrays)
+        layers, _ = self._layers(e, arrays, device_copy=on_cuda())
         # A guess: evicted before anything a request used (ram.py).
         entry = self.ram.insert(
             e.ns, e.tokens, layers, e.session, True, replies=e.replies, guess=True
         )
         return entry is not None
 
-    def _layers(self, e: SsdEntry, arrays: dict) -> tuple[list, Layout]:
-        """The caches of a read entry, its shapes checked again (the arrays may be shared)."""
+    def _layers(self, e: SsdEntry, arrays: dict, device_copy: bool = False) -> tuple[list, Layout]:
+        """The caches of a read entry, its shapes checked again (the arrays may be shared);
+        `device_copy`: kv_arrays.from_numpy's."""
         assert self.ssd is not None  # only entries of the SSD tier come here
         layout = self.ssd.layout
         if layout is None:
             raise LayoutMismatch("no layout to check the entry against")
         check_layout(arrays, layout, len(e.tokens))
-        return from_numpy(arrays, layout), layout
+        return from_numpy(arrays, layout, device_copy), layout
 
     def store(
         self,
