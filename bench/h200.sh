@@ -25,9 +25,9 @@
 #                                 # a decode forward, then from the prefill forward (~5 min)
 #   bash bench/h200.sh first-token-small # the same on the 0.6B shape (~2 min)
 #   bash bench/h200.sh host-reads # issue 33: the same rows (8 tokens each), their histories
-#                                 # written behind to an SSD tier first, the writer reading the
-#                                 # entries, then copies; then MLX's buffer cache capped as in a
-#                                 # worker (~5 min, the 8B build included)
+#                                 # written behind to an SSD tier first, the writer reading
+#                                 # device-made copies, then the entries in place (~4 min, the
+#                                 # 8B build included)
 #   bash bench/h200.sh restore    # issue 34: gemma3-12b's SSD restore phase by phase, with the
 #                                 # engine's first step on it; bench.cuda_memory (~3 min)
 #   bash bench/h200.sh families  # issue 34: gemma3-12b (sliding window) then nemotron-h-8b
@@ -130,9 +130,9 @@ host-reads)
   # 0.275 s against 0.048 s with no SSD tier: the writer's CPU read of an entry moved its
   # buffer into managed memory and its pages to the host, and the extension faulted them back.
   # The writer now reads device-made copies on CUDA (kv_arrays.host_read_copies); A/B with
-  # the old read in place, copies first and last (~5 min, the 8B built). A run cut short by
+  # the old read in place (~4 min, the 8B build included). A run cut short by
   # its timeout leaves its SSD folder: removed before each.
-  for f in "--ssd" "--ssd --ssd-in-place" "--ssd"; do
+  for f in "--ssd" "--ssd --ssd-in-place"; do
     rm -rf "${TMPDIR:-/tmp}"/extend-ssd-*
     timeout 150 python3 -m bench extend --shape qwen3-8b --prefix 6000 --history 300 --new 270 \
       --rows 1,4 --repeats 3 --buckets $f 2>&1 | grep -v tokenizer | tee -a "$out/host-reads.md"
