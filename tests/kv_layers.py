@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import mlx.core as mx
+import numpy as np
 from mlx_lm.models.cache import KVCache, RotatingKVCache
 
 HEADS, DIM = 2, 4
@@ -30,3 +31,8 @@ def window_layers(n: int, window: int, seed: int = 0) -> list:
         c.update_and_fetch(k, k + 1)
         out.append(c)
     return out
+
+
+def address(x: mx.array) -> int:
+    """Where an MLX array's bytes are, as a NumPy view of it (the SSD writer's) sees them."""
+    return np.asarray(memoryview(x)).ctypes.data  # type: ignore[arg-type]

@@ -10,6 +10,7 @@ import threading
 
 import numpy as np
 import pytest
+from kv_layers import address
 from ssd_entries import LAYOUT, arrays, damaged, orjson_load, seeded
 
 from mlxd.worker.cache import format as cache_format
@@ -136,17 +137,11 @@ def test_buffers_made_on_any_thread_are_mlx_memory(tmp_path):
         assert all(_mlx_view(b) is not None and b.flags.writeable for b in bufs)
 
 
-def _address(x) -> int:
-    """Where an MLX array's bytes are (as the SSD writer's NumPy view sees them)."""
-    return np.asarray(memoryview(x)).ctypes.data
-
-
-def test_the_writer_reads_device_made_copies_where_asked_and_the_cache_itself_elsewhere(
-    monkeypatch,
-):
+def test_to_numpy_views_the_caches_own_buffers_or_device_made_copies(monkeypatch):
     """On CUDA the writer's CPU read would move an entry's buffer into managed memory and its
-    pages to the host (the next turn faults them back): it reads copies there. Elsewhere
-    (Apple silicon, the CPU backend) it reads the entry in place, no copy."""
+    pages to the host (the next turn faults them back): it reads copies there
+    (test_ssd_write_policy.py says which writes). Elsewhere (Apple silicon, the CPU backend)
+    it reads the entry in place, no copy."""
     import mlx.core as mx
     from mlx_lm.models.cache import KVCache
 
@@ -156,14 +151,13 @@ def test_the_writer_reads_device_made_copies_where_asked_and_the_cache_itself_el
     k = mx.arange(16, dtype=mx.float32).reshape(1, 1, 4, 4)
     c.state = (k, k + 1, 4)  # exactly its tokens: to_numpy's slice is the whole buffer
     mx.eval(c.state)
-    for copies in (False, True):
-        monkeypatch.setattr(kv_arrays, "HOST_READ_COPIES", copies)
-        arrays, meta, keep = kv_arrays.to_numpy([c])
+    for copy in (False, True):
+        arrays, meta, keep = kv_arrays.to_numpy([c], copy=copy)
         assert meta == {"layers": "1"}
         assert np.array_equal(arrays["0.k"], np.arange(16, dtype=np.float32).reshape(1, 1, 4, 4))
         assert np.array_equal(arrays["0.v"], arrays["0.k"] + 1)
-        shared = arrays["0.k"].ctypes.data == _address(c.keys)
-        assert shared is not copies, f"copies={copies}: the writer read the entry's own buffer"
+        shared = arrays["0.k"].ctypes.data == address(c.keys)
+        assert shared is not copy, f"copy={copy}: the writer read the entry's own buffer"
     monkeypatch.setattr(kv_arrays, "HOST_READ_COPIES", None)
     assert kv_arrays.host_read_copies() is False  # this CPU: in place
 
@@ -182,5 +176,5 @@ def test_the_read_ahead_can_take_device_copies_of_a_read_entry(tmp_path):
         keys, values = layer.state[:2]
         assert np.array_equal(np.array(keys), arrays()["0.k"])
         assert np.array_equal(np.array(values), arrays()["0.v"])
-        shared = _address(keys) == got["0.k"].ctypes.data
+        shared = address(keys) == got["0.k"].ctypes.data
         assert shared is not copy

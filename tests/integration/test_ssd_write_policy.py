@@ -8,7 +8,7 @@ from __future__ import annotations
 import time
 
 import pytest
-from kv_layers import LAYOUT, layers
+from kv_layers import LAYOUT, address, layers
 
 from mlxd.worker.cache.prompt_cache import PromptCache
 from mlxd.worker.cache.ram import EARN_TOKENS
@@ -185,3 +185,72 @@ def test_an_ssd_entry_is_restored_only_to_save_a_real_prefill(make_cache):
     # RAM already holds 300 of the 400: the SSD would save 100 more, not enough.
     store(fresh, entry[:300], seed=1)
     assert fresh.ssd_candidate("", list(entry) + [5]) is None
+
+
+def _jobs(cache: PromptCache) -> list:
+    """The writes handed to the writer from now on (each still goes through)."""
+    seen: list = []
+    writer = cache.writes.writer
+    put = writer.put
+
+    def spy(job, block=False):
+        seen.append(job)
+        put(job, block)
+
+    writer.put = spy
+    return seen
+
+
+def test_on_cuda_a_write_behind_reads_copies_and_a_spill_the_evicted_entry_itself(
+    make_cache, monkeypatch
+):
+    """Where the CPU's read would move an entry out of device memory (CUDA, forced here), the
+    writer reads copies of entries that stay in RAM, and the entry itself once RAM evicted it
+    (no copy of what leaves the device anyway)."""
+    from mlxd.worker.cache import kv_arrays
+
+    monkeypatch.setattr(kv_arrays, "HOST_READ_COPIES", True)
+    one = entry_bytes(300)
+    cache = make_cache(ram_bytes=one + one // 2)  # room for one entry
+    jobs = _jobs(cache)
+    store(cache, prompt(0), session="s-1")
+    (kept,) = cache.ram.entries()
+    settle(cache)
+    assert len(jobs) == 1
+    assert jobs[0].arrays["0.k"].ctypes.data != address(kept.layers[0].keys)  # a copy
+    store(cache, prompt(1), session="s-2", seed=1)  # evicts s-1's entry (written already)
+    (left,) = [e for e in cache.ram.entries() if e.session == "s-2"]
+    evicted = cache.ssd.best("", list(prompt(0)))[0]
+    assert evicted is not None and not cache.ram.covers("", prompt(0))
+    store(cache, prompt(2), session="s-3", seed=2)  # evicts s-2's, not yet written: a spill
+    assert cache.writes.flush(30)
+    spilled = [j for j in jobs if j.session == "s-2"]
+    assert len(spilled) == 1 and spilled[0].arrays["0.k"].ctypes.data == address(
+        left.layers[0].keys
+    )
+    assert cache.writes.copy_bytes == 0
+
+
+def test_device_copies_held_by_queued_writes_are_bounded(make_cache, monkeypatch):
+    """A write-behind that would hold more than COPY_BYTES_MAX of copies waits for a later
+    round instead of queueing; nothing is lost, and the count goes back to zero."""
+    import threading
+
+    from mlxd.worker.cache import kv_arrays, write_policy
+
+    monkeypatch.setattr(kv_arrays, "HOST_READ_COPIES", True)
+    one = entry_bytes(300)
+    monkeypatch.setattr(write_policy, "COPY_BYTES_MAX", one + one // 2)
+    cache = make_cache()
+    jobs = _jobs(cache)
+    go = threading.Event()
+    write = cache.ssd.write
+    monkeypatch.setattr(cache.ssd, "write", lambda *a, **k: go.wait(30) and write(*a, **k))
+    for i in range(3):
+        store(cache, prompt(i), session=f"s-{i}", seed=i)
+    cache.writes.maintain(time.monotonic() + 3600)
+    assert len(jobs) == 1 and cache.writes.copy_bytes == one  # the others wait
+    go.set()
+    for _ in range(3):
+        settle(cache)
+    assert len(jobs) == 3 and len(cache.ssd) == 3 and cache.writes.copy_bytes == 0

@@ -97,13 +97,16 @@ def copy_on_device(x: mx.array) -> mx.array:
     return mx.multiply(x, mx.array(1, dtype=x.dtype))
 
 
-def to_numpy(layers: list) -> tuple[dict[str, np.ndarray], dict[str, str], list]:
+def to_numpy(
+    layers: list, copy: bool = False
+) -> tuple[dict[str, np.ndarray], dict[str, str], list]:
     """NumPy views of cache layers, as the SSD format names and stores them, and the evaluated
-    MLX arrays behind them (they must outlive the views): views of the caches' own buffers
-    where the CPU reads those in place, of device-made copies on CUDA (host_read_copies)."""
+    MLX arrays behind them (they must outlive the views): views of the caches' own buffers,
+    or with `copy` of copies the device makes (the write policy asks for them where
+    host_read_copies says so)."""
     named = {n: _bits_view(a) for i, c in enumerate(layers) for n, a in _parts(i, c).items()}
-    copy = copy_on_device if host_read_copies() else mx.contiguous
-    keep: list = [copy(a) for a in named.values()]
+    take = copy_on_device if copy else mx.contiguous
+    keep: list = [take(a) for a in named.values()]
     mx.eval(keep)
     arrays = {n: np.asarray(memoryview(a)) for n, a in zip(named, keep)}
     return arrays, {"layers": str(len(layers))}, keep

@@ -11,9 +11,10 @@ entry. Persisted entries idle long enough leave RAM (demotion).
 from __future__ import annotations
 
 import logging
+import threading
 import time
 
-from mlxd.worker.cache.kv_arrays import storable, to_numpy
+from mlxd.worker.cache.kv_arrays import host_read_copies, storable, to_numpy
 from mlxd.worker.cache.quiet_log import QuietLog
 from mlxd.worker.cache.ram import Entry, RamCache
 from mlxd.worker.cache.ssd import SsdStore
@@ -22,6 +23,11 @@ from mlxd.worker.cache.writer import CacheWriter, WriteJob
 log = logging.getLogger("mlxd.worker.cache")
 
 WRITE_REASONS = ("session", "reused", "drain")
+
+# The bytes of device-made copies (kv_arrays.host_read_copies, CUDA) queued writes may hold at
+# once. A write-behind that would pass it waits for a later round (one entry alone always
+# goes); spills and drains read their entries in place (they leave the device anyway).
+COPY_BYTES_MAX = 4 << 30
 
 
 def write_reason(e: Entry) -> str:
@@ -52,6 +58,8 @@ class WritePolicy:
         self.demotions = 0
         self.unsupported = 0
         self.written = dict.fromkeys(WRITE_REASONS, 0)  # entries that landed on the SSD, by why
+        self.copy_bytes = 0  # held by queued writes' device-made copies (COPY_BYTES_MAX)
+        self._copy_lock = threading.Lock()  # the writer thread gives them back
         self._quiet = QuietLog(log)
 
     # -- any thread -------------------------------------------------------------------------
@@ -89,7 +97,9 @@ class WritePolicy:
         n = 0
         for e in self.ram.entries():
             if not e.persisted and not e.queued and not e.ram_only:
-                self.enqueue(e, block=True)  # a drain must not drop writes
+                # A drain must not drop writes; in place: the worker stops, or (a flush) the
+                # next use of an entry faults it back once (no copies of every entry at once).
+                self.enqueue(e, block=True, in_place=True)
                 n += 1
         return n
 
@@ -99,10 +109,12 @@ class WritePolicy:
             return
         if self.ssd is not None and not e.persisted and not e.queued and not e.ram_only:
             self.spills += 1
-            self.enqueue(e)
+            self.enqueue(e, in_place=True)  # it left RAM: nothing will use it on the device
 
-    def enqueue(self, e: Entry, block: bool = False) -> None:
-        """Hand `e`'s arrays to the writer (`block`: wait for room, not drop the oldest write)."""
+    def enqueue(self, e: Entry, block: bool = False, in_place: bool = False) -> None:
+        """Hand `e`'s arrays to the writer (`block`: wait for room, not drop the oldest write).
+        On CUDA the writer reads device-made copies unless `in_place` (kv_arrays.to_numpy);
+        a write-behind that would hold more than COPY_BYTES_MAX of them waits a round."""
         if not self.writable:
             return  # no array copies for a tier that cannot take them
         writer = self.writer
@@ -115,20 +127,31 @@ class WritePolicy:
             e.ram_only = True
             return
 
+        copies = e.nbytes if host_read_copies() and not in_place else 0
+        with self._copy_lock:
+            if copies and self.copy_bytes and self.copy_bytes + copies > COPY_BYTES_MAX:
+                return  # still unqueued: the next maintain() tries again
+            self.copy_bytes += copies
         reason = write_reason(e)
 
         def done(ok: bool, e=e) -> None:  # on the writer thread, the only one counting
             e.queued = False
             e.persisted = ok
+            self._give_back(copies)
             if ok:
                 self.written[reason] += 1
 
         try:
-            arrays, meta, keep = to_numpy(e.layers)
+            arrays, meta, keep = to_numpy(e.layers, copy=bool(copies))
             e.queued = True
             job = WriteJob(e.ns, e.tokens, arrays, meta, e.session, keep, done, replies=e.replies)
             writer.put(job, block)
         except Exception as exc:  # runs on the engine thread: a hand-off may cost the entry only
             e.queued = False
+            self._give_back(copies)
             writer.failed += 1
             self._quiet.warn("SSD prompt cache hand-off to the writer", exc)
+
+    def _give_back(self, copies: int) -> None:
+        with self._copy_lock:
+            self.copy_bytes -= copies
