@@ -86,7 +86,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         "--ssd-in-place",
         action="store_true",
         help="with --ssd: the writer reads the entries' own arrays, as before 2026-12-07 (on "
-        "CUDA it reads device-made copies, kv_arrays.host_read_copies)",
+        "CUDA it reads device-made copies, kv_arrays.device_copies)",
     )
     p.add_argument(
         "--keep-buffers",
@@ -140,7 +140,7 @@ def main(argv: list[str]) -> int:
 
         from mlxd.worker.cache import kv_arrays
 
-        kv_arrays.HOST_READ_COPIES = False if a.ssd_in_place else None
+        kv_arrays.DEVICE_COPIES = False if a.ssd_in_place else None
         ssd_dir = Path(tempfile.mkdtemp(prefix="extend-ssd-"))
         layout = kv_arrays.kv_layout(loaded.model)
         # earn_tokens 0: every history is written (a session's turns earn it by their reuse)

@@ -129,7 +129,7 @@ host-reads)
   # Issue 33: rows extending histories the SSD tier wrote behind. 2026-12-07 (H100): K = 1
   # 0.275 s against 0.048 s with no SSD tier: the writer's CPU read of an entry moved its
   # buffer into managed memory and its pages to the host, and the extension faulted them back.
-  # The writer now reads device-made copies on CUDA (kv_arrays.host_read_copies); A/B with
+  # The writer now reads device-made copies on CUDA (kv_arrays.device_copies); A/B with
   # the old read in place (~4 min, the 8B build included). A run cut short by
   # its timeout leaves its SSD folder: removed before each.
   for f in "--ssd" "--ssd --ssd-in-place"; do

@@ -114,3 +114,27 @@ def test_a_guess_a_request_used_is_kept_as_what_requests_use(restarted):
     assert cache.ram.covers("", tokens(0))  # used: no longer a guess
     assert not cache.ram.covers("", tokens(1))  # the oldest guess still unused went
     assert cache.ram.covers("", tokens(2)) and cache.ram.covers("", tokens(8))
+
+
+@pytest.mark.parametrize("copies", [False, True])
+def test_an_entry_read_ahead_enters_ram_as_device_copies_where_asked(
+    restarted, monkeypatch, copies
+):
+    """On CUDA (forced here) the read's managed memory, which the CPU filled, is copied by the
+    device as the entry enters RAM: a request's first step then reads device memory. Elsewhere
+    the caches hold the read's own memory (no copy)."""
+    import numpy as np
+    from kv_layers import address
+
+    from mlxd.worker.cache import kv_arrays
+
+    monkeypatch.setattr(kv_arrays, "DEVICE_COPIES", copies)
+    cache = restarted()
+    e = next(e for e in cache.ssd.index.entries() if e.session == "s1")
+    arrays = cache.read_ssd(e, use=False)
+    assert cache.warm(e, arrays)
+    (entry,) = cache.ram.entries()
+    keys = entry.layers[0].keys
+    assert (address(keys) == arrays["0.k"].ctypes.data) is not copies
+    expect = layers(300, 1)[0].keys
+    assert np.array_equal(np.array(keys), np.array(expect))

@@ -158,8 +158,8 @@ def test_to_numpy_views_the_caches_own_buffers_or_device_made_copies(monkeypatch
         assert np.array_equal(arrays["0.v"], arrays["0.k"] + 1)
         shared = arrays["0.k"].ctypes.data == address(c.keys)
         assert shared is not copy, f"copy={copy}: the writer read the entry's own buffer"
-    monkeypatch.setattr(kv_arrays, "HOST_READ_COPIES", None)
-    assert kv_arrays.host_read_copies() is False  # this CPU: in place
+    monkeypatch.setattr(kv_arrays, "DEVICE_COPIES", None)
+    assert kv_arrays.device_copies() is kv_arrays.on_cuda()  # in place but on CUDA
 
 
 def test_the_read_ahead_can_take_device_copies_of_a_read_entry(tmp_path):

@@ -209,7 +209,7 @@ def test_on_cuda_a_write_behind_reads_copies_and_a_spill_the_evicted_entry_itsel
     (no copy of what leaves the device anyway)."""
     from mlxd.worker.cache import kv_arrays
 
-    monkeypatch.setattr(kv_arrays, "HOST_READ_COPIES", True)
+    monkeypatch.setattr(kv_arrays, "DEVICE_COPIES", True)
     one = entry_bytes(300)
     cache = make_cache(ram_bytes=one + one // 2)  # room for one entry
     jobs = _jobs(cache)
@@ -238,7 +238,7 @@ def test_device_copies_held_by_queued_writes_are_bounded(make_cache, monkeypatch
 
     from mlxd.worker.cache import kv_arrays, write_policy
 
-    monkeypatch.setattr(kv_arrays, "HOST_READ_COPIES", True)
+    monkeypatch.setattr(kv_arrays, "DEVICE_COPIES", True)
     one = entry_bytes(300)
     monkeypatch.setattr(write_policy, "COPY_BYTES_MAX", one + one // 2)
     cache = make_cache()
@@ -254,3 +254,46 @@ def test_device_copies_held_by_queued_writes_are_bounded(make_cache, monkeypatch
     for _ in range(3):
         settle(cache)
     assert len(jobs) == 3 and len(cache.ssd) == 3 and cache.writes.copy_bytes == 0
+
+
+def test_copies_come_back_whatever_happens_to_their_write(make_cache, monkeypatch):
+    """A hand-off that fails gives its copies' bytes back; an entry larger than the bound, and
+    one too large for RAM, is read in place (bounded memory; it never enters RAM); the writer
+    lets go of a written job's arrays at once, not when the next job comes."""
+    import gc
+    import weakref
+
+    from mlxd.worker.cache import kv_arrays, write_policy
+
+    monkeypatch.setattr(kv_arrays, "DEVICE_COPIES", True)
+    one = entry_bytes(300)
+    cache = make_cache()
+    real = write_policy.to_numpy
+    monkeypatch.setattr(write_policy, "to_numpy", lambda *a, **k: 1 / 0)
+    store(cache, prompt(0), session="s-0")
+    cache.writes.maintain(time.monotonic() + 3600)
+    assert cache.writes.copy_bytes == 0 and cache.writes.tally() == (0, 1)
+    monkeypatch.setattr(write_policy, "to_numpy", real)
+
+    seen: list = []
+    writer = cache.writes.writer
+    put = writer.put
+    writer.put = lambda job, block=False: (seen.append(weakref.ref(job)), put(job, block))
+    monkeypatch.setattr(write_policy, "COPY_BYTES_MAX", one - 1)  # the entry is larger
+    (e,) = cache.ram.entries()
+    settle(cache)
+    assert len(seen) == 1 and cache.writes.copy_bytes == 0
+    gc.collect()
+    assert seen[0]() is None, "the writer still holds the written job"
+    (job_entry,) = cache.ram.entries()
+    assert job_entry is e and e.persisted
+
+    monkeypatch.setattr(write_policy, "COPY_BYTES_MAX", 4 << 30)  # room for copies again
+    small = make_cache(ram_bytes=one // 2)  # the same folder; every entry too large for RAM
+    jobs = _jobs(small)
+    big = layers(300, 1)
+    small.store("", prompt(1), big, "s-1")
+    assert small.writes.flush(30) and len(small.ram) == 0
+    assert small.ssd.best("", list(prompt(1)))[0].session == "s-1"
+    assert jobs[0].arrays["0.k"].ctypes.data == address(big[0].keys)  # in place
+    assert small.writes.copy_bytes == 0

@@ -4,7 +4,7 @@ caches a model makes (what every stored entry is checked against).
 Attention KV (plain or quantized), sliding windows and recurrent states travel, one tensor
 set per layer as kinds.py names them; bfloat16 travels as its uint16 bits. Zero-copy both
 ways where the memory allows: a write sees NumPy views of the evaluated caches (to_numpy;
-on CUDA views of device-made copies, host_read_copies); a restore reads each
+on CUDA views of device-made copies, device_copies); a restore reads each
 tensor into an MLX array of its own (mlx_buffers), which from_numpy then uses as it is. The
 copy a restore made before (`mx.array` of every tensor) was 61% of a 1.4 GB gemma3-12b
 restore on this project's 2-core CPU (4.5 of 7.4 s, `python -m bench.restore --layers 48`).
@@ -70,24 +70,24 @@ def _parts(i: int, c: Any) -> dict[str, mx.array]:
     return {f"{i}.k": c.keys[..., : c.offset, :], f"{i}.v": c.values[..., : c.offset, :]}
 
 
-# Whether the SSD writer reads copies of an entry's arrays rather than the arrays themselves.
-# On CUDA, MLX keeps what the GPU computes in device memory, and the first CPU read of an array
+# Whether CPU-side reads and writes of cache entries go through copies the device makes. On
+# CUDA, MLX keeps what the GPU computes in device memory, and the first CPU read of an array
 # (the buffer protocol, as to_numpy's views) moves its buffer into managed memory for good:
-# the writer's read then pulls the pages to the host, and the entry's next use on the device
-# (the session's next turn, which extends it) faults them back. `bench extend --ssd` on an
-# H100 (2026-12-07): a lone row extending a 6k history written behind got its first token
-# in 0.275 s, against 0.048 s with no SSD tier. A copy made on the device takes that move
-# instead, and the entry stays where the GPU reads it. None: copies on CUDA only (Apple
-# silicon's memory is one, and the CPU backend reads its own memory in place).
-HOST_READ_COPIES: bool | None = None
+# the SSD writer's read then pulls the pages to the host, and the entry's next use on the
+# device (the session's next turn, which extends it) faults them back. `bench extend --ssd` on
+# an H100 (2026-12-07): a lone row extending a 6k history written behind got its first token
+# in 0.275 s, against 0.048 s with no SSD tier. So the writer reads a copy, and the other way
+# round the read-ahead has the device copy what the CPU read into managed memory (from_numpy).
+# None: on CUDA only (Apple silicon's memory is one, and the CPU backend reads its own memory).
+DEVICE_COPIES: bool | None = None
 
 
 def on_cuda() -> bool:
     return mx.default_device() == mx.gpu and mx.cuda.is_available()
 
 
-def host_read_copies() -> bool:
-    return on_cuda() if HOST_READ_COPIES is None else HOST_READ_COPIES
+def device_copies() -> bool:
+    return on_cuda() if DEVICE_COPIES is None else DEVICE_COPIES
 
 
 def copy_on_device(x: mx.array) -> mx.array:
@@ -103,7 +103,7 @@ def to_numpy(
     """NumPy views of cache layers, as the SSD format names and stores them, and the evaluated
     MLX arrays behind them (they must outlive the views): views of the caches' own buffers,
     or with `copy` of copies the device makes (the write policy asks for them where
-    host_read_copies says so)."""
+    device_copies says so)."""
     named = {n: _bits_view(a) for i, c in enumerate(layers) for n, a in _parts(i, c).items()}
     take = copy_on_device if copy else mx.contiguous
     keep: list = [take(a) for a in named.values()]

@@ -16,7 +16,7 @@ import numpy as np
 from mlxd.worker.cache.entry_caches import compact, usable_length, view
 from mlxd.worker.cache.format import Layout, LayoutMismatch, check_layout
 from mlxd.worker.cache.kinds import trims
-from mlxd.worker.cache.kv_arrays import from_numpy, mlx_buffers, on_cuda
+from mlxd.worker.cache.kv_arrays import device_copies, from_numpy, mlx_buffers
 from mlxd.worker.cache.ram import EARN_TOKENS, Entry, RamCache
 from mlxd.worker.cache.replies import Reply, clip
 from mlxd.worker.cache.ssd import SsdEntry, SsdStore
@@ -147,7 +147,7 @@ class PromptCache:
         when RAM already covers it or has no room for it (nothing is evicted for it)."""
         if self.ram.covers(e.ns, e.tokens) or self.ram.cap_bytes - self.ram.nbytes < e.file_bytes:
             return False
-        layers, _ = self._layers(e, arrays, device_copy=on_cuda())
+        layers, _ = self._layers(e, arrays, device_copy=device_copies())
         # A guess: evicted before anything a request used (ram.py).
         entry = self.ram.insert(
             e.ns, e.tokens, layers, e.session, True, replies=e.replies, guess=True
@@ -186,8 +186,8 @@ class PromptCache:
             # Too large for RAM (or RAM disabled): straight to the SSD tier, if it earned that.
             nbytes = sum(c.nbytes for c in layers)
             e = Entry(ns, tokens, layers, nbytes, session, hits=hits, replies=replies)
-            if e.earned:
-                self.writes.enqueue(e)
+            if e.earned:  # in place: it never enters RAM, nothing uses it on the device
+                self.writes.enqueue(e, in_place=True)
 
     def close_session(self, session: str) -> int:
         n = self.ram.drop_session(session)

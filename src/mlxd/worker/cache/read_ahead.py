@@ -87,6 +87,7 @@ async def read_ahead(state, read_once) -> None:
             # "exception never retrieved" from an engine that answered it at its exit.
             warm.add_done_callback(lambda f: f.cancelled() or f.exception())
             held.append((e, warm))
+            arrays = None  # the engine call holds them until they are in RAM, no longer
     if held:
         await asyncio.wait([f for _, f in held])
         _settle(cache, held, done_only=False)

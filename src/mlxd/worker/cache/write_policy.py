@@ -14,7 +14,7 @@ import logging
 import threading
 import time
 
-from mlxd.worker.cache.kv_arrays import host_read_copies, storable, to_numpy
+from mlxd.worker.cache.kv_arrays import device_copies, storable, to_numpy
 from mlxd.worker.cache.quiet_log import QuietLog
 from mlxd.worker.cache.ram import Entry, RamCache
 from mlxd.worker.cache.ssd import SsdStore
@@ -24,9 +24,10 @@ log = logging.getLogger("mlxd.worker.cache")
 
 WRITE_REASONS = ("session", "reused", "drain")
 
-# The bytes of device-made copies (kv_arrays.host_read_copies, CUDA) queued writes may hold at
-# once. A write-behind that would pass it waits for a later round (one entry alone always
-# goes); spills and drains read their entries in place (they leave the device anyway).
+# The bytes of device-made copies (kv_arrays.device_copies, CUDA) queued writes may hold at
+# once. A write-behind that would pass it waits for a later round; an entry larger than it is
+# read in place (its next use faults it back once: bounded memory first). Spills, drains and
+# entries too large for RAM are read in place (they leave the device anyway).
 COPY_BYTES_MAX = 4 << 30
 
 
@@ -127,12 +128,12 @@ class WritePolicy:
             e.ram_only = True
             return
 
-        copies = e.nbytes if host_read_copies() and not in_place else 0
+        copy = device_copies() and not in_place and e.nbytes <= COPY_BYTES_MAX
+        copies = e.nbytes if copy else 0
         with self._copy_lock:
-            if copies and self.copy_bytes and self.copy_bytes + copies > COPY_BYTES_MAX:
+            if copies and self.copy_bytes + copies > COPY_BYTES_MAX:
                 return  # still unqueued: the next maintain() tries again
             self.copy_bytes += copies
-        reason = write_reason(e)
 
         def done(ok: bool, e=e) -> None:  # on the writer thread, the only one counting
             e.queued = False
@@ -142,7 +143,8 @@ class WritePolicy:
                 self.written[reason] += 1
 
         try:
-            arrays, meta, keep = to_numpy(e.layers, copy=bool(copies))
+            reason = write_reason(e)
+            arrays, meta, keep = to_numpy(e.layers, copy=copy)
             e.queued = True
             job = WriteJob(e.ns, e.tokens, arrays, meta, e.session, keep, done, replies=e.replies)
             writer.put(job, block)

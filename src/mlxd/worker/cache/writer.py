@@ -103,6 +103,7 @@ class CacheWriter:
                 elif ok is False:  # None: its session closed, nothing was lost
                     self.failed += 1
                 job.on_done(bool(ok))
+                del job  # its arrays (on CUDA, copies) go now, not when the next job comes
                 with self._cv:
                     self._busy = False
                     self._cv.notify_all()
