@@ -146,6 +146,7 @@ def test_to_numpy_views_the_caches_own_buffers_or_device_made_copies(monkeypatch
     from mlx_lm.models.cache import KVCache
 
     from mlxd.worker.cache import kv_arrays
+    from mlxd.worker.model.device import on_cuda
 
     c = KVCache()
     k = mx.arange(16, dtype=mx.float32).reshape(1, 1, 4, 4)
@@ -159,7 +160,7 @@ def test_to_numpy_views_the_caches_own_buffers_or_device_made_copies(monkeypatch
         shared = arrays["0.k"].ctypes.data == address(c.keys)
         assert shared is not copy, f"copy={copy}: the writer read the entry's own buffer"
     monkeypatch.setattr(kv_arrays, "DEVICE_COPIES", None)
-    assert kv_arrays.device_copies() is kv_arrays.on_cuda()  # in place but on CUDA
+    assert kv_arrays.device_copies() is on_cuda()  # in place but on CUDA
 
 
 def test_the_read_ahead_can_take_device_copies_of_a_read_entry(tmp_path):

@@ -33,6 +33,7 @@ from mlxd.worker.cache.kinds import ARRAYS, BF16_STORED, QUANT_PARTS, ROTATING, 
 from mlxd.worker.cache.quiet_log import QuietLog
 from mlxd.worker.cache.safetensors_file import TensorSpec
 from mlxd.worker.kv.quant import QuantizedRowCache
+from mlxd.worker.model.device import on_cuda
 
 log = logging.getLogger("mlxd.worker.cache")
 
@@ -80,10 +81,6 @@ def _parts(i: int, c: Any) -> dict[str, mx.array]:
 # round the read-ahead has the device copy what the CPU read into managed memory (from_numpy).
 # None: on CUDA only (Apple silicon's memory is one, and the CPU backend reads its own memory).
 DEVICE_COPIES: bool | None = None
-
-
-def on_cuda() -> bool:
-    return mx.default_device() == mx.gpu and mx.cuda.is_available()
 
 
 def device_copies() -> bool:

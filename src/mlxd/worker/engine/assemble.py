@@ -21,6 +21,7 @@ from mlxd.worker.engine.draft_model import spec_config
 from mlxd.worker.engine.loop import Engine
 from mlxd.worker.engine.sched.planner import MIN_CHUNK, PlanConfig, window_chunk
 from mlxd.worker.model import blocks
+from mlxd.worker.model.device import on_cuda
 from mlxd.worker.model.load import LoadedModel, apply_memory_limit, device_memory_bytes
 from mlxd.worker.vision.load import VisionParts
 
@@ -124,7 +125,7 @@ def ram_cache_bytes(cfg: WorkerSpec, cuda_bytes: int | None = None) -> int:
     the card out of memory."""
     if cfg.prompt_cache_bytes is not None:
         return cfg.prompt_cache_bytes
-    if cuda_bytes is None and mx.default_device() == mx.gpu and mx.cuda.is_available():
+    if cuda_bytes is None and on_cuda():
         cuda_bytes = device_memory_bytes()
     total = cuda_bytes if cuda_bytes else psutil.virtual_memory().total
     return min(total // 8, 16 * 1024**3)

@@ -19,13 +19,15 @@ from __future__ import annotations
 import mlx.core as mx
 import mlx.nn as nn
 
+from mlxd.worker.model.device import on_cuda
+
 
 def take_rows() -> bool:
     """Whether the delta takes each row's factors before a batched matmul (CUDA) instead of
     `gather_mm` (Metal, CPU). Read at each forward: a test may force either path."""
     if TAKE_ROWS is not None:
         return TAKE_ROWS
-    return mx.default_device() == mx.gpu and mx.cuda.is_available()
+    return on_cuda()
 
 
 TAKE_ROWS: bool | None = None  # None: by the device (above)
