@@ -145,6 +145,9 @@ def _restores_to_the_same_logits(model):
         model(mx.array([[100 + t]]), cache=caches)
     arrays, _, keep = to_numpy(caches)
     check_layout(arrays, layout, 100)
+    copies, _, _ = to_numpy(caches, copy=True)  # what the writer reads on CUDA
+    assert copies.keys() == arrays.keys()
+    assert all(np.array_equal(copies[k], v) for k, v in arrays.items())
     copied = from_numpy({k: v.copy() for k, v in arrays.items()}, layout)
     with tempfile.TemporaryDirectory() as folder:  # and through the SSD store's own read
         store = SsdStore(Path(folder), 1 << 30, layout, mlx_buffers)
@@ -167,6 +170,8 @@ def _restores_to_the_same_logits(model):
     assert all(np.array_equal(before[k], v) for k, v in read.items())
     again = from_numpy(read, layout)
     assert mx.array_equal(want, model(step, cache=again))
+    on_device = from_numpy(read, layout, device_copy=True)  # what the read-ahead keeps on CUDA
+    assert mx.array_equal(want, model(step, cache=on_device))
 
 
 def _views_of_the_bytes_read(layers, read: dict) -> None:
