@@ -162,7 +162,7 @@ def test_a_budget_past_the_room_ends_at_the_room_with_length_on_every_surface(ht
 
 def test_only_a_prompt_with_no_room_left_is_refused_with_the_numbers(http):
     r = http.post("/v1/completions", json={"prompt": [5] * CONTEXT_LIMIT, "max_tokens": 4})
-    err = _openai_error(r, "messages")
+    err = _openai_error(r, "prompt")  # the field that holds it (was "messages" until 12-07)
     assert err["code"] == "context_length_exceeded"
     assert f"{CONTEXT_LIMIT} tokens" in err["message"] and "context limit" in err["message"]
     ok = http.post("/v1/completions", json={"prompt": [5] * (CONTEXT_LIMIT - 1), "max_tokens": 9})
@@ -189,7 +189,7 @@ HUGE = "lorem ipsum " * ((MAX_BODY_BYTES - 4096) // 12)
     [
         (CHAT, {"messages": [{"role": "user", "content": HUGE}]}, "messages"),
         ("/v1/completions", {"prompt": HUGE}, "prompt"),
-        ("/v1/responses", {"input": HUGE}, "messages"),
+        ("/v1/responses", {"input": HUGE}, "input"),
     ],
     ids=["chat", "completions", "responses"],
 )
@@ -575,3 +575,60 @@ def test_a_responses_input_that_fills_the_context_names_input(http):
     r = http.post("/v1/responses", json={"input": "hello " * CONTEXT_LIMIT})
     err = _openai_error(r, "input")
     assert err["code"] == "context_length_exceeded"
+
+
+# -- found by a black-box probe of the daemon (2026-12-07): each was a 500 or named the wrong
+# field; against the real worker, which answers normally afterwards ------------------------
+@pytest.mark.parametrize(
+    "path,body,param",
+    [
+        ("/v1/responses", {"input": [{"role": "user", "content": 5}]}, "input.0.content"),
+        ("/v1/responses", {"input": [{"type": "reasoning", "summary": 5}]}, "input.0.summary"),
+        ("/v1/responses", {"input": []}, "input"),
+        (
+            CHAT,
+            {"messages": MSG, "chat_template_kwargs": {"add_generation_prompt": False}},
+            "chat_template_kwargs",
+        ),
+        (
+            CHAT,
+            {
+                "tools": [{"type": "function", "function": {"name": "f"}}],
+                "messages": [
+                    *MSG,
+                    {"role": "assistant", "tool_calls": [{"id": "c", "function": None}]},
+                    {"role": "tool", "tool_call_id": "c", "content": "r"},
+                ],
+            },
+            "messages.1.tool_calls.0.function",
+        ),
+        ("/v1/completions", {"prompt": "hi", "echo": True, "logprobs": 1}, "logprobs"),
+    ],
+    ids=["content", "reasoning", "empty-input", "template-kwargs", "call-function", "echo"],
+)
+def test_bad_items_are_a_400_naming_their_field(http, path, body, param):
+    err = _openai_error(http.post(path, json={**body, "max_tokens": 2}), param)
+    assert "Traceback" not in err["message"] and "mlx_lm" not in err["message"]
+    _chat_ok(http)
+
+
+def test_a_tool_result_of_the_wrong_type_is_a_400_on_messages_and_count_tokens(http):
+    block = {"type": "tool_result", "tool_use_id": "x", "content": 5}
+    body = {"max_tokens": 2, "messages": [{"role": "user", "content": [block]}]}
+    for path in (MESSAGES, "/v1/messages/count_tokens"):
+        assert (
+            "messages.0.content.0.content"
+            in _anthropic_error(http.post(path, json=body))["message"]
+        )
+
+
+def test_a_responses_message_cut_by_max_output_tokens_is_incomplete_streamed_or_not(http):
+    body = {"input": "hi", "max_output_tokens": 1, "store": False, "temperature": 0}
+    out = http.post("/v1/responses", json=body).json()
+    assert out["status"] == "incomplete"
+    assert [i["status"] for i in out["output"] if i["type"] == "message"] == ["incomplete"]
+    with http.stream("POST", "/v1/responses", json={**body, "stream": True}) as r:
+        events = [json.loads(line[6:]) for line in r.iter_lines() if line.startswith("data: {")]
+    done = [e["item"] for e in events if e["type"] == "response.output_item.done"]
+    assert [i["status"] for i in done if i["type"] == "message"] == ["incomplete"]
+    assert events[-1]["type"] == "response.incomplete"

@@ -101,12 +101,20 @@ def test_one_pull_per_model_followed_by_every_client_and_cancelled_by_the_last(t
         )
         await until(lambda: len(calls) == 3)
         release.set()
-        return seen_first, seen_second, busy, failed, await again
+        again = await again
+        metrics = await (await client.get("/metrics")).text()
+        return seen_first, seen_second, busy, failed, again, metrics
 
     try:
-        seen_first, seen_second, busy, failed, again = with_app(tmp_path, go)
+        seen_first, seen_second, busy, failed, again, metrics = with_app(tmp_path, go)
     finally:
         release.set()
+    pulls = [line for line in metrics.splitlines() if line.startswith("mlxd_requests_total{")]
+    pulls = [line for line in pulls if 'route="/api/pull"' in line]
+    # A name that never became a model stays out of the labels (any name may be asked).
+    assert any('model=""' in line and 'status="400"' in line for line in pulls)
+    assert not any("org/fails" in line for line in pulls)
+    assert any('model="org/m"' in line and 'status="200"' in line for line in pulls)
     assert [x["status"] for x in seen_first] == ["pulling manifest", "pulling model.safetensors"]
     assert seen_second == seen_first and calls[:2] == ["org/m", "org/fails"]
     assert busy.status == 409

@@ -157,3 +157,70 @@ def test_responses_items_become_chat_messages():
     assert job.messages[2]["tool_calls"][0]["function"]["arguments"] == {"city": "Paris"}
     assert job.guided.kind == "json_schema" and job.guided.param == "text.format"
     assert job.tools[0]["function"]["name"] == "get_weather"
+
+
+def _bad(cls, body: dict) -> BadRequest:
+    with pytest.raises(BadRequest) as err:
+        parse_model(cls, body).to_chat_job()
+    return err.value
+
+
+@pytest.mark.parametrize(
+    "items, param",
+    [
+        ([{"role": "user", "content": 5}], "input.0.content"),
+        ([{"role": "user", "content": True}], "input.0.content"),
+        ([{"role": "system", "content": 1.5}], "input.0.content"),
+        ([{"type": "function_call_output", "call_id": "a", "output": 5}], "input.0.output"),
+        ([{"type": "custom_tool_call_output", "call_id": "a", "output": 5}], "input.0.output"),
+        ([{"type": "reasoning", "summary": 5}], "input.0.summary"),
+        ([{"type": "reasoning", "summary": "thought"}], "input.0.summary"),
+        ([{"type": "reasoning", "content": [None]}], "input.0.content"),
+        ([{"type": "reasoning", "summary": [{"text": "a"}], "content": ["x"]}], "input.0.content"),
+    ],
+)
+def test_responses_items_of_the_wrong_type_are_a_400_naming_the_field(items, param):
+    """Found by a black-box probe (2026-12-07): each of these was a 500."""
+    err = _bad(ResponsesRequest, {"input": items})
+    assert err.param == param and f"Invalid '{param}'" in str(err)
+
+
+def test_a_responses_reasoning_item_keeps_its_content_then_its_summary():
+    item = {"type": "reasoning", "content": [{"text": "a"}], "summary": [{"text": "b"}]}
+    body = {"input": [item, {"role": "assistant", "content": "ok"}]}
+    job = parse_model(ResponsesRequest, body).to_chat_job()
+    assert job.messages == [{"role": "assistant", "content": "ok", "reasoning_content": "ab"}]
+
+
+@pytest.mark.parametrize("content", [5, {"type": "tool_result"}])
+def test_messages_tool_results_of_the_wrong_type_are_a_400(content):
+    block = {"type": "tool_result", "tool_use_id": "x", "content": content}
+    body = {"max_tokens": 4, "messages": [{"role": "user", "content": [block]}]}
+    with pytest.raises(BadRequest) as err:
+        parse_model(MessagesRequest, body).to_chat_job()
+    assert err.value.param == "messages.0.content.0.content"
+
+
+@pytest.mark.parametrize("fn", [None, 5, "x", [], [{}]])
+def test_a_chat_history_tool_call_without_a_function_object_is_a_400(fn):
+    """With tools and a template without a tool format this was a 500 (tool_prompt)."""
+    call = {"id": "c1", "type": "function", "function": fn}
+    body = {
+        "tools": [TOOL],
+        "messages": [
+            {"role": "user", "content": "hi"},
+            {"role": "assistant", "content": None, "tool_calls": [call]},
+            {"role": "tool", "tool_call_id": "c1", "content": "r"},
+        ],
+    }
+    err = _bad(ChatCompletionRequest, body)
+    assert err.param == "messages.1.tool_calls.0.function"
+
+
+def test_completions_refuse_echo_with_logprobs():
+    from mlxd.shared.wire.completions import CompletionRequest
+
+    err = _bad(CompletionRequest, {"prompt": "hello", "echo": True, "logprobs": 1})
+    assert err.param == "logprobs" and "echo" in str(err)
+    for ok in ({"echo": True}, {"logprobs": 1}, {"echo": False, "logprobs": 0}):
+        assert parse_model(CompletionRequest, {"prompt": "hello", **ok}).to_chat_job()

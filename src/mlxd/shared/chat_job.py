@@ -125,6 +125,10 @@ def text_of(content: Any, param: str, sep: str = "") -> str:
         return ""
     if isinstance(content, str):
         return content
+    if not isinstance(content, list):
+        raise BadRequest(
+            f"Invalid '{param}': expected a string or a list of content parts", param=param
+        )
     parts = []
     for part in content:
         kind = part.get("type") if isinstance(part, dict) else None

@@ -12,6 +12,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field, field_validator
 
 from mlxd.shared.chat_job import ChatJob, RawPrompt
+from mlxd.shared.errors import BadRequest
 from mlxd.shared.structured_output import GuidedFields
 from mlxd.shared.wire.openai import SamplingRequest
 from mlxd.shared.wire.openai_out import Usage
@@ -38,6 +39,14 @@ class CompletionRequest(SamplingRequest, GuidedFields):
 
     def to_chat_job(self) -> ChatJob:
         """The worker's view of this request: its prompt as given, no messages."""
+        if self.echo and self.logprobs is not None:
+            # OpenAI's lists then cover the echoed prompt too (its tokens' log-probabilities,
+            # which the engine does not compute): refused rather than answered without them.
+            raise BadRequest(
+                "Invalid 'logprobs': prompt log-probabilities (echo with logprobs) are not "
+                "supported; send echo or logprobs, not both",
+                param="logprobs",
+            )
         prompt = self.prompt
         if isinstance(prompt, list) and isinstance(prompt[0], str):  # one prompt, in a list
             prompt = prompt[0]

@@ -22,6 +22,7 @@ from mlxd.shared.chat_job import (
     tool_mode,
     with_effort,
 )
+from mlxd.shared.errors import BadRequest
 from mlxd.shared.images import ImageInput, image_input
 from mlxd.shared.params import (
     MAX_SEED,
@@ -73,7 +74,10 @@ class ChatMessage(Lenient):
                     },
                 }
             fn = call.get("function")
-            if isinstance(fn, dict) and "arguments" in fn:
+            if not isinstance(fn, dict):
+                where = f"messages.{i}.tool_calls.{j}.function"
+                raise BadRequest(f"Invalid '{where}': expected an object", param=where)
+            if "arguments" in fn:
                 fn["arguments"] = arguments_object(fn["arguments"])
         return out
 
@@ -153,6 +157,13 @@ class SamplingRequest(Lenient, SamplingFields):
         return bool(self.stream_options and self.stream_options.include_usage)
 
 
+# Arguments of the tokenizer's apply_chat_template that the worker itself passes or that
+# change what it returns: a client's chat_template_kwargs may not set them.
+SERVER_TEMPLATE_ARGS = frozenset(
+    {"conversation", "add_generation_prompt", "tokenize", "return_dict", "return_tensors"}
+)
+
+
 class ChatCompletionRequest(SamplingRequest, GuidedFields):
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: int | None = Field(None, ge=1)
@@ -165,6 +176,14 @@ class ChatCompletionRequest(SamplingRequest, GuidedFields):
     prompt_cache_key: str | None = None
     reasoning_effort: Effort | None = None
     thinking_token_budget: int | None = Field(None, ge=0)  # vLLM's name: a budget in tokens
+
+    @field_validator("chat_template_kwargs")
+    @classmethod
+    def _own_keys(cls, v):
+        taken = sorted(set(v or ()) & SERVER_TEMPLATE_ARGS)
+        if taken:
+            raise ValueError(f"{', '.join(taken)}: set by the server, not a template variable")
+        return v
 
     @model_validator(mode="after")
     def _check_logprobs(self):

@@ -100,8 +100,14 @@ class ResponsesRequest(GuidedFields, SamplingFields):
             choice = {"function": {"name": name}}
         mode, forced = tool_mode(choice, tools)
         images: list[ImageInput] = []
+        messages = self.chat_messages(images)
+        if not messages:
+            raise BadRequest(
+                "Invalid 'input': nothing to answer (no input items and no instructions)",
+                param="input",
+            )
         return ChatJob(
-            messages=self.chat_messages(images),
+            messages=messages,
             images=images,
             params=self.to_generation_params(),
             tools=tools,
@@ -167,13 +173,25 @@ class ResponsesRequest(GuidedFields, SamplingFields):
                     }
                 )
             elif kind == "reasoning":
-                parts = (item.get("content") or []) + (item.get("summary") or [])
-                reasoning = "".join(str(p.get("text", "")) for p in parts)
+                reasoning = reasoning_text(item, param)
             else:
                 raise BadRequest(
                     f"Invalid '{param}': items of type {kind!r} are not supported", param=param
                 )
         return out
+
+
+def reasoning_text(item: dict[str, Any], param: str) -> str:
+    """A reasoning item's text: its `content` parts, then its `summary` parts (lists of
+    objects with a `text`; either may be absent)."""
+    texts: list[str] = []
+    for field in ("content", "summary"):
+        parts = item.get(field) or []
+        where = f"{param}.{field}"
+        if not isinstance(parts, list) or not all(isinstance(p, dict) for p in parts):
+            raise BadRequest(f"Invalid '{where}': expected a list of objects", param=where)
+        texts.extend(str(p.get("text", "")) for p in parts)
+    return "".join(texts)
 
 
 def input_image_part(part: dict[str, Any], param: str) -> ImageInput | None:

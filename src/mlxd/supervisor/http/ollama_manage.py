@@ -97,15 +97,17 @@ async def _answer(
 
 
 async def pull(request: web.Request) -> web.StreamResponse:
-    _, store = _parts(request)
+    reg, store = _parts(request)
     req = parse_model(PullRequest, load_json(await request.read()))
     target = pull_target(req.model_name, req.revision)
-    request["model"] = target.model_id
     the_pull, q = await store.pull(target)
     try:
         return await _answer(request, req.stream, _from_queue(q))
     finally:
         the_pull.leave(q)  # the last client to leave cancels the pull
+        # The metrics label names a model once it is one (bounded: any name may be asked).
+        if target.model_id in reg.catalog.entries():
+            request["model"] = target.model_id
 
 
 def _background(request: web.Request, coro, q: asyncio.Queue | None = None) -> asyncio.Task:

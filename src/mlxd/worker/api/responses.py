@@ -78,12 +78,19 @@ def _call_item(call: ToolCall, job: ChatJob) -> FunctionCallItem | CustomToolCal
     return FunctionCallItem(id=_id("fc"), call_id=call.id, name=call.name, arguments=call.arguments)
 
 
+def _ended(done: Done) -> bool:
+    """Whether the row ended on its own (a stop, a stop string, a tool call), not cut."""
+    return done.error is None and done.finish_reason != "length"
+
+
 def _output(out: Collected, job: ChatJob) -> list:
     items: list = []
     if out.reasoning:
         items.append(ReasoningItem(id=_id("rs"), content=[ReasoningText(text=out.reasoning)]))
     if out.text or not out.calls:
-        items.append(MessageItem(id=_id("msg"), content=[OutputText(text=out.text)]))
+        # The output's last item is the one a cut (max_output_tokens, a failure) ended.
+        status = "completed" if out.calls or _ended(out.done) else "incomplete"
+        items.append(MessageItem(id=_id("msg"), status=status, content=[OutputText(text=out.text)]))
     return items + [_call_item(c, job) for c in out.calls]
 
 
@@ -228,7 +235,8 @@ class ResponsesWriter(Writer):
             "response.output_item.done", output_index=self.index, item=item.model_dump()
         )
 
-    def _close(self) -> bytes:
+    def _close(self, status: str = "completed") -> bytes:
+        """End the open item: `status` "incomplete" when the row was cut in it."""
         if self.call is not None:  # a call that streamed and got no end (the row failed)
             return self._end_call("".join(self.args), "incomplete")
         item, self.item = self.item, None
@@ -243,7 +251,7 @@ class ResponsesWriter(Writer):
             out = self._emit("response.reasoning_text.done", text=text, **at)
         else:
             part = OutputText(text=text)
-            item.content, item.status = [part], "completed"
+            item.content, item.status = [part], status
             out = self._emit("response.output_text.done", text=text, logprobs=[], **at)
         out += self._emit("response.content_part.done", part=part.model_dump(), **at)
         return out + self._emit(
@@ -251,7 +259,7 @@ class ResponsesWriter(Writer):
         )
 
     def done(self, done: Done, usage: TokenUsage) -> bytes:
-        out = self._close()
+        out = self._close("completed" if _ended(done) else "incomplete")
         _finish(self.response, usage, done)
         kind = _FINAL_EVENTS.get(self.response.status, "response.incomplete")
         return out + self._emit(kind, response=self.response.model_dump())

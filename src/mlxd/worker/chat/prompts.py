@@ -41,8 +41,10 @@ def chat_prompt(
     tools: list[dict] | None = None,
     template_kwargs: dict | None = None,
     enable_thinking: bool | None = None,
+    param: str = "messages",
 ) -> ChatPrompt:
-    """Render the conversation through the model's chat template.
+    """Render the conversation through the model's chat template (`param`: the request
+    field that holds it, for a 400).
 
     `enable_thinking` is the worker's default; the request's chat_template_kwargs win, and
     when both are silent the template decides. A template without a tool format gets the
@@ -61,10 +63,8 @@ def chat_prompt(
             messages, add_generation_prompt=True, tokenize=False, **kwargs
         )
     except Exception as exc:  # jinja raises for conversations the template rejects
-        raise BadRequest(
-            f"The chat template rejected the messages: {exc}", param="messages"
-        ) from None
-    check_prompt_bytes(m, text, "messages")
+        raise BadRequest(f"The chat template rejected the {param}: {exc}", param=param) from None
+    check_prompt_bytes(m, text, param)
     ids = m.tokenizer.encode(text, add_special_tokens=False)
     return ChatPrompt(ids, text, kwargs, _ends_in_reasoning(m.tokenizer, text), warning)
 
@@ -165,8 +165,17 @@ def check_params(m: LoadedModel, p: GenerationParams) -> None:
         raise BadRequest(f"Invalid 'top_logprobs': must be at most {vocab}", param="top_logprobs")
 
 
+def prompt_field(surface: str, raw: bool = False) -> str:
+    """The request field that holds the prompt, for a 400 about it."""
+    return "prompt" if raw else "input" if surface == "responses" else "messages"
+
+
 def fit_max_tokens(
-    context_limit: int, prompt_len: int, requested: int | None, surface: str = "openai"
+    context_limit: int,
+    prompt_len: int,
+    requested: int | None,
+    surface: str = "openai",
+    raw: bool = False,
 ) -> int:
     """How many tokens a request may generate: THE one rule, for every surface.
 
@@ -193,7 +202,7 @@ def fit_max_tokens(
         raise BadRequest(
             f"The prompt is {prompt_len} tokens; this model's context limit is "
             f"{context_limit} tokens",
-            param="input" if surface == "responses" else "messages",  # the field that holds it
+            param=prompt_field(surface, raw),
             code="context_length_exceeded",
         )
     if requested is None:
@@ -210,7 +219,11 @@ def fit_max_tokens(
 
 
 def resolve_params(
-    m: LoadedModel, p: GenerationParams, prompt_len: int, surface: str = "openai"
+    m: LoadedModel,
+    p: GenerationParams,
+    prompt_len: int,
+    surface: str = "openai",
+    raw: bool = False,
 ) -> GenerationParams:
     """Check `p` against the model, fill defaults from it and fit max_tokens into the context
     (`fit_max_tokens`).
@@ -230,7 +243,7 @@ def resolve_params(
             )
     d = m.defaults
     requested = d.max_tokens if p.max_tokens is None else p.max_tokens
-    max_tokens = fit_max_tokens(limit, prompt_len, requested, surface)
+    max_tokens = fit_max_tokens(limit, prompt_len, requested, surface, raw)
     # Any: keyword arguments by name into GenerationParams' sampling fields
     sampling: dict[str, Any] = resolve(sampling_of(p), d.sampling)
     if (p.top_k is None or p.top_k < 0) and not 0 <= sampling["top_k"] < m.vocab_size:
@@ -247,10 +260,11 @@ def render_job(m, job: ChatJob, enable_thinking: bool | None) -> ChatPrompt:
     into a user turn as a delimited note (`fold_system_messages`).
     """
     late = late_system_indexes(job.messages)
+    param = prompt_field(job.surface)
     if late:
         try:
             prompt = chat_prompt(
-                m, job.messages, job.rendered_tools, job.template_kwargs, enable_thinking
+                m, job.messages, job.rendered_tools, job.template_kwargs, enable_thinking, param
             )
         except BadRequest:
             prompt = None
@@ -264,4 +278,6 @@ def render_job(m, job: ChatJob, enable_thinking: bool | None) -> ChatPrompt:
             "refused them" if prompt is None else "left their text out",
         )
         job.messages = fold_system_messages(job.messages)
-    return chat_prompt(m, job.messages, job.rendered_tools, job.template_kwargs, enable_thinking)
+    return chat_prompt(
+        m, job.messages, job.rendered_tools, job.template_kwargs, enable_thinking, param
+    )

@@ -179,7 +179,7 @@ class ChatRun:
         m, job, raw = self.m, self.job, self.job.raw
         assert raw is not None  # prepare() comes here only for a raw prompt
         ids = completion_prompt(m, raw.value)
-        self.params = resolve_params(m, job.params, len(ids), job.surface)
+        self.params = resolve_params(m, job.params, len(ids), job.surface, raw=True)
         self.echo = m.tokenizer.decode(ids) if raw.echo else ""
         key = await make_cache_key(self.state, ids, job.session, ns=self.ns)
         guided = job.guided if self.engine.grammars else None
