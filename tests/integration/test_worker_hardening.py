@@ -591,6 +591,19 @@ def test_a_responses_input_that_fills_the_context_names_input(http):
             "chat_template_kwargs",
         ),
         (
+            # Nested loops: this one rendered for hours, holding a thread of the worker's
+            # executor (a few such requests and no prompt renders at all).
+            CHAT,
+            {
+                "messages": MSG,
+                "chat_template_kwargs": {
+                    "chat_template": "{% for i in range(99999) %}{% for j in range(99999) %}"
+                    "{% endfor %}{% endfor %}x"
+                },
+            },
+            "chat_template_kwargs",
+        ),
+        (
             CHAT,
             {
                 "tools": [{"type": "function", "function": {"name": "f"}}],
@@ -604,7 +617,15 @@ def test_a_responses_input_that_fills_the_context_names_input(http):
         ),
         ("/v1/completions", {"prompt": "hi", "echo": True, "logprobs": 1}, "logprobs"),
     ],
-    ids=["content", "reasoning", "empty-input", "template-kwargs", "call-function", "echo"],
+    ids=[
+        "content",
+        "reasoning",
+        "empty-input",
+        "template-kwargs",
+        "template",
+        "call-function",
+        "echo",
+    ],
 )
 def test_bad_items_are_a_400_naming_their_field(http, path, body, param):
     err = _openai_error(http.post(path, json={**body, "max_tokens": 2}), param)

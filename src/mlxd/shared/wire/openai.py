@@ -180,6 +180,13 @@ class ChatCompletionRequest(SamplingRequest, GuidedFields):
     @field_validator("chat_template_kwargs")
     @classmethod
     def _own_keys(cls, v):
+        if v and "chat_template" in v:
+            # A template is code the worker runs: a request's own could loop for hours (the
+            # sandbox bounds one range, not nested ones). Operators set one per model.
+            raise ValueError(
+                "chat_template: a request may not replace the model's chat template "
+                "(an operator sets one per model: chat_template in config.toml)"
+            )
         taken = sorted(set(v or ()) & SERVER_TEMPLATE_ARGS)
         if taken:
             raise ValueError(f"{', '.join(taken)}: set by the server, not a template variable")
