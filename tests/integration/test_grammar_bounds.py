@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import threading
 import time
+from typing import Any
 
 import httpx
 import psutil
@@ -209,6 +210,44 @@ def test_a_compile_over_the_time_limit_is_a_400_while_others_are_served(http, wo
     again = time.monotonic()
     assert chat(http, guided_json=heavy(20)).status_code == 400
     assert time.monotonic() - again < TIMEOUT_S
+    assert_still_serves(http)
+
+
+# 2,400 optional properties: 61 KB of schema (under grammar_max_bytes), a ~190 MB regex
+# (optional properties grow quadratically). Until 2026-12-07 a forced call's regex was built
+# in the worker, on its event loop: 8,000 such properties (still in the body cap) froze the
+# model for 30 s, until the supervisor's watchdog killed the worker with every row in flight.
+WIDE = {"type": "object", "properties": {f"a{i}": {"type": "string"} for i in range(2400)}}
+
+
+@pytest.mark.parametrize(
+    "name,choice",
+    [("f", "required"), ("g", {"type": "function", "function": {"name": "g"}})],
+    ids=["required", "named"],
+)  # two names: a compile that ran out of time is remembered by its constraint
+def test_a_forced_tool_call_is_built_in_the_compile_child_while_others_are_served(
+    http, worker, name, choice
+):
+    answers: dict[str, Any] = {}
+    tools = [{"type": "function", "function": {"name": name, "parameters": WIDE}}]
+
+    def slow():
+        with uds_client(worker[0]) as c:
+            answers["slow"] = chat(c, tools=tools, tool_choice=choice)
+            answers["slow_at"] = time.monotonic()
+
+    t = threading.Thread(target=slow)
+    t.start()
+    time.sleep(0.3)
+    assert_still_serves(http)
+    served_at = time.monotonic()
+    t.join(60)
+    r = answers["slow"]
+    assert r.status_code == 400, r.text
+    err = r.json()["error"]
+    assert err["code"] in ("grammar_too_large", "grammar_too_complex")
+    assert err["param"] == "tool_choice"
+    assert served_at < answers["slow_at"]  # the normal request did not wait for it
     assert_still_serves(http)
 
 

@@ -12,7 +12,9 @@ from typing import Any, Literal
 import orjson
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-GuidedKind = Literal["json_object", "json_schema", "regex", "choice", "grammar"]
+# "tool_call": a forced call in the JSON-in-tags format, {start, end, tools: [{name,
+# parameters}]} (worker/chat/tool_calls.py forced_call_spec).
+GuidedKind = Literal["json_object", "json_schema", "regex", "choice", "grammar", "tool_call"]
 
 
 @dataclass(frozen=True)
@@ -37,6 +39,9 @@ class GuidedSpec:
             return "Respond with exactly one of: " + ", ".join(map(str, self.value))
         if self.kind == "regex":
             return f"Respond with text that matches this regular expression: {self.value}"
+        if self.kind == "tool_call":
+            names = ", ".join(str(t.get("name")) for t in self.value["tools"])
+            return f"Respond with a call to one of these tools and nothing else: {names}"
         return f"Respond with text that follows this grammar:\n{self.value}"
 
 

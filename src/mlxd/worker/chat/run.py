@@ -100,11 +100,7 @@ class ChatRun:
         check_params(m, job.params)  # a bad parameter is a 400 before any grammar compiles
         job.messages = prepare_messages(m, job.messages, self.state.config.strip_attribution_lines)
         spec = job.guided
-        try:
-            forced = forced_call_spec(m.tokenizer, job)
-        except ValueError as exc:  # a parameters schema that outlines-core cannot express
-            forced = None
-            self._warn("tool_choice", str(exc), "the model was left to choose")
+        forced = forced_call_spec(m.tokenizer, job)  # compiled below, with any other spec
         if forced is None and job.tool_mode in ("required", "function") and job.tools:
             self._warn(
                 "tool_choice",

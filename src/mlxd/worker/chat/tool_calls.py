@@ -12,13 +12,9 @@ import logging
 import uuid
 from dataclasses import dataclass
 
-import orjson
-from outlines_core.json_schema import build_regex_from_schema
-
 from mlxd.shared.chat_job import ChatJob
 from mlxd.shared.structured_output import GuidedSpec
 from mlxd.shared.wire.safe_json import dumps, loads_exact, writable
-from mlxd.worker.grammar.processor import escape_regex
 
 log = logging.getLogger("mlxd.worker.tools")
 
@@ -110,28 +106,23 @@ def streamable(tokenizer) -> bool:
 
 def forced_call_spec(tokenizer, job: ChatJob) -> GuidedSpec | None:
     """A grammar that makes the model call a tool, when the job demands one and we know the
-    family's format; None otherwise (the template and the model decide)."""
+    family's format; None otherwise (the template and the model decide). Its regex is built
+    where every grammar is, in the compile child (grammar/compile_child.py `tool_call_regex`):
+    a client's parameters schema can expand to gigabytes (optional properties grow
+    quadratically), which in the worker stalled the model's event loop."""
     if job.tool_mode not in ("required", "function") or not job.tools:
         return None
     if not _json_in_tags(tokenizer):
         return None
     tools = [
-        t["function"]
+        {"name": t["function"]["name"], "parameters": t["function"].get("parameters")}
         for t in job.tools
         if job.tool_mode == "required" or t["function"]["name"] == job.forced_tool
     ]
-    calls = "|".join(_call_regex(fn) for fn in tools)
-    start, end = escape_regex(tokenizer.tool_call_start), escape_regex(tokenizer.tool_call_end)
-    return GuidedSpec("regex", f"{start}\n({calls})\n{end}", "tool_choice")
+    value = {"start": tokenizer.tool_call_start, "end": tokenizer.tool_call_end, "tools": tools}
+    return GuidedSpec("tool_call", value, "tool_choice")
 
 
 def _json_in_tags(tokenizer) -> bool:
     parser = getattr(tokenizer, "tool_parser", None)
     return parser is not None and getattr(parser, "__module__", "").endswith(".json_tools")
-
-
-def _call_regex(fn: dict) -> str:
-    name = orjson.dumps(fn["name"]).decode()
-    schema = fn.get("parameters") or {"type": "object"}
-    args = build_regex_from_schema(orjson.dumps(schema).decode())
-    return '\\{"name": ' + escape_regex(name) + ', "arguments": ' + args + "\\}"

@@ -62,10 +62,30 @@ def spec_regex(kind: str, value: Any, max_bytes: int = 1 << 62) -> str:
         return "(" + "|".join(escape_regex(str(c)) for c in value) + ")"
     if kind == "grammar":
         return grammar_to_regex(value, max_bytes)
+    if kind == "tool_call":
+        return tool_call_regex(value)
+    schema = JSON_OBJECT_SCHEMA if kind == "json_object" else value
+    return _schema_regex(schema)
+
+
+def _schema_regex(schema: Any) -> str:
     from outlines_core.json_schema import build_regex_from_schema
 
-    schema = JSON_OBJECT_SCHEMA if kind == "json_object" else value
     return build_regex_from_schema(orjson.dumps(schema).decode())
+
+
+def tool_call_regex(value: dict) -> str:
+    """A forced tool call in the JSON-in-tags format (worker/chat/tool_calls.py
+    `forced_call_spec`): `start`, one of `tools` as {"name": …, "arguments": …}, `end`."""
+    calls = "|".join(
+        '\\{"name": '
+        + escape_regex(orjson.dumps(t["name"]).decode())
+        + ', "arguments": '
+        + _schema_regex(t.get("parameters") or {"type": "object"})
+        + "\\}"
+        for t in value["tools"]
+    )
+    return f"{escape_regex(value['start'])}\n({calls})\n{escape_regex(value['end'])}"
 
 
 def compile_job(vocabulary, job: dict) -> tuple[dict, bytes | None]:

@@ -77,6 +77,10 @@ def check_spec(kind: str, value: Any, param: str, limits: GrammarLimits) -> None
         )
     if kind == "json_schema":
         check_schema(value, SCHEMA_PATHS.get(param, param), limits)
+    elif kind == "tool_call":  # the forced call's tools, each schema as response_format's
+        for tool in value["tools"]:
+            schema = tool.get("parameters") or {}
+            check_schema(schema, f"tools[{tool.get('name')}].parameters", limits)
     elif kind == "regex":
         check_regex(value, param, limits)
 

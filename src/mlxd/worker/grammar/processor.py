@@ -24,7 +24,6 @@ from outlines_core import Guide, Index, Vocabulary
 
 from mlxd.shared.structured_output import GuidedSpec
 from mlxd.shared.worker_spec import WorkerSpec
-from mlxd.worker.grammar.compile_child import escape_regex  # noqa: F401  (tool_calls imports it from here)
 from mlxd.worker.grammar.compiler import CompileFailed, CompileSettings, GrammarCompiler
 from mlxd.worker.grammar.limits import GrammarLimits
 from mlxd.worker.grammar.vocab_bytes import token_bytes
