@@ -224,3 +224,40 @@ def test_completions_refuse_echo_with_logprobs():
     assert err.param == "logprobs" and "echo" in str(err)
     for ok in ({"echo": True}, {"logprobs": 1}, {"echo": False, "logprobs": 0}):
         assert parse_model(CompletionRequest, {"prompt": "hello", **ok}).to_chat_job()
+
+
+@pytest.mark.parametrize("text", [None, 1, {"a": 1}, [], True])
+def test_a_text_part_whose_text_is_not_a_string_is_a_400_on_every_surface(text):
+    """Accepted until 2026-12-07 (its value printed into the prompt)."""
+    part = {"type": "text", "text": text}
+    hi = [{"role": "user", "content": "hi"}]
+    cases = [
+        (MessagesRequest, {"max_tokens": 4, "system": [part], "messages": hi}, "system.0.text"),
+        (
+            MessagesRequest,
+            {"max_tokens": 4, "messages": [{"role": "user", "content": [part]}]},
+            "messages.0.content.0.text",
+        ),
+        (
+            MessagesRequest,
+            {"max_tokens": 4, "messages": [{"role": "assistant", "content": [part]}]},
+            "messages.0.content.0.text",
+        ),
+        (
+            ChatCompletionRequest,
+            {"messages": [{"role": "user", "content": [part]}]},
+            "messages.0.content.0.text",
+        ),
+        (
+            ChatCompletionRequest,
+            {"messages": [{"role": "system", "content": [part]}]},
+            "messages.0.content.0.text",
+        ),
+        (
+            ResponsesRequest,
+            {"input": [{"role": "user", "content": [{"type": "input_text", "text": text}]}]},
+            "input.0.content.0.text",
+        ),
+    ]
+    for cls, body, param in cases:
+        assert _bad(cls, body).param == param, (cls.__name__, body)

@@ -116,6 +116,14 @@ IMAGE_PART = {"type": "image"}
 ImageOf = Callable[[dict[str, Any], str], ImageInput | None]
 
 
+def part_text(part: dict[str, Any], param: str) -> str:
+    """A text part's `text` (absent: empty); any other type is a 400 naming it."""
+    text = part.get("text", "")
+    if not isinstance(text, str):
+        raise BadRequest(f"Invalid '{param}.text': expected a string", param=f"{param}.text")
+    return text
+
+
 def text_of(content: Any, param: str, sep: str = "") -> str:
     """The text of a content field: a string, or a list of text parts joined by `sep`.
 
@@ -130,10 +138,10 @@ def text_of(content: Any, param: str, sep: str = "") -> str:
             f"Invalid '{param}': expected a string or a list of content parts", param=param
         )
     parts = []
-    for part in content:
+    for i, part in enumerate(content):
         kind = part.get("type") if isinstance(part, dict) else None
         if kind in TEXT_KINDS:
-            parts.append(str(part.get("text", "")))
+            parts.append(part_text(part, f"{param}.{i}"))
         elif kind in IMAGE_KINDS:
             raise BadRequest(
                 f"Invalid '{param}': images are accepted in user messages only", param=param
@@ -158,7 +166,7 @@ def content_parts(
     for j, part in enumerate(content):
         kind = part.get("type") if isinstance(part, dict) else None
         if kind in TEXT_KINDS:
-            parts.append({"type": "text", "text": str(part.get("text", ""))})
+            parts.append({"type": "text", "text": part_text(part, f"{param}.{j}")})
             continue
         image = image_of(part, f"{param}.{j}") if isinstance(part, dict) else None
         if image is None:

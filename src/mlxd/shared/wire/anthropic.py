@@ -12,6 +12,7 @@ from mlxd.shared.chat_job import (
     ChatJob,
     ToolMode,
     function_tool,
+    part_text,
     text_of,
     tool_call_message,
 )
@@ -214,7 +215,7 @@ def _user_blocks(blocks: list[dict], param: str, images: list[ImageInput]) -> li
                 text = f"Error: {text}"
             tools.append({"role": "tool", "tool_call_id": b.get("tool_use_id"), "content": text})
         elif kind == "text":
-            parts.append({"type": "text", "text": str(b.get("text", ""))})
+            parts.append({"type": "text", "text": part_text(b, f"{param}.{j}")})
         elif kind == "image":
             images.append(_image_block(b, f"{param}.{j}"))
             parts.append(dict(IMAGE_PART))
@@ -256,7 +257,7 @@ def _assistant_blocks(blocks: list[dict], param: str) -> dict:
     for j, b in enumerate(blocks):
         kind = b.get("type")
         if kind == "text":
-            msg["content"] += str(b.get("text", ""))
+            msg["content"] += part_text(b, f"{param}.{j}")
         elif kind == "thinking":
             msg["reasoning_content"] = str(b.get("thinking", ""))
         elif kind == "redacted_thinking":
