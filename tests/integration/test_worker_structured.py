@@ -202,6 +202,18 @@ def test_required_tool_choice_calls_one_of_the_tools(oai):
     assert call.function.name in ("get_weather", "get_time")
 
 
+def test_a_forced_call_whose_schema_no_grammar_expresses_is_asked_for_in_words(oai):
+    """Compiled in the child since 2026-12-07: an inexpressible schema comes back from there
+    and the call is asked for in the system prompt, with a Warning naming tool_choice."""
+    odd = {"type": "function", "function": {"name": "odd", "parameters": {"type": "nonsense"}}}
+    raw = oai.chat.completions.with_raw_response.create(
+        model="tiny", messages=MSG, max_tokens=4, tools=[odd], tool_choice="required"
+    )
+    warning = raw.headers["warning"]
+    assert "tool_choice could not be enforced" in warning and "system prompt" in warning
+    assert raw.parse().choices[0].finish_reason in ("length", "stop", "tool_calls")
+
+
 def test_tool_choice_none_renders_no_tools(oai):
     with_tools = chat(oai, tools=[WEATHER], max_tokens=1).usage.prompt_tokens
     without = chat(oai, max_tokens=1).usage.prompt_tokens
