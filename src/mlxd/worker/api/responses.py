@@ -78,18 +78,19 @@ def _call_item(call: ToolCall, job: ChatJob) -> FunctionCallItem | CustomToolCal
     return FunctionCallItem(id=_id("fc"), call_id=call.id, name=call.name, arguments=call.arguments)
 
 
-def _ended(done: Done) -> bool:
-    """Whether the row ended on its own (a stop, a stop string, a tool call), not cut."""
-    return done.error is None and done.finish_reason != "length"
+def _item_status(body: Response) -> str:
+    """The status of the item the row ended in, once `_finish` set the response's: a cut
+    (max_output_tokens, a failure) leaves it incomplete."""
+    return "completed" if body.status == "completed" else "incomplete"
 
 
-def _output(out: Collected, job: ChatJob) -> list:
+def _output(out: Collected, job: ChatJob, status: str) -> list:
+    """The output items; `status` is the last one's (_item_status)."""
     items: list = []
     if out.reasoning:
         items.append(ReasoningItem(id=_id("rs"), content=[ReasoningText(text=out.reasoning)]))
     if out.text or not out.calls:
-        # The output's last item is the one a cut (max_output_tokens, a failure) ended.
-        status = "completed" if out.calls or _ended(out.done) else "incomplete"
+        status = "completed" if out.calls else status  # calls come after it: it ended whole
         items.append(MessageItem(id=_id("msg"), status=status, content=[OutputText(text=out.text)]))
     return items + [_call_item(c, job) for c in out.calls]
 
@@ -259,8 +260,8 @@ class ResponsesWriter(Writer):
         )
 
     def done(self, done: Done, usage: TokenUsage) -> bytes:
-        out = self._close("completed" if _ended(done) else "incomplete")
         _finish(self.response, usage, done)
+        out = self._close(_item_status(self.response))
         kind = _FINAL_EVENTS.get(self.response.status, "response.incomplete")
         return out + self._emit(kind, response=self.response.model_dump())
 
@@ -269,8 +270,8 @@ class ResponsesWriter(Writer):
         return self.done(Done("error", usage.completion, error=err), usage)
 
     def body(self, out: Collected, usage: TokenUsage) -> Response:
-        self.response.output = _output(out, self.run.job)
         _finish(self.response, usage, out.done)
+        self.response.output = _output(out, self.run.job, _item_status(self.response))
         return self.response
 
 
