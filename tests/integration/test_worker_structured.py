@@ -178,12 +178,16 @@ def test_tool_call_is_parsed_into_tool_calls(oai):
 
 
 def test_named_tool_choice_is_enforced_and_streamed_as_tool_call_deltas(oai):
+    # Seeded: the tiny vocabulary spells the call in ~60 tokens, a number that varies with
+    # sampling, and the two tools leave ~68 of the 512-token context; unseeded, about one
+    # run in 20 reached the context's end inside the end tag (finish_reason "length").
     chunks = list(
         chat(
             oai,
             tools=[WEATHER, CLOCK],
             stream=True,
             tool_choice={"type": "function", "function": {"name": "get_time"}},
+            seed=3,
         )
     )
     deltas = [tc for c in chunks if c.choices for tc in c.choices[0].delta.tool_calls or []]
