@@ -177,6 +177,8 @@ def _bad(cls, body: dict) -> BadRequest:
         ([{"type": "reasoning", "summary": "thought"}], "input.0.summary"),
         ([{"type": "reasoning", "content": [None]}], "input.0.content"),
         ([{"type": "reasoning", "summary": [{"text": "a"}], "content": ["x"]}], "input.0.content"),
+        ([{"type": "reasoning", "summary": [{"text": {"a": 1}}]}], "input.0.summary.0.text"),
+        ([{"type": "reasoning", "content": [{"text": 5}]}], "input.0.content.0.text"),
     ],
 )
 def test_responses_items_of_the_wrong_type_are_a_400_naming_the_field(items, param):

@@ -14,6 +14,7 @@ from mlxd.shared.chat_job import (
     ChatJob,
     content_parts,
     developer_as_system,
+    part_text,
     text_of,
     tool_call_message,
     tool_mode,
@@ -190,7 +191,7 @@ def reasoning_text(item: dict[str, Any], param: str) -> str:
         where = f"{param}.{field}"
         if not isinstance(parts, list) or not all(isinstance(p, dict) for p in parts):
             raise BadRequest(f"Invalid '{where}': expected a list of objects", param=where)
-        texts.extend(str(p.get("text", "")) for p in parts)
+        texts.extend(part_text(p, f"{where}.{i}") for i, p in enumerate(parts))
     return "".join(texts)
 
 
