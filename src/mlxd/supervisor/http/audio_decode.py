@@ -25,6 +25,21 @@ log = logging.getLogger("mlxd.audio")
 
 FORMATS = ("flac", "m4a", "mp3", "mp4", "mpeg", "mpga", "ogg", "wav", "webm")
 DECODE_TIMEOUT_S = 120.0  # a decoder that takes longer is killed: a 400 for its request
+# ffmpeg's demuxer for each sniffed container. It is always named: left to probe the bytes
+# itself, ffmpeg skips an ID3 tag and may find a playlist (HLS, concat) whose entries are
+# files on this machine, which it would then read and decode: an upload must never open
+# anything but itself.
+DEMUXERS = {
+    "flac": "flac",
+    "m4a": "mov",
+    "mp4": "mov",
+    "mp3": "mp3",
+    "mpeg": "mp3",
+    "mpga": "mp3",
+    "ogg": "ogg",
+    "wav": "wav",
+    "webm": "matroska",
+}
 
 
 @dataclass(frozen=True)
@@ -152,7 +167,8 @@ async def _ffmpeg(data: bytes, fmt: str, max_s: float) -> Audio:
         f.write(data)
         f.flush()
         # One second past the bound tells "too long" from "exactly the bound".
-        cmd = [exe, "-nostdin", "-hide_banner", "-loglevel", "error", "-i", f.name]
+        cmd = [exe, "-nostdin", "-hide_banner", "-loglevel", "error"]
+        cmd += ["-protocol_whitelist", "file", "-f", DEMUXERS[fmt], "-i", f.name]
         cmd += ["-t", f"{max_s + 1:.3f}", "-vn", "-f", "s16le", "-ac", "1", "-ar", "16000", "-"]
         proc = await asyncio.create_subprocess_exec(
             *cmd, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE
