@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import threading
 
+import anthropic
+import ollama
 import pytest
 from lora_adapters import make_adapter
 
@@ -27,8 +29,11 @@ adapters = {{ qv = "{adapters["qv"]}" }}
 [models.sqlbot]
 base = "tiny"
 adapter_path = "{adapters["mlp"]}"
+
+[models.emb]
+type = "embedding"
 """
-    return make_module_daemon(models={"tiny": tiny_model_dir}, config=config)
+    return make_module_daemon(models={"tiny": tiny_model_dir, "emb": tiny_model_dir}, config=config)
 
 
 def ask(d, model: str, content: str = PROMPT, **extra):
@@ -110,3 +115,56 @@ def test_mount_and_unmount_under_load_fail_no_request(daemon, adapters, tmp_path
         json={"model": "tiny:all", "messages": [{"role": "user", "content": "hi"}]},
     )
     assert gone.status_code == 404
+
+
+def _status(call) -> tuple[int, str]:
+    try:
+        call()
+    except ollama.ResponseError as exc:
+        return exc.status_code, exc.error
+    except anthropic.APIStatusError as exc:
+        return exc.status_code, exc.message
+    return 200, ""
+
+
+def test_an_adapters_name_never_reaches_its_base_model_where_a_whole_model_is_meant(
+    daemon, adapters, tmp_path
+):
+    """Found by a black-box probe (2026-12-07): Ollama's delete of "tiny:qv" (an adapter) or
+    of "tiny:nope" (a typo) deleted the model tiny itself; copy, create and show of an unknown
+    adapter acted on the base; embeddings and count_tokens ignored the adapter named."""
+    client = ollama.Client(host=daemon.url, timeout=60)
+    for name in ("tiny:qv", "sqlbot"):  # mounted: a 400 saying how to unmount it
+        status, error = _status(lambda n=name: client.delete(n))
+        assert status == 400 and "mlxctl unmount tiny" in error, (name, error)
+    status, error = _status(lambda: client.delete("tiny:nope"))
+    assert status == 404 and "No adapter named 'nope'" in error
+    status, error = _status(lambda: client.copy("tiny:qv", "tiny-copy"))
+    assert status == 400 and "whole models" in error
+    status, _ = _status(lambda: client.copy("tiny:nope", "tiny-copy"))
+    assert status == 404
+    status, _ = _status(lambda: client.create("tiny-new", from_="tiny:nope"))
+    assert status == 404
+    assert client.show("tiny:qv").details is not None  # a mounted adapter shows its base
+    status, _ = _status(lambda: client.show("tiny:nope"))
+    assert status == 404
+    # The model is still there and answers.
+    assert "tiny:latest" in {m.model for m in client.list().models}
+    assert ask(daemon, "tiny")[0]
+
+    # Embeddings are the base model's: an adapter's name is refused, not ignored.
+    status, error = _status(lambda: client.embed("emb:nope", "hello"))
+    assert status == 404
+    r = daemon.http.post("/v1/embeddings", json={"model": "emb", "adapter": "x", "input": "hi"})
+    assert r.status_code == 400 and "base model" in r.json()["error"]["message"]
+    r = daemon.http.post(
+        "/admin/models/emb/adapters", json={"name": "q", "path": str(adapters["qv"])}
+    )
+    assert r.status_code == 400 and "embedding model" in r.json()["error"]["message"]
+
+    # count_tokens checks the adapter as /v1/messages does.
+    messages = anthropic.Anthropic(base_url=daemon.url, api_key="none", max_retries=0).messages
+    body = {"messages": [{"role": "user", "content": "hi"}]}
+    status, _ = _status(lambda: messages.count_tokens(model="tiny:nope", **body))
+    assert status == 404
+    assert messages.count_tokens(model="tiny:qv", **body).input_tokens > 0

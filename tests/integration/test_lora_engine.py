@@ -211,6 +211,20 @@ def test_a_bad_adapter_is_a_clear_error_and_the_engine_serves_on(engine, adapter
     with pytest.raises(MlxdError) as err:
         on_engine(engine, lambda: engine.adapters.mount("dora", bad))
     assert err.value.status == 400 and "dora" in err.value.message
+    # Found by a black-box probe (2026-12-07): the first three were 500s quoting Python's
+    # error, and a NaN scale was mounted and wrote NaN logits.
+    for text, word in [
+        ("[1, 2]", "object"),
+        ('"lora"', "object"),
+        ('{"lora_parameters": [1]}', "scale"),
+        ('{"lora_parameters": {"scale": "big"}}', "finite"),
+        ('{"lora_parameters": {"scale": NaN}}', "finite"),
+        ('{"lora_parameters": {"scale": true}}', "finite"),
+    ]:
+        cfg.write_text(text)
+        with pytest.raises(MlxdError) as err:
+            on_engine(engine, lambda: engine.adapters.mount("odd", bad))
+        assert err.value.status == 400 and word in err.value.message, text
     row = Row("after", prompts(1)[0], None, engine.m.eos_ids)
     engine.submit(row.sub)
     assert row.done.wait(60) and row.error is None and len(row.tokens) == OUTPUT

@@ -224,6 +224,17 @@ _ROUTES_OF: dict[ModelType, str] = {
 }
 
 
+def adapter_refusal(facts: ModelFacts, model_id: str) -> str | None:
+    """Why `model_id` mounts no LoRA adapter (None: it may): adapters change generation, and
+    an embedding or speech model's output would silently stay the base model's."""
+    if facts.type == "chat":
+        return None
+    return (
+        f"The model '{model_id}' is {_A[facts.type]} model: LoRA adapters are mounted on "
+        "models that generate text"
+    )
+
+
 def kind_refusal(facts: ModelFacts, model_id: str, wants: ModelType) -> str | None:
     """Why a request wanting a `wants` model cannot go to this one (None: it can)."""
     if wants == "embedding" and facts.type == "embedding" and facts.encoder_only:

@@ -15,8 +15,10 @@ from aiohttp import web
 from pydantic import BaseModel, Field
 
 from mlxd.shared.adapters import adapter_model_id, check_name
-from mlxd.shared.errors import MlxdError, NotFound
+from mlxd.shared.errors import BadRequest, MlxdError, NotFound
+from mlxd.shared.model_facts import adapter_refusal
 from mlxd.shared.wire.bodies import load_json, parse_model
+from mlxd.supervisor.catalog.cards import facts_of
 from mlxd.supervisor.lifecycle.states import State
 from mlxd.supervisor.registry.adapters import adapter_ids, adapters_of
 from mlxd.supervisor.registry.registry import Registry
@@ -51,9 +53,12 @@ def _passed_on(status: int, reply: dict) -> None:
 
 async def mount(request: web.Request) -> web.Response:
     reg: Registry = request.app["registry"]
-    model_id = reg.catalog.resolve(request.match_info["model_id"]).id
+    entry = reg.catalog.resolve(request.match_info["model_id"])
+    model_id = entry.id
     body = parse_model(MountRequest, load_json(await request.read()))
     check_name(body.name, param="name")
+    if why := adapter_refusal(facts_of(entry, reg.settings), model_id):
+        raise BadRequest(why, param="model_id")  # before a load: nothing to load it for
     path = Path(body.path).expanduser()
     async with reg.leases.lease(model_id) as slot:  # loads the model if it is not running
         status, reply = await reg.upstream.post_json(

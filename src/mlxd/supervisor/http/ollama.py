@@ -46,6 +46,8 @@ from mlxd.supervisor.scheduling.keepalive import unload_when_idle
 
 log = logging.getLogger("mlxd.ollama")
 
+# An adapter's name on the embed routes (ollama_models.entry_for): adapters change generation.
+EMBED_BASE = "embeddings come from the base model: name '{model}'"
 EMBED_TIMEOUT_S = 600.0  # one embeddings batch, load excluded (the lease waited for that)
 
 
@@ -94,7 +96,7 @@ async def _embed(request: web.Request) -> tuple[EmbedRequest, list[list[float]],
     """Embeddings through the worker's /v1/embeddings: (request, vectors, prompt tokens)."""
     reg: Registry = request.app["registry"]
     req = parse_model(EmbedRequest, load_json(await request.read()))
-    entry = await entry_for(reg, req.model)
+    entry = await entry_for(reg, req.model, EMBED_BASE)
     request["model"] = entry.id
     bind_log_context(model=entry.id)
     check_route(entry, reg.settings, request.path)  # a chat model loads nothing here

@@ -41,6 +41,12 @@ log = logging.getLogger("mlxd.models")
 
 STORE = "model_store"
 NDJSON = "application/x-ndjson"
+# What a LoRA adapter's name gets from what acts on a whole model (ollama_models.entry_for).
+UNMOUNT = (
+    "unmount it with `mlxctl unmount {model} {adapter}` "
+    "(DELETE /admin/models/{model}/adapters/{adapter})"
+)
+WHOLE_MODELS = "copies and new models are made of whole models; mount the adapter on the new one"
 
 
 class NotImplementedHere(MlxdError):
@@ -131,7 +137,7 @@ async def delete(request: web.Request) -> web.Response:
             param="model",
         )
     try:
-        entry = await entry_for(reg, name)
+        entry = await entry_for(reg, name, UNMOUNT)
     except NotFound:  # what a cancelled pull of that name left, if anything
         try:
             leftover = store.discard_download(pull_target(name))
@@ -148,7 +154,7 @@ async def delete(request: web.Request) -> web.Response:
 async def copy(request: web.Request) -> web.Response:
     reg, store = _parts(request)
     req = parse_model(CopyRequest, load_json(await request.read()))
-    entry = await entry_for(reg, req.source)
+    entry = await entry_for(reg, req.source, WHOLE_MODELS, "source")
     dest = new_model_id(req.destination, "destination")
     if dest == entry.id:
         raise BadRequest("'source' and 'destination' are the same model", param="destination")
@@ -170,7 +176,7 @@ async def _source(reg: Registry, store: ModelStore, name: str) -> Source:
                 param="from",
             )
         return store.source_of_path(path)
-    return store.source_of_model(await entry_for(reg, name))
+    return store.source_of_model(await entry_for(reg, name, WHOLE_MODELS, "from"))
 
 
 async def create(request: web.Request) -> web.StreamResponse:

@@ -12,7 +12,7 @@ from aiohttp import web
 from pydantic import BaseModel
 
 from mlxd.shared.config import is_template_text
-from mlxd.shared.errors import ModelNotFound, NotFound, closest
+from mlxd.shared.errors import BadRequest, ModelNotFound, NotFound, closest
 from mlxd.shared.sampling import resolve_defaults
 from mlxd.shared.wire.bodies import load_json, parse_model
 from mlxd.shared.wire.ollama import ModelRequest, model_id_of
@@ -31,6 +31,7 @@ from mlxd.shared.worker_spec import MODEL_DEFAULT_FIELDS
 from mlxd.supervisor.catalog.discovery import ModelEntry
 from mlxd.supervisor.catalog.folder_info import FolderInfo, folder_info
 from mlxd.supervisor.lifecycle.states import State
+from mlxd.supervisor.registry.adapters import adapters_of
 from mlxd.supervisor.registry.registry import Registry
 
 FOREVER_S = 292 * 365.25 * 86400  # what Ollama shows as a keep_alive of -1's expiry
@@ -43,9 +44,26 @@ def json_response(body: BaseModel | dict) -> web.Response:
     return web.Response(body=orjson.dumps(data), content_type="application/json")
 
 
-async def entry_for(reg: Registry, name: str) -> ModelEntry:
-    """The catalog entry an Ollama name means ("a:latest" is "a"); 404 in Ollama's words."""
-    return (await route_for(reg, name))[0]
+async def entry_for(
+    reg: Registry, name: str, adapters: str | None = None, param: str = "model"
+) -> ModelEntry:
+    """The catalog entry an Ollama name means ("a:latest" is "a"); 404 in Ollama's words.
+
+    A name that means a LoRA adapter ("a:sql") is a 404 unless it is mounted on its model,
+    and then that model's entry only where `adapters` is None (show: an adapter is its
+    base's card); else a 400 saying `adapters` (what acts on a whole model: delete, copy,
+    create from, embed, must never act on the base an adapter name reached)."""
+    entry, adapter = await route_for(reg, name)
+    if adapter is None:
+        return entry
+    if adapter not in adapters_of(reg, entry.id):
+        raise NotFound(
+            f"No adapter named '{adapter[:100]}' is mounted on '{entry.id}'", param=param
+        )
+    if adapters is not None:
+        what = f"'{name[:200]}' is the LoRA adapter '{adapter}' on '{entry.id}', not a model"
+        raise BadRequest(f"{what}: {adapters.format(model=entry.id, adapter=adapter)}", param=param)
+    return entry
 
 
 async def route_for(

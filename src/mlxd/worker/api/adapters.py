@@ -14,6 +14,7 @@ from aiohttp import web
 from pydantic import BaseModel, Field
 
 from mlxd.shared.errors import BadRequest, MlxdError
+from mlxd.shared.model_facts import adapter_refusal
 from mlxd.shared.wire.bodies import load_json, parse_model
 from mlxd.worker.chat.state import WorkerState
 from mlxd.worker.engine.loop import Engine
@@ -54,6 +55,8 @@ async def list_adapters(request: web.Request) -> web.Response:
 async def mount_route(request: web.Request) -> web.Response:
     state: WorkerState = request.app["state"]
     _, engine = state.ready()
+    if state.facts is not None and (why := adapter_refusal(state.facts, state.config.model_id)):
+        raise BadRequest(why, param="model")
     body = parse_model(MountBody, load_json(await request.read()))
     return _json(await mount(engine, body.name, body.path))
 
@@ -77,6 +80,9 @@ async def mount_configured(state: WorkerState) -> None:
     """The spec's adapters, mounted before READY; a bad one is logged and skipped."""
     engine = state.engine
     if engine is None or not state.config.adapters:
+        return
+    if state.facts is not None and (why := adapter_refusal(state.facts, state.config.model_id)):
+        log.error("adapters %s not mounted: %s", ", ".join(state.config.adapters), why)
         return
     for name, path in state.config.adapters.items():
         try:

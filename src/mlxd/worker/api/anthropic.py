@@ -5,6 +5,7 @@ from __future__ import annotations
 import orjson
 from aiohttp import web
 
+from mlxd.shared.adapters import ADAPTER_HEADER
 from mlxd.shared.chat_job import refuse_images
 from mlxd.shared.errors import MlxdError, anthropic_body
 from mlxd.shared.wire.anthropic import CountTokensRequest, MessagesRequest
@@ -43,7 +44,7 @@ from mlxd.worker.chat.events import (
 )
 from mlxd.worker.chat.output import REASONING
 from mlxd.worker.chat.prompts import prepare_messages, render_job
-from mlxd.worker.chat.state import WorkerState
+from mlxd.worker.chat.state import WorkerState, adapter_ns
 from mlxd.worker.chat.tool_calls import ToolCall
 from mlxd.worker.chat.vision import with_images
 
@@ -193,7 +194,10 @@ async def messages(request: web.Request) -> web.StreamResponse:
 
 async def count_tokens(request: web.Request) -> web.Response:
     state: WorkerState = request.app["state"]
-    m, _ = state.ready()
+    m, engine = state.ready()
+    # An adapter shares its base's tokenizer: it counts alike, but must be mounted (as a
+    # generation would check it, chat/state.py).
+    adapter_ns(state, engine, request.headers.get(ADAPTER_HEADER) or None)
     req = parse_model(CountTokensRequest, load_json(await request.read()))
     job = req.to_chat_job()
     if job.images and state.vision is None:  # as a generation would (chat/run.py)

@@ -13,6 +13,7 @@ import asyncio
 import numpy as np
 from aiohttp import web
 
+from mlxd.shared.adapters import ADAPTER_HEADER
 from mlxd.shared.errors import BadRequest
 from mlxd.shared.model_facts import kind_refusal
 from mlxd.shared.routes import WORKER_CHAT_PATHS
@@ -27,6 +28,11 @@ from mlxd.worker.model.load import LoadedModel
 # Tokens one request may embed in all (OpenAI's own bound); each input is bounded by the
 # model's context limit, and each forward by the engine's prefill chunk and batch.
 MAX_REQUEST_TOKENS = 300_000
+# LoRA adapters change generation only: an embedding is always the base model's.
+NO_ADAPTERS = (
+    "LoRA adapters apply to text generation; embeddings come from the base model: name "
+    "'{model}' without an adapter"
+)
 
 
 @web.middleware
@@ -113,6 +119,8 @@ async def embeddings(request: web.Request) -> web.Response:
     facts = state.facts
     if facts is not None and (why := kind_refusal(facts, m.model_id, "embedding")):
         raise BadRequest(why, param="model", code="model_type_mismatch")
+    if request.headers.get(ADAPTER_HEADER):
+        raise BadRequest(NO_ADAPTERS.format(model=m.model_id), param="model")
     req = parse_model(EmbeddingRequest, load_json(await request.read()))
     width = (facts.hidden_size if facts else None) or int(m.config.get("hidden_size") or 0)
     if req.dimensions and width and req.dimensions > width:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -48,12 +49,18 @@ def read_adapter(path: Path, model: nn.Module) -> AdapterWeights:
         config = json.loads((path / CONFIG).read_text())
     except (OSError, ValueError) as exc:
         raise AdapterError(f"{path / CONFIG} is not JSON: {exc}") from None
+    if not isinstance(config, dict):
+        raise AdapterError(f"{path / CONFIG} is not a JSON object")
     kind = config.get("fine_tune_type", "lora")
     if kind != "lora":
         raise AdapterError(f"{path}: fine_tune_type {kind!r} is not served (LoRA only)")
     params = config.get("lora_parameters") or {}
-    if "scale" not in params:
+    if not isinstance(params, dict) or "scale" not in params:
         raise AdapterError(f"{path / CONFIG}: lora_parameters has no 'scale'")
+    scale = params["scale"]
+    # NaN or infinity would turn every logit of the adapter's rows into NaN.
+    if isinstance(scale, bool) or not isinstance(scale, int | float) or not math.isfinite(scale):
+        raise AdapterError(f"{path / CONFIG}: lora_parameters.scale must be a finite number")
     try:
         arrays = mx.load(str(path / WEIGHTS))
     except Exception as exc:  # noqa: BLE001 - any unreadable file is the adapter's fault
@@ -67,7 +74,7 @@ def read_adapter(path: Path, model: nn.Module) -> AdapterWeights:
     return AdapterWeights(
         path,
         factors,
-        float(params["scale"]),
+        float(scale),
         max(ranks),
         hashlib.sha256((path / WEIGHTS).read_bytes()).hexdigest(),
         sum(a.nbytes + b.nbytes for a, b in factors.values()),
