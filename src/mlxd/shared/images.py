@@ -146,6 +146,9 @@ def sniff_format(data: bytes) -> str | None:
     return None
 
 
+_OBJECT_REPR = re.compile(r"\s*<[^<>]* at 0x[0-9a-fA-F]+>")
+
+
 def check_image(
     data: bytes, limits: ImageLimits, param: str = "image", sha256: str | None = None
 ) -> CheckedImage:
@@ -192,8 +195,11 @@ def check_image(
     except MemoryError:
         raise bad(param, too_big) from None
     except Exception as exc:  # noqa: BLE001 - Pillow raises many kinds for a bad file
-        why = str(exc).splitlines()[0][:120] if str(exc) else type(exc).__name__
-        raise bad(param, f"the {fmt} image is truncated or corrupt ({why})") from None
+        # Pillow's own words, less the Python objects some of them print
+        # ("cannot identify image file <_io.BytesIO object at 0x...>").
+        why = _OBJECT_REPR.sub("", str(exc).splitlines()[0] if str(exc) else "")[:120].strip()
+        detail = f" ({why})" if why else ""
+        raise bad(param, f"the {fmt} image is truncated or corrupt{detail}") from None
     return CheckedImage(
         sha256=sha256 or hashlib.sha256(data).hexdigest(),
         format=fmt,
