@@ -58,3 +58,38 @@ def test_an_error_event_fails_the_turn_and_forgets_it():
     with pytest.raises(CtlError, match="worker crashed"):
         chat.ask("Capital of France?", Printer(io.StringIO()))
     assert [m["role"] for m in chat.messages] == ["system"]
+
+
+def test_run_takes_its_prompt_after_its_options():
+    """Found by a black-box probe (2026-12-07): `mlxctl run tiny --max-tokens 5 hi` was
+    "unrecognized arguments: hi" (argparse fills the optional PROMPT before the options)."""
+    from mlxd.supervisor.ctl.mlxctl import parse
+
+    args = parse(["run", "tiny", "--max-tokens", "5", "hello there"])
+    assert (args.model, args.max_tokens, args.prompt) == ("tiny", 5, "hello there")
+    assert parse(["run", "tiny", "--verbose", "hello", "there"]).prompt == "hello there"
+    assert parse(["run", "tiny", "hi", "--max-tokens", "5"]).prompt == "hi"
+    assert parse(["run", "tiny"]).prompt is None
+
+
+@pytest.mark.parametrize(
+    "argv, says",
+    [
+        (["--timeout", "-1", "ps"], "above 0"),
+        (["--timeout", "0", "ps"], "above 0"),
+        (["--timeout", "nan", "ps"], "above 0"),
+        (["--timeout", "soon", "ps"], "not a number"),
+        (["unload", "tiny", "--all"], "not both"),
+        (["run", "tiny", "hi", "--bogus"], "unrecognized arguments: --bogus"),
+        (["ps", "extra"], "unrecognized arguments: extra"),
+    ],
+)
+def test_usage_mistakes_are_one_line_and_exit_2(argv, says, capsys):
+    """--timeout -1 and nan were tracebacks, 0 "cannot reach mlxd"; `unload tiny --all`
+    unloaded every model (a probe, 2026-12-07)."""
+    from mlxd.supervisor.ctl.mlxctl import parse
+
+    with pytest.raises(SystemExit) as done:
+        parse(argv)
+    err = capsys.readouterr().err
+    assert done.value.code == 2 and says in err and len(err.strip().splitlines()) == 1, err

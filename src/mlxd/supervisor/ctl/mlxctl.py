@@ -8,6 +8,7 @@ Readable tables by default, `--json` for scripts; any failure exits non-zero wit
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import sys
 import time
@@ -179,6 +180,17 @@ def cmd_import_gguf(args, client: AdminClient | None) -> int:
     return ctl_local.import_gguf(args.file, args.home / "models", args.id, args.overwrite)
 
 
+def seconds(text: str) -> float:
+    """A positive, finite number of seconds (argparse's type for --timeout)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not math.isfinite(value) or value <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: give a number of seconds above 0")
+    return value
+
+
 def build_parser() -> argparse.ArgumentParser:
     common = OneLineParser(add_help=False)
     # SUPPRESS: an option given after the command must not be reset by the subparser.
@@ -199,7 +211,7 @@ def build_parser() -> argparse.ArgumentParser:
         type=Path,
         help="the daemon's state folder (default $MLXD_HOME or ~/.mlxd)",
     )
-    p.add_argument("--timeout", type=float, default=600.0, help="seconds to wait for the daemon")
+    p.add_argument("--timeout", type=seconds, default=600.0, help="seconds to wait for the daemon")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     def add(name: str, func, help: str, aliases=()) -> argparse.ArgumentParser:
@@ -251,8 +263,28 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def parse(argv: list[str] | None) -> argparse.Namespace:
+    """The command line. `run MODEL --max-tokens 5 PROMPT` works: argparse fills the
+    optional PROMPT before it reaches the options, so words left over after them are the
+    prompt (several are joined by spaces, as `ollama run` does)."""
+    parser = build_parser()
+    args, extra = parser.parse_known_args(argv)
+    if extra:
+        if (
+            getattr(args, "func", None) is cmd_run
+            and args.prompt is None
+            and not any(w.startswith("-") for w in extra)
+        ):
+            args.prompt = " ".join(extra)
+        else:
+            parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    if getattr(args, "action", None) == "unload" and args.all and args.model is not None:
+        parser.error("name a model to unload, or pass --all, not both")
+    return args
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    args = parse(argv)
     args.json = getattr(args, "json", False)
     env = os.environ  # the only place mlxctl reads the environment
     args.token = args.token or env.get("MLXD_ADMIN_TOKEN") or None
