@@ -148,6 +148,12 @@ def test_an_adapters_name_never_reaches_its_base_model_where_a_whole_model_is_me
     assert client.show("tiny:qv").details is not None  # a mounted adapter shows its base
     status, _ = _status(lambda: client.show("tiny:nope"))
     assert status == 404
+    # A new model may not take a mounted adapter's name (a model id wins over an adapter).
+    status, error = _status(lambda: client.create("tiny:qv", from_="tiny"))
+    assert status == 400 and "mounted on 'tiny'" in error
+    status, error = _status(lambda: client.copy("tiny", "tiny:qv"))
+    assert status == 400 and "mounted on 'tiny'" in error
+    assert client.show("emb").capabilities == ["embedding"]  # not offered as a chat model
     # The model is still there and answers.
     assert "tiny:latest" in {m.model for m in client.list().models}
     assert ask(daemon, "tiny")[0]

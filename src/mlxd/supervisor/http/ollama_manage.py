@@ -18,6 +18,7 @@ from pathlib import Path
 import orjson
 from aiohttp import web
 
+from mlxd.shared.adapters import split_adapter
 from mlxd.shared.errors import BadRequest, MlxdError, NotFound, ollama_body
 from mlxd.shared.folder_settings import FolderSettings
 from mlxd.shared.wire.bodies import load_json, parse_model
@@ -30,6 +31,7 @@ from mlxd.shared.wire.ollama_manage import (
     PullRequest,
 )
 from mlxd.supervisor.http.ollama_models import entry_for
+from mlxd.supervisor.registry.adapters import adapters_of
 from mlxd.supervisor.registry.operations import ops_of
 from mlxd.supervisor.registry.registry import Registry
 from mlxd.supervisor.store.modelfile import CreateSpec, folder_settings, parse_modelfile
@@ -151,11 +153,30 @@ async def delete(request: web.Request) -> web.Response:
     return web.Response(status=200)
 
 
+def _not_an_adapter(reg: Registry, model_id: str, param: str) -> None:
+    """A 400 for a new model whose id is a mounted adapter's name: a model id wins over an
+    adapter (Catalog.route), so it would silently take that name from the adapter."""
+    split = split_adapter(model_id)
+    if split is None:
+        return
+    try:
+        base = reg.catalog.resolve(split[0]).id
+    except NotFound:
+        return
+    if split[1] in adapters_of(reg, base):
+        raise BadRequest(
+            f"'{model_id}' names the LoRA adapter '{split[1]}' mounted on '{base}'; "
+            "choose another name for the new model",
+            param=param,
+        )
+
+
 async def copy(request: web.Request) -> web.Response:
     reg, store = _parts(request)
     req = parse_model(CopyRequest, load_json(await request.read()))
     entry = await entry_for(reg, req.source, WHOLE_MODELS, "source")
     dest = new_model_id(req.destination, "destination")
+    _not_an_adapter(reg, dest, "destination")
     if dest == entry.id:
         raise BadRequest("'source' and 'destination' are the same model", param="destination")
     store.check_destination(dest)
@@ -184,6 +205,7 @@ async def create(request: web.Request) -> web.StreamResponse:
     req = parse_model(CreateRequest, load_json(await request.read()))
     req.refuse_unsupported()
     model_id = new_model_id(req.model_name)
+    _not_an_adapter(reg, model_id, "model")
     store.check_destination(model_id)
     spec = parse_modelfile(req.modelfile) if req.modelfile else CreateSpec()
     spec.source = req.from_ or spec.source

@@ -13,6 +13,7 @@ from pydantic import BaseModel
 
 from mlxd.shared.config import is_template_text
 from mlxd.shared.errors import BadRequest, ModelNotFound, NotFound, closest
+from mlxd.shared.model_facts import ModelFacts
 from mlxd.shared.sampling import resolve_defaults
 from mlxd.shared.wire.bodies import load_json, parse_model
 from mlxd.shared.wire.ollama import ModelRequest, model_id_of
@@ -28,6 +29,7 @@ from mlxd.shared.wire.ollama_answers import (
     timestamp,
 )
 from mlxd.shared.worker_spec import MODEL_DEFAULT_FIELDS
+from mlxd.supervisor.catalog.cards import facts_of
 from mlxd.supervisor.catalog.discovery import ModelEntry
 from mlxd.supervisor.catalog.folder_info import FolderInfo, folder_info
 from mlxd.supervisor.lifecycle.states import State
@@ -81,6 +83,13 @@ async def route_for(
     near = closest(model_id_of(name), reg.catalog.known_names())
     hint = f" (did you mean '{ollama_name(near)}'?)" if near is not None else ""
     raise NotFound(f"model '{name[:200]}' not found{hint}", param="model", code="model_not_found")
+
+
+def _capabilities(info: FolderInfo, facts: ModelFacts) -> list[str]:
+    """Ollama's capability names: an embedding model's ["embedding"] (as Ollama answers),
+    a speech model's ["transcription"] (so neither is offered as a chat model), else what
+    the chat template shows."""
+    return [facts.type] if facts.type != "chat" else info.capabilities
 
 
 def _details(info: FolderInfo) -> ModelDetails:
@@ -178,7 +187,7 @@ async def show(request: web.Request) -> web.Response:
         else info.template,
         details=_details(info),
         model_info={k: v for k, v in model_info.items() if v is not None},
-        capabilities=info.capabilities,
+        capabilities=_capabilities(info, facts_of(entry, reg.settings)),
         modified_at=timestamp(info.modified),
     )
     return json_response(answer)
