@@ -48,3 +48,23 @@ def test_session_close_through_the_admin_api(make_daemon):
     assert d.http.post("/admin/cache/session/close", json={}).status_code == 400
     cold = oai.chat.completions.create(model="a", messages=msgs, max_tokens=4, temperature=0)
     assert cold.usage.prompt_tokens_details.cached_tokens == 0
+
+
+def test_a_conversation_continued_right_after_a_hot_reload_hits_the_cache(make_daemon):
+    """Found by a black-box probe (2026-12-07): the new generation indexed the SSD tier when
+    it started, before the old one drained its RAM entries there, so a turn sent right after
+    `mlxctl reload` missed the cache (1 of 785 tokens) until the next restart."""
+    d = make_daemon()
+    msgs = [{"role": "user", "content": LONG}]
+    first = chat(d, msgs)
+    msgs += [
+        {"role": "assistant", "content": first.choices[0].message.content},
+        {"role": "user", "content": "And how many ships in all?"},
+    ]
+    before = d.worker_pids("a")
+    r = d.http.post("/admin/models/a/reload")  # at once: nothing written behind yet
+    assert r.status_code == 200, r.text
+    assert d.worker_pids("a") != before  # a new generation serves
+    turn = chat(d, msgs)
+    assert turn.usage.prompt_tokens_details.cached_tokens >= 0.8 * turn.usage.prompt_tokens
+    assert "cache entries of generation" in d.logs()

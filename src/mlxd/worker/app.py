@@ -116,6 +116,7 @@ def build_app(state: WorkerState) -> web.Application:
     app.router.add_get("/stats", control.stats)
     app.router.add_post("/admin/drain", control.drain)
     app.router.add_post("/admin/cache/flush", control.cache_flush)
+    app.router.add_post("/admin/cache/rescan", control.cache_rescan)
     app.router.add_post("/admin/cache/session/close", control.cache_session_close)
     add_adapter_routes(app)
     for path in sorted(WORKER_PATHS):  # the shared route table: one writer per surface

@@ -34,3 +34,21 @@ async def drain_worker(
     except Exception as exc:  # a worker without a drain route, or one that just died
         log.debug("drain model=%s: %s", slot.id, exc)
         return {}
+
+
+RESCAN_TIMEOUT_S = 60.0  # listing the folder and reading the new entries' metadata
+
+
+async def rescan_worker(upstream: UpstreamPool, slot: ModelSlot) -> int:
+    """Ask `slot`'s worker to index the SSD entries written since it started (a hot reload's
+    old generation drains after the new one scanned the folder); how many it added."""
+    if slot.state is not State.READY:
+        return 0
+    try:
+        status, body = await upstream.post_json(
+            slot.socket, "/admin/cache/rescan", RESCAN_TIMEOUT_S
+        )
+    except Exception as exc:  # the cache is an optimisation: a reload never fails for it
+        log.warning("prompt cache rescan model=%s failed: %s", slot.id, exc)
+        return 0
+    return int(body.get("cache_entries_added", 0)) if status == 200 else 0

@@ -13,6 +13,7 @@ import logging
 from typing import TYPE_CHECKING
 
 from mlxd.shared.errors import Unavailable
+from mlxd.supervisor.lifecycle.drain import rescan_worker
 from mlxd.supervisor.lifecycle.slot import ModelSlot
 
 if TYPE_CHECKING:
@@ -52,3 +53,12 @@ async def hot_swap(lc: Lifecycle, old: ModelSlot, new: ModelSlot) -> None:
         await lc.wait_settled(old)
     finally:
         lc.retired.discard(old)
+    # `new` indexed the SSD tier when it started, before `old` wrote its RAM entries there.
+    if (old.last_drain or {}).get("cache_entries_written"):
+        added = await rescan_worker(lc.upstream, new)
+        log.info(
+            "model=%s hot swap: %d cache entries of generation %d indexed",
+            old.id,
+            added,
+            old.generation,
+        )

@@ -129,6 +129,18 @@ async def cache_flush(request: web.Request) -> web.Response:
     return _json({"status": "flushed", **await persist(state)})
 
 
+async def cache_rescan(request: web.Request) -> web.Response:
+    """Index SSD entries written since this worker started (a replaced generation's drain)."""
+    state: WorkerState = request.app["state"]
+    state.ready()
+    cache = state.prompt_cache
+    if cache is None or cache.ssd is None:
+        return _json({"status": "rescanned", "cache_entries_added": 0})
+    added = await asyncio.to_thread(cache.ssd.rescan)
+    log.info("prompt cache rescan model=%s added=%d", state.config.model_id, added)
+    return _json({"status": "rescanned", "cache_entries_added": added})
+
+
 async def cache_session_close(request: web.Request) -> web.Response:
     """Drop a session's prompt-cache entries (RAM and SSD)."""
     state: WorkerState = request.app["state"]

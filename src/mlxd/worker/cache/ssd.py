@@ -133,6 +133,26 @@ class SsdStore:
         self._enforce_cap()
         return len(self.index)
 
+    def rescan(self) -> int:
+        """Index the entries another process wrote to this folder since the scan (the
+        generation a hot reload replaced writes its cache as it drains, after this one
+        started); how many were added. What this tier already knows is left alone."""
+        if self.disabled is not None:
+            return 0
+        try:
+            names = os.listdir(self.dir)
+        except OSError as exc:
+            self.stats["scan_errors"] += 1
+            self._quiet.warn("SSD prompt cache rescan", exc)
+            return 0
+        before = len(self.index)
+        for name in sorted(names):
+            key = name[: -len(META_SUFFIX)]
+            if name.endswith(META_SUFFIX) and key not in self.index:
+                self._index(key)
+        self._enforce_cap()
+        return len(self.index) - before
+
     def sweep_leftovers(self, now: float | None = None) -> int:
         """Remove the leftovers the scan found too recent, once old enough; how many went."""
         if self.disabled is not None or not self.leftovers.waiting:
