@@ -152,6 +152,12 @@ class StubHub:
                 out.write(data[i : i + 100])
 
 
+def safetensors(n: int) -> bytes:
+    """A readable safetensors file of one `n`-byte tensor."""
+    header = f'{{"w":{{"dtype":"U8","shape":[{n}],"data_offsets":[0,{n}]}}}}'.encode()
+    return len(header).to_bytes(8, "little") + header + bytes(i % 256 for i in range(n))
+
+
 def _pull(hub, models, **kw):
     lines: list[ProgressLine] = []
     folder = puller.pull(pull_target("org/m"), models, hub, emit=lines.append, **kw)
@@ -160,7 +166,8 @@ def _pull(hub, models, **kw):
 
 def test_a_pull_goes_on_from_its_bytes_verifies_and_checks_the_disk_first(tmp_path):
     models = tmp_path / "models"
-    hub = StubHub({"config.json": b"{}", "model.safetensors": bytes(range(256)) * 4})
+    weights = safetensors(1000)
+    hub = StubHub({"config.json": b"{}", "model.safetensors": weights})
     with pytest.raises(PayloadTooLarge, match="not enough disk space for 'org/m'"):
         _pull(hub, models, free_bytes=lambda path: 1000)
     assert hub.fetched == [] and list(models.iterdir()) == []  # refused before any byte
@@ -177,7 +184,8 @@ def test_a_pull_goes_on_from_its_bytes_verifies_and_checks_the_disk_first(tmp_pa
 
     hub.damage = None
     folder, statuses = _pull(hub, models)
-    assert folder == models / "org" / "m" and (folder / "model.safetensors").stat().st_size == 1024
+    assert folder == models / "org" / "m"
+    assert (folder / "model.safetensors").read_bytes() == weights
     assert statuses[0] == "pulling manifest" and statuses[-3:] == [
         "verifying sha256 digest",
         "writing manifest",
@@ -197,8 +205,37 @@ def test_a_repository_without_config_json_is_not_a_model_folder():
     listing = Manifest("o/g", "c", (RemoteFile("m.gguf", 9), RemoteFile("../x.json", 1)))
     with pytest.raises(BadRequest, match="not an MLX model folder.*GGUF"):
         puller.model_files(listing)
-    ok = Manifest("o/m", "c", (RemoteFile("config.json", 2), RemoteFile("sub/x.json", 1)))
-    assert [f.name for f in puller.model_files(ok)] == ["config.json"]  # top-level names only
+    files = (RemoteFile("config.json", 2), RemoteFile("sub/x.json", 1), RemoteFile("a.bin", 9))
+    with pytest.raises(BadRequest, match="no .safetensors weights"):  # a probe, 2026-12-07
+        puller.model_files(Manifest("o/m", "c", files))
+    ok = Manifest("o/m", "c", (*files, RemoteFile("m.safetensors", 9)))
+    # top-level names only
+    assert [f.name for f in puller.model_files(ok)] == ["config.json", "m.safetensors"]
+
+
+def test_weights_that_match_their_checksum_but_are_no_safetensors_fail_the_pull(tmp_path):
+    """A probe (2026-12-07): such a pull said success, and the model was FATAL at its load."""
+    models = tmp_path / "models"
+    hub = StubHub({"config.json": b"{}", "model.safetensors": b"not a safetensors file" * 9})
+    with pytest.raises(BadRequest, match="model.safetensors of org/m is not a readable"):
+        _pull(hub, models)
+    assert not (models / "org").exists()
+
+
+def test_pulls_at_once_count_each_others_outstanding_bytes(tmp_path):
+    """A probe (2026-12-07): three pulls on a 40 MiB disk each fitted alone, all three ran,
+    and all three failed with the disk full. Bytes landing free the reservation as they go."""
+    out = puller.Outstanding()
+    mib = 1 << 20  # each check also leaves 16 MiB free (folders.HEADROOM_BYTES)
+    with out.reserve("a", "'a'", 20 * mib, 60 * mib) as fetched:
+        with pytest.raises(PayloadTooLarge, match="other pulls still need 20 MiB"):
+            with out.reserve("b", "'b'", 30 * mib, 60 * mib):  # 30 + 20 + 16 > 60
+                pass
+        fetched(8 * mib)  # 8 MiB of a's landed: 52 MiB free, a needs 12 more
+        with out.reserve("b", "'b'", 24 * mib, 52 * mib):  # 24 + 12 + 16 = 52
+            pass
+    with out.reserve("b", "'b'", 44 * mib, 60 * mib):  # a ended: all of it is b's
+        pass
 
 
 def test_a_folders_own_settings_sit_under_the_config_section(tmp_path):

@@ -15,11 +15,14 @@ import hashlib
 import json
 import re
 import shutil
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from mlxd.shared.errors import BadGateway, BadRequest
+from mlxd.shared.sizes import format_size
 from mlxd.shared.wire.ollama_manage import ProgressLine
 from mlxd.supervisor.store import folders, progress
 from mlxd.supervisor.store.hub import Cancelled, Hub, Manifest, RemoteFile
@@ -56,7 +59,62 @@ def model_files(manifest: Manifest) -> list[RemoteFile]:
             "repository? download its .gguf file and use /api/create or mlxctl import-gguf)",
             param="model",
         )
+    if not any(f.name.endswith(".safetensors") for f in files):
+        raise BadRequest(
+            f"'{manifest.repo}' has no .safetensors weights: mlxd serves models in MLX's "
+            "safetensors format (a PyTorch .bin repository? convert it with mlx_lm.convert)",
+            param="model",
+        )
     return files
+
+
+def readable_safetensors(path: Path) -> bool:
+    """Whether `path` starts as a safetensors file does: an 8-byte little-endian header
+    length within the file, then that many bytes of a JSON object."""
+    try:
+        size = path.stat().st_size
+        with path.open("rb") as f:
+            n = int.from_bytes(f.read(8), "little")
+            if n <= 0 or n > min(size - 8, 100 * 1024**2):
+                return False
+            header = json.loads(f.read(n))
+    except (OSError, ValueError):
+        return False
+    return isinstance(header, dict)
+
+
+class Outstanding:
+    """The bytes each running pull of this process still has to fetch: a disk check counts
+    the others' too, so pulls that each fit alone cannot fill the disk together."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._left: dict[str, int] = {}
+
+    @contextmanager
+    def reserve(self, key: str, what: str, need: int, free: int) -> Iterator[Callable[[int], None]]:
+        """Check `need` bytes against `free` less the other pulls' outstanding bytes, and
+        hold them until the block ends; yields `fetched(n)`, to count bytes as they land."""
+        with self._lock:
+            others = sum(v for k, v in self._left.items() if k != key)
+            if others:
+                what = f"{what} (other pulls still need {format_size(others)})"
+            folders.check_room(what, need + others, free)
+            self._left[key] = need
+
+        def fetched(n: int) -> None:
+            with self._lock:
+                if key in self._left:
+                    self._left[key] = max(0, self._left[key] - n)
+
+        try:
+            yield fetched
+        finally:
+            with self._lock:
+                self._left.pop(key, None)
+
+
+OUTSTANDING = Outstanding()
 
 
 def _read_state(folder: Path) -> dict:
@@ -116,6 +174,7 @@ def pull(
     on_ready: Callable[[], None] = lambda: None,
     free_bytes: Callable[[Path], int] = folders.free_bytes,
     clock: Callable[[], float] = time.monotonic,
+    outstanding: Outstanding = OUTSTANDING,
 ) -> Path:
     """Download `target` into models_dir; returns its folder. `on_ready` is called once the
     file list is known and the disk has room (failures before it are the request's, after it
@@ -133,15 +192,16 @@ def pull(
         staging = folders.work_dir(models_dir) / target.key
         if _read_state(staging).get("commit") not in (None, manifest.commit):
             folders.discard(staging)  # parts of another commit: start this one afresh
-        folders.check_room(
-            f"'{target.model_id}'", remaining_bytes(staging, files), free_bytes(staging)
-        )
-        staging.mkdir(parents=True, exist_ok=True)
-        _write_state(staging, manifest)
-        on_ready()
-        throttle = progress.Throttle(clock)
-        for f in files:
-            _fetch(hub, manifest, f, staging, emit, cancelled, throttle)
+        what = f"'{target.model_id}'"
+        need = remaining_bytes(staging, files)
+        free = free_bytes(staging)
+        with outstanding.reserve(target.key, what, need, free) as fetched:
+            staging.mkdir(parents=True, exist_ok=True)
+            _write_state(staging, manifest)
+            on_ready()
+            throttle = progress.Throttle(clock)
+            for f in files:
+                _fetch(hub, manifest, f, staging, emit, cancelled, throttle, fetched)
         emit(progress.line(progress.VERIFYING))
         for f in files:
             part = staging / (f.name + PART)
@@ -153,6 +213,13 @@ def pull(
                         "was damaged (pull again to download that file anew)"
                     )
                 part.rename(staging / f.name)
+            if f.name.endswith(".safetensors") and not readable_safetensors(staging / f.name):
+                raise BadRequest(
+                    f"{f.name} of {target.repo} is not a readable safetensors file (its "
+                    "header is damaged, though it matches the hub's checksum): the "
+                    "repository cannot be served",
+                    param="model",
+                )
         emit(progress.line(progress.WRITING))
         for leftover in staging.glob(f"*{PART}"):  # files the repository no longer has
             leftover.unlink()
@@ -162,7 +229,7 @@ def pull(
     return dest
 
 
-def _fetch(hub, manifest, f, staging, emit, cancelled, throttle) -> None:
+def _fetch(hub, manifest, f, staging, emit, cancelled, throttle, fetched) -> None:
     """One file into `<name>.part`, its progress emitted as the bytes come."""
     if (staging / f.name).exists():
         emit(progress.file_line(f, f.size))
@@ -178,6 +245,7 @@ def _fetch(hub, manifest, f, staging, emit, cancelled, throttle) -> None:
         if cancelled():
             raise Cancelled(f"the pull of {manifest.repo} was cancelled")
         done += n
+        fetched(n)
         if done > f.size:  # never more than the disk check counted: the listing is the bound
             raise BadGateway(
                 f"{f.name} of {manifest.repo} is larger than the hub's listing says "
