@@ -43,8 +43,12 @@ def test_each_way_to_name_an_adapter_reaches_the_base_models_worker(tmp_path):
     assert route("llama3:8b") == ("llama3:8b", None)  # an id with a colon stays a model
     with pytest.raises(ModelNotFound):
         route("nothing:chat")
-    with pytest.raises(ModelNotFound):  # Ollama's default tag: the Ollama routes try "qwen" next
-        route("qwen:latest")
+    # Ollama's name of a model (what /api/tags lists) on every surface: a probe (2026-12-07)
+    # found "qwen:latest" a 404 on /v1 and /v1/messages
+    assert route("qwen:latest") == ("qwen", None)
+    assert route("llama3:8b:latest") == ("llama3:8b", None)
+    with pytest.raises(ModelNotFound):
+        route("nothing:latest")
     assert s.for_model("qwen").adapters == {"chat": Path("/a/chat"), "sql": Path("/a/sql")}
 
 

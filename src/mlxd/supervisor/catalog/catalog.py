@@ -13,6 +13,7 @@ from mlxd.shared.adapters import split_adapter
 from mlxd.shared.config import Settings
 from mlxd.shared.errors import BadRequest, ModelNotFound
 from mlxd.shared.folder_settings import read_folder_settings, section_over_folder
+from mlxd.shared.wire.ollama import LATEST
 from mlxd.supervisor.catalog.discovery import ModelEntry, discover, scan_home
 
 
@@ -71,8 +72,12 @@ class Catalog:
                 raise BadRequest(
                     "The request has no 'model' and no default model is configured", param="model"
                 )
-        model = self.settings.alias_map().get(model, model)  # an alias names its model's id
+        aliases = self.settings.alias_map()
+        model = aliases.get(model, model)  # an alias names its model's id
         entry = self._find(model)
+        if entry is None and model.endswith(LATEST):  # Ollama's name of it, as /api/tags lists
+            bare = model.removesuffix(LATEST)
+            entry = self._find(aliases.get(bare, bare))
         if entry is None:
             raise ModelNotFound(model, self.known_names())
         return entry
