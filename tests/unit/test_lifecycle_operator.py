@@ -133,3 +133,25 @@ def test_unload_of_a_stopped_model_is_not_running(tmp_path):
         await reg.shutdown()
 
     asyncio.run(go())
+
+
+def test_a_request_for_a_model_being_deleted_is_told_so(tmp_path):
+    """A probe (2026-12-07): a request that arrived while /api/delete retired its model was
+    told the model "was drained by an operator; load or reload it" (it cannot be loaded)."""
+    fleet = Fleet(load_s=0)
+
+    async def go():
+        reg = make_registry(tmp_path, fleet, "m")
+        ops = ModelOps(reg)
+        await serve(reg)
+        told: list[str] = []
+
+        async def remove() -> None:  # the folder's removal, while the model is held out
+            with pytest.raises(Unavailable) as err:
+                await reg.leases.acquire(reg.catalog.resolve("m"))
+            told.append(err.value.message)
+
+        assert await ops.retire("m", remove) is True
+        assert told and "is being deleted or replaced" in told[0] and "reload" not in told[0]
+
+    asyncio.run(go())

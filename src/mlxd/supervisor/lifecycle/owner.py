@@ -27,7 +27,7 @@ from mlxd.supervisor.lifecycle.group import spawn_worker
 from mlxd.supervisor.lifecycle.health import ADMIN_HINT, POLL_S, until_healthy
 from mlxd.supervisor.lifecycle.launch import log_path, worker_argv
 from mlxd.supervisor.lifecycle.process import WorkerProcess
-from mlxd.supervisor.lifecycle.slot import ModelSlot
+from mlxd.supervisor.lifecycle.slot import DRAINED, ModelSlot
 from mlxd.supervisor.lifecycle.states import ALIVE, COLD, MOVING, State
 from mlxd.supervisor.lifecycle.upstream import UpstreamPool
 
@@ -286,9 +286,11 @@ class Lifecycle:
             await slot.wait_change(1.0)
 
     # -- operator -------------------------------------------------------------------------
-    def set_drained(self, slot: ModelSlot, drained: bool) -> None:
-        """The operator's mark: a drained model refuses requests until a load or reload."""
+    def set_drained(self, slot: ModelSlot, drained: bool, why: str = DRAINED) -> None:
+        """The operator's mark: a drained model refuses requests until a load or reload;
+        `why` ends the 503 its requests get ("Model 'x' " + why)."""
         slot.drained = drained
+        slot.drained_why = why
 
     def reset(self, slot: ModelSlot) -> bool:
         """FATAL or BACKOFF -> STOPPED for an operator's reload; the crash record starts over."""

@@ -20,6 +20,10 @@ from mlxd.supervisor.lifecycle.states import InvalidTransition, State, is_valid_
 log = logging.getLogger("mlxd.lifecycle")
 
 
+# What a request for a model an operator drained is told (after "Model 'x' ").
+DRAINED = "was drained by an operator; load or reload it to serve it again"
+
+
 @dataclass(eq=False)
 class ModelSlot:
     """Everything the supervisor knows about one model. Only `transition` changes `state`.
@@ -56,6 +60,7 @@ class ModelSlot:
     load_waiting: bool = False  # its load waits for the load gate or for room
     ready_at: float = 0.0  # lifecycle clock at the last STARTING -> READY
     drained: bool = False  # an operator drained it: refuse requests until load or reload
+    drained_why: str = ""  # what the 503 says after "Model 'x' " (Lifecycle.set_drained)
     last_drain: dict | None = None  # the worker's answer to its last drain
     # The keep-alive the latest request asked for (Ollama's keep_alive); None: the setting's.
     requested_keep_alive_s: float | None = None

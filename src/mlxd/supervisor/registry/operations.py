@@ -134,7 +134,7 @@ class ModelOps:
             if slot is None:
                 await then()
                 return False
-            lc.set_drained(slot, True)
+            lc.set_drained(slot, True, "is being deleted or replaced")
             try:
                 stopped = await lc.unload_slot(await lc.wait_settled(slot), "delete")
                 lc.reset(slot)  # FATAL or BACKOFF -> STOPPED: nothing restarts it

@@ -17,7 +17,7 @@ from mlxd.supervisor.catalog.discovery import ModelEntry
 from mlxd.supervisor.lifecycle.admission import wait_any
 from mlxd.supervisor.lifecycle.health import ADMIN_HINT
 from mlxd.supervisor.lifecycle.owner import Lifecycle
-from mlxd.supervisor.lifecycle.slot import ModelSlot
+from mlxd.supervisor.lifecycle.slot import DRAINED, ModelSlot
 from mlxd.supervisor.lifecycle.states import COLD, State
 from mlxd.supervisor.scheduling import keepalive
 
@@ -65,10 +65,7 @@ class Leases:
                 raise Unavailable("mlxd is shutting down")
             slot = lc.slot_for(entry)  # looked up each time: a hot reload swaps the slot
             if slot.drained:
-                raise Unavailable(
-                    f"Model '{slot.id}' was drained by an operator; "
-                    "load or reload it to serve it again"
-                )
+                raise Unavailable(f"Model '{slot.id}' {slot.drained_why or DRAINED}")
             if slot.state is State.READY and (slot is handed or lc.admission.admits(slot, arrived)):
                 slot.leases += 1
                 slot.touch(lc.clock())
