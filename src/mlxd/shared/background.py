@@ -5,6 +5,9 @@ from __future__ import annotations
 import asyncio
 import contextvars
 from collections.abc import Coroutine
+from typing import Any
+
+from mlxd.shared.errors import Unavailable
 
 
 class Background:
@@ -25,3 +28,18 @@ class Background:
     def cancel_all(self) -> None:
         for task in list(self._tasks):
             task.cancel()
+
+
+async def outlive_client(task: asyncio.Task, what: str) -> Any:
+    """`task`'s result, for a request that started it in the background so that its client
+    leaving does not stop it. When shutdown cancels `task` (cancel_all) while the request
+    itself still runs, the request gets a 503 saying so, not a connection closed with no
+    answer; a request cancelled itself (its client left) is cancelled as before."""
+    try:
+        return await asyncio.shield(task)
+    except asyncio.CancelledError:
+        # Task.cancelling() is Python 3.11's; before it, a shutdown's cancel is assumed.
+        cancelling = getattr(asyncio.current_task(), "cancelling", lambda: 0)
+        if task.cancelled() and not cancelling():
+            raise Unavailable(f"{what} did not finish: mlxd is shutting down") from None
+        raise

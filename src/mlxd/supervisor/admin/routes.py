@@ -13,6 +13,7 @@ import orjson
 from aiohttp import web
 from pydantic import BaseModel
 
+from mlxd.shared.background import outlive_client
 from mlxd.shared.errors import BadRequest
 from mlxd.shared.logs import bind_log_context
 from mlxd.shared.wire.admin import (
@@ -83,7 +84,7 @@ def _action_handler(action: str):
         t0 = time.monotonic()
         # A background task: an admin client that hangs up must not cancel a half-done swap.
         task = reg.tasks.spawn(getattr(request.app[OPS], action)(model_id), inherit_context=True)
-        result = await asyncio.shield(task)
+        result = await outlive_client(task, f"The {action} of '{model_id}'")
         slot = reg.lifecycle.slots.get(model_id)
         drained = result in ("unloaded", "drained") and slot is not None
         return _json(

@@ -19,6 +19,7 @@ import orjson
 from aiohttp import web
 
 from mlxd.shared.adapters import split_adapter
+from mlxd.shared.background import outlive_client
 from mlxd.shared.errors import BadRequest, MlxdError, NotFound, ollama_body
 from mlxd.shared.folder_settings import FolderSettings
 from mlxd.shared.wire.bodies import load_json, parse_model
@@ -149,7 +150,7 @@ async def delete(request: web.Request) -> web.Response:
             raise
         return web.Response(status=200)
     request["model"] = entry.id
-    await asyncio.shield(_background(request, store.delete(entry)))
+    await outlive_client(_background(request, store.delete(entry)), f"The deletion of '{entry.id}'")
     return web.Response(status=200)
 
 
@@ -182,7 +183,7 @@ async def copy(request: web.Request) -> web.Response:
     store.check_destination(dest)
     request["model"] = dest
     build = store.build(dest, store.source_of_model(entry), FolderSettings(), lambda line: None)
-    await asyncio.shield(_background(request, build))
+    await outlive_client(_background(request, build), f"The copy to '{dest}'")
     return web.Response(status=200)
 
 
