@@ -78,12 +78,14 @@ def test_mlxctl_pulls_by_itself_when_no_daemon_answers(tmp_path, monkeypatch, ca
         def __init__(self, endpoint):
             assert endpoint == "http://hub.invalid"  # HF_ENDPOINT, passed on
 
+        files = {"config.json": b"{}", "model.safetensors": b"\x02" + bytes(7) + b"{}"}
+
         def manifest(self, repo, revision):
-            return Manifest(repo, "c", (RemoteFile("config.json", 2),))
+            return Manifest(repo, "c", tuple(RemoteFile(n, len(d)) for n, d in self.files.items()))
 
         def fetch(self, repo, commit, file, part, on_bytes):
-            part.write_bytes(b"{}")
-            on_bytes(2)
+            part.write_bytes(self.files[file.name])
+            on_bytes(file.size)
 
     monkeypatch.setattr(ctl_pull, "Hub", Hub)
     monkeypatch.setenv("HF_ENDPOINT", "http://hub.invalid")
