@@ -71,6 +71,8 @@ def test_formats_are_sniffed_by_content():
     assert sniff(b"\x1a\x45\xdf\xa3" + b"\0" * 20) == "webm"
     assert sniff(b"\0\0\0\x20ftypM4A " + b"\0" * 20) == "m4a"
     assert sniff(b"ID3\x04" + b"\0" * 20) == sniff(b"\xff\xfb\x90\x00") == "mp3"
+    assert sniff(b"\xff\xf1\x50\x80\x02\x1f\xfc") == "aac"  # ADTS: layer bits 00
+    assert sniff(b"ID3\x04\0\0\0\0\0\x02\0\0fLaC") == "flac"  # a tag, then FLAC
     assert sniff(b"plain text", "notes.wav") is None
 
 

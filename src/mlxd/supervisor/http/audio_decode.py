@@ -23,13 +23,14 @@ from mlxd.shared.wire.audio import SAMPLE_BYTES, SAMPLE_RATE
 
 log = logging.getLogger("mlxd.audio")
 
-FORMATS = ("flac", "m4a", "mp3", "mp4", "mpeg", "mpga", "ogg", "wav", "webm")
+FORMATS = ("aac", "flac", "m4a", "mp3", "mp4", "mpeg", "mpga", "ogg", "wav", "webm")
 DECODE_TIMEOUT_S = 120.0  # a decoder that takes longer is killed: a 400 for its request
 # ffmpeg's demuxer for each sniffed container. It is always named: left to probe the bytes
 # itself, ffmpeg skips an ID3 tag and may find a playlist (HLS, concat) whose entries are
 # files on this machine, which it would then read and decode: an upload must never open
 # anything but itself.
 DEMUXERS = {
+    "aac": "aac",
     "flac": "flac",
     "m4a": "mov",
     "mp4": "mov",
@@ -54,8 +55,21 @@ class Audio:
         return len(self.pcm) / (SAMPLE_RATE * SAMPLE_BYTES)
 
 
+def _id3_size(data: bytes) -> int:
+    """The bytes an ID3v2 tag at the start of `data` takes (0: none): its 10-byte header,
+    its synchsafe size, and a 10-byte footer when its flags say so."""
+    if data[:3] != b"ID3" or len(data) < 10 or any(b & 0x80 for b in data[6:10]):
+        return 0
+    size = data[6] << 21 | data[7] << 14 | data[8] << 7 | data[9]
+    return 10 + size + (10 if data[5] & 0x10 else 0)
+
+
 def sniff(data: bytes, filename: str = "") -> str | None:
-    """The container a file is, by its first bytes (the name's extension only breaks ties)."""
+    """The container a file is, by its first bytes (the name's extension only breaks ties).
+    An ID3 tag (MP3's, but also found before FLAC and AAC) is looked past."""
+    tag = _id3_size(data)
+    if tag:
+        return sniff(data[tag:]) or "mp3"  # padding or frames the mp3 demuxer judges
     head = data[:16]
     if head[:4] == b"RIFF" and head[8:12] == b"WAVE":
         return "wav"
@@ -67,7 +81,9 @@ def sniff(data: bytes, filename: str = "") -> str | None:
         return "webm"
     if head[4:8] == b"ftyp":
         return "m4a"
-    if head[:3] == b"ID3" or (len(head) > 1 and head[0] == 0xFF and head[1] & 0xE0 == 0xE0):
+    if len(head) > 1 and head[0] == 0xFF and head[1] & 0xF6 == 0xF0:  # layer bits 00: ADTS
+        return "aac"
+    if len(head) > 1 and head[0] == 0xFF and head[1] & 0xE0 == 0xE0:  # an MPEG audio frame
         return "mp3"
     ext = Path(filename).suffix.lower().lstrip(".")
     return ext if ext in FORMATS and not data[:1].isascii() else None
@@ -96,6 +112,8 @@ async def decode(data: bytes, filename: str, max_s: float) -> Audio:
     fmt = sniff(data, filename)
     if fmt is None:
         raise unsupported(filename)
+    if fmt not in ("mp3", "mpeg", "mpga") and (tag := _id3_size(data)):
+        data = data[tag:]  # a tag before another container: its demuxer may not look past it
     audio = await asyncio.to_thread(read_wav, data, max_s) if fmt == "wav" else None
     if audio is None:
         audio = await _ffmpeg(data, fmt, max_s)
@@ -168,7 +186,9 @@ async def _ffmpeg(data: bytes, fmt: str, max_s: float) -> Audio:
         f.flush()
         # One second past the bound tells "too long" from "exactly the bound".
         cmd = [exe, "-nostdin", "-hide_banner", "-loglevel", "error"]
-        cmd += ["-protocol_whitelist", "file", "-f", DEMUXERS[fmt], "-i", f.name]
+        cmd += ["-protocol_whitelist", "file", "-f", DEMUXERS[fmt]]
+        cmd += ["-enable_drefs", "0"] if DEMUXERS[fmt] == "mov" else []  # no external tracks
+        cmd += ["-i", f.name]
         cmd += ["-t", f"{max_s + 1:.3f}", "-vn", "-f", "s16le", "-ac", "1", "-ar", "16000", "-"]
         proc = await asyncio.create_subprocess_exec(
             *cmd, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE
