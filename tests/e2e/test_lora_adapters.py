@@ -153,7 +153,15 @@ def test_an_adapters_name_never_reaches_its_base_model_where_a_whole_model_is_me
     assert status == 400 and "mounted on 'tiny'" in error
     status, error = _status(lambda: client.copy("tiny", "tiny:qv"))
     assert status == 400 and "mounted on 'tiny'" in error
+    status, error = _status(lambda: client.copy("tiny", "sqlbot"))  # a configured adapter's id
+    assert status == 400 and "config.toml" in error
     assert client.show("emb").capabilities == ["embedding"]  # not offered as a chat model
+    # A typo'd adapter neither unloads its model (Ollama's keep_alive 0, `ollama stop`) nor
+    # loads it to be refused (a review, 2026-12-07).
+    ask(daemon, "tiny")
+    pids = daemon.worker_pids("tiny")
+    status, _ = _status(lambda: client.generate("tiny:nope", keep_alive=0))
+    assert status == 404 and daemon.worker_pids("tiny") == pids
     # The model is still there and answers.
     assert "tiny:latest" in {m.model for m in client.list().models}
     assert ask(daemon, "tiny")[0]
@@ -162,7 +170,9 @@ def test_an_adapters_name_never_reaches_its_base_model_where_a_whole_model_is_me
     status, error = _status(lambda: client.embed("emb:nope", "hello"))
     assert status == 404
     r = daemon.http.post("/v1/embeddings", json={"model": "emb", "adapter": "x", "input": "hi"})
-    assert r.status_code == 400 and "base model" in r.json()["error"]["message"]
+    assert r.status_code == 404 and "No adapter named 'x'" in r.json()["error"]["message"]
+    r = daemon.http.post("/api/embed", json={"model": "emb", "adapter": "x", "input": "hi"})
+    assert r.status_code == 400 and "base model" in r.json()["error"]
     r = daemon.http.post(
         "/admin/models/emb/adapters", json={"name": "q", "path": str(adapters["qv"])}
     )

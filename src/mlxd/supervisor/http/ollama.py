@@ -41,6 +41,7 @@ from mlxd.supervisor.http.ollama_models import (
     version,
 )
 from mlxd.supervisor.http.proxy import ADAPTER, UPSTREAM_ERRORS, forward_leased
+from mlxd.supervisor.registry.adapters import check_mounted
 from mlxd.supervisor.registry.registry import Registry
 from mlxd.supervisor.scheduling.keepalive import unload_when_idle
 
@@ -61,6 +62,7 @@ async def _generating(request: web.Request, cls: type[ChatRequest] | type[Genera
     )
     request["model"] = entry.id  # the metrics label, also when the lease fails
     bind_log_context(model=entry.id)
+    check_mounted(reg, entry.id, request[ADAPTER])
     check_route(entry, reg.settings, request.path)  # an embedder loads nothing here
     keep_alive_s = keep_alive_for(request, reg.settings, entry.id, req.keep_alive_s)
     if req.empty:  # Ollama's load / unload request
@@ -97,6 +99,9 @@ async def _embed(request: web.Request) -> tuple[EmbedRequest, list[list[float]],
     reg: Registry = request.app["registry"]
     req = parse_model(EmbedRequest, load_json(await request.read()))
     entry = await entry_for(reg, req.model, EMBED_BASE)
+    if (req.model_extra or {}).get("adapter") is not None:
+        why = f"LoRA adapters apply to generation; {EMBED_BASE.format(model=entry.id)}"
+        raise BadRequest(why, param="adapter")
     request["model"] = entry.id
     bind_log_context(model=entry.id)
     check_route(entry, reg.settings, request.path)  # a chat model loads nothing here

@@ -157,6 +157,13 @@ async def delete(request: web.Request) -> web.Response:
 def _not_an_adapter(reg: Registry, model_id: str, param: str) -> None:
     """A 400 for a new model whose id is a mounted adapter's name: a model id wins over an
     adapter (Catalog.route), so it would silently take that name from the adapter."""
+    section = reg.settings.models.get(model_id)
+    if section is not None and section.base is not None:  # a configured adapter's own id
+        raise BadRequest(
+            f"'{model_id}' is a LoRA adapter on '{section.base}' in config.toml; choose "
+            "another name for the new model",
+            param=param,
+        )
     split = split_adapter(model_id)
     if split is None:
         return

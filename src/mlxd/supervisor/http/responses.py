@@ -19,6 +19,7 @@ from mlxd.shared.wire.responses import ResponsesRequest
 from mlxd.supervisor.catalog.cards import check_route
 from mlxd.supervisor.http.proxy import ADAPTER, ON_STREAM_CHUNK, forward_leased
 from mlxd.supervisor.http.response_store import ResponseStore
+from mlxd.supervisor.registry.adapters import check_mounted
 from mlxd.supervisor.registry.registry import Registry
 
 log = logging.getLogger("mlxd.responses")
@@ -81,6 +82,7 @@ async def create_response(request: web.Request) -> web.StreamResponse:
     await reg.catalog.settle(model)
     entry, request[ADAPTER] = reg.catalog.route(model, data.get("adapter"))
     request["model"] = entry.id  # the metrics label, also when the lease fails
+    check_mounted(reg, entry.id, request[ADAPTER])
     check_route(entry, reg.settings, request.path)  # an embedding model loads nothing
     # The stored response keeps the name the client used for an adapter ("base:adapter").
     named = model if request[ADAPTER] else entry.id

@@ -20,7 +20,7 @@ from mlxd.supervisor.http.audio import add_audio_routes
 from mlxd.supervisor.http.ollama import add_ollama_routes
 from mlxd.supervisor.http.proxy import ADAPTER, forward_leased
 from mlxd.supervisor.lifecycle.states import State
-from mlxd.supervisor.registry.adapters import adapter_ids
+from mlxd.supervisor.registry.adapters import adapter_ids, check_mounted
 from mlxd.supervisor.registry.registry import Registry
 from mlxd.supervisor.ui.routes import page_response, wants_html
 
@@ -97,6 +97,7 @@ async def proxy_v1(request: web.Request) -> web.StreamResponse:
     await reg.catalog.settle(model)
     entry, request[ADAPTER] = reg.catalog.route(model, data.get("adapter"))
     request["model"] = entry.id  # the metrics label, also when the lease fails
+    check_mounted(reg, entry.id, request[ADAPTER])
     bind_log_context(model=entry.id)  # and every log line from here on
     check_route(entry, reg.settings, request.path)  # a wrong kind of model loads nothing
     if model != entry.id and not request[ADAPTER]:  # the default model was chosen: tell it

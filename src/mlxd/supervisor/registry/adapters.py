@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from mlxd.shared.adapters import adapter_model_id
+from mlxd.shared.errors import NotFound
 from mlxd.supervisor.registry.registry import Registry
 
 
@@ -22,3 +23,11 @@ def adapter_ids(reg: Registry, model_id: str) -> dict[str, str]:
         own = section is not None and section.base == model_id
         out[name if own else adapter_model_id(model_id, name)] = name
     return out
+
+
+def check_mounted(reg: Registry, model_id: str, adapter: str | None) -> None:
+    """A 404 for a request naming an adapter `model_id` does not mount, before its lease: a
+    typo'd "model:adapter" must not load the model (evicting others) to be refused, nor
+    unload it (Ollama's keep_alive 0)."""
+    if adapter is not None and adapter not in adapters_of(reg, model_id):
+        raise NotFound(f"No adapter named {adapter!r} is mounted on {model_id!r}", param="model")

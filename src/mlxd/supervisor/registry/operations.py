@@ -134,13 +134,14 @@ class ModelOps:
             if slot is None:
                 await then()
                 return False
+            held, why = slot.drained, slot.drained_why  # an operator's drain outlives a failure
             lc.set_drained(slot, True, "is being deleted or replaced")
             try:
                 stopped = await lc.unload_slot(await lc.wait_settled(slot), "delete")
                 lc.reset(slot)  # FATAL or BACKOFF -> STOPPED: nothing restarts it
                 await then()
             except BaseException:
-                lc.set_drained(slot, False)
+                lc.set_drained(slot, held, why)
                 raise
             lc.forget(await lc.wait_settled(slot))
             return stopped
