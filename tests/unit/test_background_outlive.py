@@ -38,3 +38,23 @@ def test_a_request_whose_client_left_is_cancelled_and_its_work_goes_on():
         assert await outlive_client(tasks.spawn(asyncio.sleep(0, result=1)), "x") == 1
 
     asyncio.run(go())
+
+
+def test_a_streamed_create_cut_short_by_shutdown_ends_in_an_error_not_success():
+    """A review (2026-12-07): a cancelled build queued the end marker, so /api/create cut
+    short by shutdown ended its stream as if it had succeeded."""
+    from mlxd.supervisor.http.ollama_manage import _outcome
+    from mlxd.supervisor.store.pulls import END
+
+    async def go():
+        cut = asyncio.create_task(asyncio.sleep(60))
+        await asyncio.sleep(0)
+        cut.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await cut
+        done = asyncio.create_task(asyncio.sleep(0))
+        await done
+        return _outcome(cut), _outcome(done)
+
+    cut, done = asyncio.run(go())
+    assert isinstance(cut, Unavailable) and "shutting down" in cut.message and done is END

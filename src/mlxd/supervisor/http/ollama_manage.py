@@ -20,7 +20,7 @@ from aiohttp import web
 
 from mlxd.shared.adapters import split_adapter
 from mlxd.shared.background import outlive_client
-from mlxd.shared.errors import BadRequest, MlxdError, NotFound, ollama_body
+from mlxd.shared.errors import BadRequest, MlxdError, NotFound, Unavailable, ollama_body
 from mlxd.shared.folder_settings import FolderSettings
 from mlxd.shared.wire.bodies import load_json, parse_model
 from mlxd.shared.wire.ollama import model_id_of
@@ -123,10 +123,16 @@ def _background(request: web.Request, coro, q: asyncio.Queue | None = None) -> a
     """Run `coro` on (a client that leaves does not stop it); its end goes into `q`."""
     task = request.app["registry"].tasks.spawn(coro, inherit_context=True)
     if q is not None:
-        task.add_done_callback(
-            lambda t: q.put_nowait(END if t.cancelled() or t.exception() is None else t.exception())
-        )
+        task.add_done_callback(lambda t: q.put_nowait(_outcome(t)))
     return task
+
+
+def _outcome(task: asyncio.Task) -> object:
+    """What a streamed build's queue gets at its end: END, or the error that ended it (a
+    shutdown's cancel too: the build did not finish, and must not read as a success)."""
+    if task.cancelled():
+        return Unavailable("The model was not finished: mlxd is shutting down")
+    return END if task.exception() is None else task.exception()
 
 
 async def delete(request: web.Request) -> web.Response:
