@@ -107,3 +107,25 @@ def test_an_unexpected_exception_in_a_write_fails_that_write_only(tmp_path):
     writer.put(job(2, outcomes))
     assert writer.flush(30)
     assert outcomes == {1: False, 2: True} and (writer.written, writer.failed) == (1, 1)
+
+
+def test_a_rescan_brings_the_index_in_line_with_what_another_process_did(tmp_path):
+    """A hot reload's new worker scanned the folder at its start; the old one then wrote
+    (its drain), evicted, and wrote entries of a session closed at the new one meanwhile
+    (found by a probe and a review, 2026-12-07: turns after `mlxctl reload` missed)."""
+    data = {"0.k": np.zeros((1, 1, 2, 4), np.float32), "0.v": np.zeros((1, 1, 2, 4), np.float32)}
+    new = SsdStore(tmp_path / "fp", cap_bytes=1 << 20)
+    old = SsdStore(tmp_path / "fp", cap_bytes=1 << 20)
+    assert new.scan() == old.scan() == 0
+    assert old.write("", (1, 2), data, {}, None)
+    assert new.write("", (5, 6), data, {}, None)  # the new one's own entry
+    assert old.write("", (7, 8), data, {}, None)
+    new.drop_session("agent-1")
+    assert old.write("", (3, 4), data, {}, "agent-1")  # the old one never heard of the close
+    assert new.best("", [1, 2, 3])[1] == 0  # not indexed yet: the miss the probe saw
+    old._remove(old.best("", [7, 8, 9])[0])  # the old one evicts (7, 8)
+    assert new.rescan() == 1  # (1, 2); (3, 4) is a closed session's and is deleted
+    assert new.best("", [1, 2, 3])[1] == 2 and new.best("", [5, 6, 9])[1] == 2
+    assert new.best("", [7, 8, 9])[1] == 0 and new.best("", [3, 4, 9])[1] == 0
+    assert not list((tmp_path / "fp").glob(f"{cache_format.entry_key('', (3, 4))}*"))
+    assert new.rescan() == 0

@@ -53,12 +53,12 @@ async def hot_swap(lc: Lifecycle, old: ModelSlot, new: ModelSlot) -> None:
         await lc.wait_settled(old)
     finally:
         lc.retired.discard(old)
-    # `new` indexed the SSD tier when it started, before `old` wrote its RAM entries there.
-    if (old.last_drain or {}).get("cache_entries_written"):
-        added = await rescan_worker(lc.upstream, new)
-        log.info(
-            "model=%s hot swap: %d cache entries of generation %d indexed",
-            old.id,
-            added,
-            old.generation,
-        )
+    # `new` indexed the SSD tier when it started; `old` went on writing there (behind, then
+    # its whole RAM cache as it drained) and evicting: `new` brings its index in line.
+    added = await rescan_worker(lc.upstream, new)
+    log.info(
+        "model=%s hot swap: %d cache entries of generation %d indexed",
+        old.id,
+        added,
+        old.generation,
+    )

@@ -134,24 +134,44 @@ class SsdStore:
         return len(self.index)
 
     def rescan(self) -> int:
-        """Index the entries another process wrote to this folder since the scan (the
-        generation a hot reload replaced writes its cache as it drains, after this one
-        started); how many were added. What this tier already knows is left alone."""
+        """Bring the index in line with the folder after another process wrote to it (the
+        generation a hot reload replaced drains into it after this one scanned it): entries
+        whose files are gone are forgotten, new ones indexed, except those of a session
+        closed here meanwhile (the other process never heard of the close). How many were
+        added. Under the lock a write takes to index its entry, so an entry this tier is
+        writing is never taken for gone."""
         if self.disabled is not None:
             return 0
-        try:
-            names = os.listdir(self.dir)
-        except OSError as exc:
-            self.stats["scan_errors"] += 1
-            self._quiet.warn("SSD prompt cache rescan", exc)
-            return 0
-        before = len(self.index)
-        for name in sorted(names):
-            key = name[: -len(META_SUFFIX)]
-            if name.endswith(META_SUFFIX) and key not in self.index:
-                self._index(key)
+        added = 0
+        with self._lock:
+            try:
+                names = os.listdir(self.dir)
+            except OSError as exc:
+                self.stats["scan_errors"] += 1
+                self._quiet.warn("SSD prompt cache rescan", exc)
+                return 0
+            there = {n[: -len(META_SUFFIX)] for n in names if n.endswith(META_SUFFIX)}
+            for e in self.index.entries():
+                if e.key not in there:
+                    self.index.forget(e)  # removed by the other process: nothing to delete
+            for key in sorted(there):
+                if key in self.index:
+                    continue
+                try:
+                    e = read_entry(self.dir, key)
+                except (FileNotFoundError, ValueError):  # going away, or the scan's to judge
+                    continue
+                except OSError as exc:
+                    self.stats["scan_errors"] += 1
+                    self._quiet.warn("SSD prompt cache rescan", exc)
+                    continue
+                if e.session is not None and e.session in self._closed_sessions:
+                    self._delete_files(key)
+                    continue
+                self.index.add(e)
+                added += 1
         self._enforce_cap()
-        return len(self.index) - before
+        return added
 
     def sweep_leftovers(self, now: float | None = None) -> int:
         """Remove the leftovers the scan found too recent, once old enough; how many went."""
