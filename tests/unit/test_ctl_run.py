@@ -70,6 +70,7 @@ def test_run_takes_its_prompt_after_its_options():
     assert parse(["run", "tiny", "--verbose", "hello", "there"]).prompt == "hello there"
     assert parse(["run", "tiny", "hi", "--max-tokens", "5"]).prompt == "hi"
     assert parse(["run", "tiny"]).prompt is None
+    assert parse(["run", "tiny", "hello", "world"]).prompt == "hello world"  # a review's case
 
 
 @pytest.mark.parametrize(
@@ -79,6 +80,8 @@ def test_run_takes_its_prompt_after_its_options():
         (["--timeout", "0", "ps"], "above 0"),
         (["--timeout", "nan", "ps"], "above 0"),
         (["--timeout", "soon", "ps"], "not a number"),
+        (["--timeout", "1e10", "ps"], "at most"),  # a traceback in socket.settimeout
+        (["run", "tiny", "hi", "--verb"], "unrecognized arguments: --verb"),  # not --verbose
         (["unload", "tiny", "--all"], "not both"),
         (["run", "tiny", "hi", "--bogus"], "unrecognized arguments: --bogus"),
         (["ps", "extra"], "unrecognized arguments: extra"),

@@ -180,14 +180,19 @@ def cmd_import_gguf(args, client: AdminClient | None) -> int:
     return ctl_local.import_gguf(args.file, args.home / "models", args.id, args.overwrite)
 
 
+MAX_TIMEOUT_S = 1e6  # about 11 days; far beyond, sockets refuse the value (OverflowError)
+
+
 def seconds(text: str) -> float:
     """A positive, finite number of seconds (argparse's type for --timeout)."""
     try:
         value = float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
-    if not math.isfinite(value) or value <= 0:
-        raise argparse.ArgumentTypeError(f"{text!r}: give a number of seconds above 0")
+    if not math.isfinite(value) or not 0 < value <= MAX_TIMEOUT_S:
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: give a number of seconds above 0 and at most {MAX_TIMEOUT_S:g}"
+        )
     return value
 
 
@@ -215,7 +220,10 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     def add(name: str, func, help: str, aliases=()) -> argparse.ArgumentParser:
-        sp = sub.add_parser(name, parents=[common], help=help, aliases=list(aliases))
+        # No abbreviated options: a prompt word such as --verb is not taken for --verbose.
+        sp = sub.add_parser(
+            name, parents=[common], help=help, aliases=list(aliases), allow_abbrev=False
+        )
         sp.set_defaults(func=func, action=name)
         return sp
 
@@ -270,12 +278,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     parser = build_parser()
     args, extra = parser.parse_known_args(argv)
     if extra:
-        if (
-            getattr(args, "func", None) is cmd_run
-            and args.prompt is None
-            and not any(w.startswith("-") for w in extra)
-        ):
-            args.prompt = " ".join(extra)
+        if getattr(args, "func", None) is cmd_run and not any(w.startswith("-") for w in extra):
+            args.prompt = " ".join([args.prompt, *extra] if args.prompt else extra)
         else:
             parser.error(f"unrecognized arguments: {' '.join(extra)}")
     if getattr(args, "action", None) == "unload" and args.all and args.model is not None:
