@@ -236,6 +236,13 @@ def test_pulls_at_once_count_each_others_outstanding_bytes(tmp_path):
             pass
     with out.reserve("b", "'b'", 44 * mib, 60 * mib):  # a ended: all of it is b's
         pass
+    # pull() checks through it: a pull that fits alone is refused beside another's bytes
+    hub = StubHub({"config.json": b"{}", "model.safetensors": safetensors(1000)})
+    free = lambda path: 17 * mib  # noqa: E731 - 16 MiB of headroom and ~1 KiB to fetch
+    with out.reserve("other", "'other'", mib, 18 * mib):
+        with pytest.raises(PayloadTooLarge, match="other pulls still need 1 MiB"):
+            _pull(hub, tmp_path / "models", free_bytes=free, outstanding=out)
+    assert _pull(hub, tmp_path / "models", free_bytes=free, outstanding=out)[0].is_dir()
 
 
 def test_a_folders_own_settings_sit_under_the_config_section(tmp_path):
