@@ -313,3 +313,31 @@ def test_a_step_log_that_cannot_be_opened_is_skipped(tmp_path, monkeypatch):
     assert isinstance(steplog.open_step_log(tmp_path / "steps.jsonl", "tiny"), StepLog)
     # a group logs from rank 0 only
     assert steplog.open_step_log(tmp_path / "steps.jsonl", "tiny", follower=True) is None
+
+
+def test_with_a_step_time_target_busy_steps_shrink_to_the_measured_pace(loaded):
+    """Issue 33's step-time target, by order of events: a short request arriving while a
+    long prompt prefills decodes beside chunks sized to the pace (here a target so small
+    that a step's share is min_chunk), and the long prompt goes back to idle chunks once it
+    is alone. No clock is read by the test: the engine measures, the plan follows."""
+    rows = Rows()
+    long, short = rows.sub("long", 600, 2), rows.sub("short", 5, 6)
+    plan = PlanConfig(idle_chunk=64, step_budget=64, min_chunk=8, step_target_s=1e-6)
+    engine = _engine(loaded, rows, batch=4, plan=plan)
+
+    def submit_short_at_step_2(st):
+        if st.step == 2:
+            engine.submit(short)
+
+    rows.on_step = submit_short_at_step_2
+    engine.submit(long)
+    rows.wait("long", "short")
+    stats = engine.stats()
+    _close(engine)
+    by_step = {st.step: st for st in rows.steps}
+    assert [by_step[s].chunks["long"][1] for s in (1, 2)] == [64, 64]  # idle: large chunks
+    a, finished = rows.first("short", "admitted"), rows.first("short", "finished")
+    # Busy: the budget (64) is cut to the pace's share, the floor of min_chunk per row.
+    assert all(by_step[s].chunks["long"][1] == 8 for s in range(a, finished + 1))
+    assert by_step[finished + 1].chunks["long"][1] == 64  # alone again: idle chunks
+    assert stats["prefill_target_s"] == 1e-6 and stats["prefill_pace_tps"] > 0

@@ -5,6 +5,7 @@ import pytest
 from mlxd.worker.engine.sched.planner import (
     PlanConfig,
     Prefilling,
+    PrefillPace,
     is_busy,
     plan_chunk,
     warmup_shapes,
@@ -74,3 +75,32 @@ def test_a_sliding_window_model_prefills_in_chunks_of_its_window():
     assert window_chunk(4096, 8192) == 4096  # never above the device's default
     assert window_chunk(4096, 128) == 4096  # gpt-oss: small windows keep the default
     assert window_chunk(512, 1024) == 512  # the CPU's smaller default stays
+
+
+def test_a_busy_step_is_sized_to_the_time_target_at_the_measured_pace():
+    """Issue 33's step-time target: on the CPU a 512-token chunk deep in a long prompt took
+    ~8 s, and a decoding row waited that long for each token. Steps are reported as measured
+    (tokens, seconds); no clock here."""
+    pace = PrefillPace()
+    assert pace.tokens_in(1.0) is None  # nothing measured yet: the token budget alone
+    pace.observe(512, 8.0)  # 64 tok/s
+    paced = pace.tokens_in(1.0)
+    assert paced == 64
+    assert plan_chunk(1, [LONG], CFG, paced) == 64  # busy: at most a second's worth
+    assert plan_chunk(0, [LONG], CFG, paced) == 4096  # idle: no one waits, large chunks
+    assert plan_chunk(0, [LONG, Prefilling(4, False)], CFG, paced) == 64  # a newcomer waits
+    # Shared by the rows, but never below min_chunk each: a crowded step still progresses.
+    assert plan_chunk(1, [LONG, LONG], CFG, paced) == 64
+    # A fast pace never lifts the budget past its token bound.
+    pace.observe(10_000, 0.01)
+    assert plan_chunk(1, [LONG], CFG, pace.tokens_in(1.0)) == 1024
+    # The average follows the latest steps (a prompt's chunks slow as its context grows).
+    slow = PrefillPace()
+    for _ in range(30):
+        slow.observe(100, 1.0)
+    for _ in range(15):
+        slow.observe(100, 4.0)
+    assert slow.tokens_in(1.0) == 25
+    assert slow.tokens_in(0.0) is None  # no target
+    slow.observe(0, 1.0)  # a step that prefilled nothing says nothing
+    assert slow.tokens_in(1.0) == 25

@@ -83,6 +83,9 @@ class Settings(BaseSettings):
     # takes its window for both where it is smaller (engine/sched/planner.py window_chunk).
     prefill_step: int | None = Field(None, ge=16)
     prefill_budget: int | None = Field(None, ge=16)
+    # A busy step's wall-time target in seconds: its prefill shrinks to what the measured
+    # pace does in that time (None: 1.0 on the CPU, off on a GPU; 0: off).
+    prefill_target_s: float | None = Field(None, ge=0, le=3600)
     # Prefill in whole blocks of this many tokens on CUDA (None or 0: off; 256 is the value
     # to try): cuDNN then builds a few attention graphs instead of one per prompt history.
     prefill_block: int | None = Field(None, ge=0, le=4096)

@@ -51,6 +51,7 @@ MODEL_DEFAULT_FIELDS = (
 SAME_AS_SETTINGS = (
     "prefill_step",
     "prefill_budget",
+    "prefill_target_s",
     "prefill_block",
     "attention_buckets",
     "kv_budget_bytes",
@@ -117,6 +118,7 @@ class WorkerSpec(SamplingFields):
     context_limit: int | None = None  # None: the model's own
     prefill_step: int | None = Field(None, ge=16)  # ... while nothing decodes; None: by device
     prefill_budget: int | None = Field(None, ge=16)  # ... while rows decode; None: by device
+    prefill_target_s: float | None = Field(None, ge=0, le=3600)  # busy step's time; None: by device
     prefill_block: int | None = Field(None, ge=0, le=4096)  # None or 0: off (CUDA only)
     attention_buckets: bool = True  # extending rows' attention in bucketed shapes (CUDA only)
     kv_budget_bytes: int | None = Field(None, ge=0)  # None: from memory; 0: no KV bound

@@ -86,6 +86,7 @@ def _flag_parser(log_level: str) -> argparse.ArgumentParser:
         " 512 on the CPU; a sliding window of 1024+ tokens where it is smaller)",
     )
     _opt(p, "prefill_budget", int, "prompt tokens per step while rows decode")
+    _opt(p, "prefill_target_s", float, "a busy step's wall-time target, seconds (0: off)")
     _opt(p, "prefill_block", int, "prefill in whole blocks of this many tokens (0: off)")
     p.add_argument(
         "--attention-buckets",

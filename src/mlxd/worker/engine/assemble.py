@@ -33,6 +33,10 @@ GPU_PREFILL_STEP = 4096
 CPU_PREFILL_STEP = 512
 GPU_PREFILL_BUDGET = 4096
 CPU_PREFILL_BUDGET = 1024
+# A busy step's time target on the CPU (prefill_target_s unset): 512 prompt tokens deep in a
+# long prompt took ~8 s a step on this project's 2-core machine, and each decoding row waited
+# that long for every token. On a GPU the default budget's steps take tenths of a second.
+CPU_STEP_TARGET_S = 1.0
 
 
 def make_engine(
@@ -55,7 +59,14 @@ def make_engine(
         window_chunk(default_idle, window), min(cfg.prefill_budget or 0, default_idle)
     )
     budget_tokens = min(cfg.prefill_budget or window_chunk(default_budget, window), idle)
-    plan = PlanConfig(idle, budget_tokens, min(MIN_CHUNK, budget_tokens), blocks.block)
+    target_s = cfg.prefill_target_s
+    if target_s is None:
+        target_s = CPU_STEP_TARGET_S if mx.default_device() == mx.cpu else 0.0
+    if cfg.group is not None:
+        target_s = 0.0  # the ranks plan alike, and a measured pace is each rank's own
+    plan = PlanConfig(
+        idle, budget_tokens, min(MIN_CHUNK, budget_tokens), blocks.block, step_target_s=target_s
+    )
     mem = plan_memory(
         machine_bytes=device_memory_bytes(),
         share_bytes=cfg.memory_limit_bytes,
@@ -69,11 +80,12 @@ def make_engine(
     # The setting's 0 means no KV bound; a plan that leaves 0 refuses every row (a 413).
     budget = None if mem.kv_source != "plan" and not mem.kv_budget_bytes else mem.kv_budget_bytes
     log.info(
-        "batch=%d prefill_step=%d prefill_budget=%d kv_budget=%s (%s; %s) "
+        "batch=%d prefill_step=%d prefill_budget=%d prefill_target_s=%g kv_budget=%s (%s; %s) "
         "memory_limit=%s warmup=%s",
         cfg.batch,
         plan.idle_chunk,
         plan.step_budget,
+        plan.step_target_s,
         "none" if budget is None else format_size(budget),
         "no KV" if cost is None else cost.describe(),
         mem.explain(),

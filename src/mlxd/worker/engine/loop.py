@@ -177,6 +177,11 @@ class Engine(EngineCommands, EngineFigures):
                 self._step(admitted)
         batch.gen.close()
 
+    def prefill_pace(self) -> float | None:
+        """Prompt tokens per second of recent steps that prefilled (/stats); None: none yet."""
+        rate = self._sched.pace.tokens_per_s
+        return None if rate is None else round(rate, 1)
+
     def _commands(self, block: bool) -> Iterable[Command]:
         """This iteration's commands (a worker group's ranks share them: worker/group/)."""
         return self._inbox.take(block=block)
@@ -218,6 +223,8 @@ class Engine(EngineCommands, EngineFigures):
         self._totals += st
         self._steps += 1
         chunks = self._sched.progress(prompt_responses)
+        if chunks:
+            self._sched.pace.observe(sum(n for _, n in chunks.values()), time.perf_counter() - t0)
         if not self.trimmable:
             try:
                 batch.snapshot(prompt_responses)

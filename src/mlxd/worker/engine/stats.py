@@ -26,6 +26,8 @@ def engine_stats(engine: Engine) -> dict:
         "batch_size": engine.batch_size,
         "prefill_step": engine.plan.idle_chunk,
         "prefill_budget": engine.plan.step_budget,
+        "prefill_target_s": engine.plan.step_target_s,
+        "prefill_pace_tps": engine.prefill_pace(),
         "kv_reserved_bytes": engine.kv_reserved(),
         "kv_bits": engine.m.kv.bits,  # None: the model's float dtype
         "kv_group_size": engine.m.kv.group_size,

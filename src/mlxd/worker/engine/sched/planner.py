@@ -12,6 +12,10 @@ of its prompt batch by the same chunk in one right-padded forward, so a step cos
 
 The budget is shared among the prefilling rows (right padding makes every row cost the
 longest chunk), never below `min_chunk` each so a crowded step still makes progress. With a
+step-time target (`step_target_s`), a busy step's budget is also at most what the measured
+prefill pace (PrefillPace: tokens per second of recent steps that prefilled) does in that
+time: on a CPU, or a large model on a Mac, a 512-token chunk deep in a long prompt takes
+seconds, and every decoding row waits that long for each token. With a
 prefill `block` (worker/model/blocks.py, CUDA) the chunk is whole blocks: rounded up, so a
 step may pass its budget by less than a block a row.
 """
@@ -52,6 +56,7 @@ class PlanConfig:
     step_budget: int = 1024
     min_chunk: int = MIN_CHUNK
     block: int = 0  # chunks in whole blocks of this many tokens (0: any size)
+    step_target_s: float = 0.0  # a busy step's wall-time target (0: none; PrefillPace)
 
     def __post_init__(self):
         if not 1 <= self.min_chunk <= self.step_budget:
@@ -75,16 +80,48 @@ def is_busy(decoding: int, rows: Sequence[Prefilling]) -> bool:
     return any(r.started for r in rows) and any(not r.started for r in rows)
 
 
-def plan_chunk(decoding: int, rows: Sequence[Prefilling], cfg: PlanConfig) -> int:
+def plan_chunk(
+    decoding: int, rows: Sequence[Prefilling], cfg: PlanConfig, paced: int | None = None
+) -> int:
     """The prefill chunk, in tokens per row, for a step with `decoding` rows decoding and
-    `rows` still prefilling (rows with nothing left to prefill are not counted)."""
+    `rows` still prefilling (rows with nothing left to prefill are not counted). `paced`:
+    the tokens a step prefills in `cfg.step_target_s` at the measured pace (None: unknown,
+    or no target), a bound on a busy step's budget."""
     rows = [r for r in rows if r.todo > 0]
     if not rows:
         return cfg.idle_chunk
-    budget = cfg.step_budget if is_busy(decoding, rows) else cfg.idle_chunk
+    busy = is_busy(decoding, rows)
+    budget = cfg.step_budget if busy else cfg.idle_chunk
+    if busy and paced is not None:
+        budget = min(budget, paced)
     # The longest row's need caps the chunk: a larger one would only be padding.
     need = max(r.todo for r in rows)
     return round_up(max(1, min(need, max(budget // len(rows), cfg.min_chunk))), cfg.block)
+
+
+class PrefillPace:
+    """Prompt tokens per second of the steps that prefilled, as a moving average, so a busy
+    step can be sized to a wall-time target. A step's seconds include its decoding rows'
+    share, so the pace is that of steps like it, and a step planned from it lands near the
+    target. Pure: the engine reports each step (tokens, seconds), measured by its clock."""
+
+    WEIGHT = 0.3  # of the latest step: a prompt's chunks slow down as its context grows
+
+    def __init__(self) -> None:
+        self.tokens_per_s: float | None = None
+
+    def observe(self, tokens: int, seconds: float) -> None:
+        if tokens <= 0 or seconds <= 0:
+            return
+        rate = tokens / seconds
+        old = self.tokens_per_s
+        self.tokens_per_s = rate if old is None else old + self.WEIGHT * (rate - old)
+
+    def tokens_in(self, target_s: float) -> int | None:
+        """Prompt tokens a step prefills in `target_s` (None: no target, or no step yet)."""
+        if target_s <= 0 or self.tokens_per_s is None:
+            return None
+        return max(1, int(self.tokens_per_s * target_s))
 
 
 # The largest prefill chunk a warm-up runs: its cost is bounded whatever the model's size.

@@ -27,7 +27,7 @@ from mlxd.worker.engine.batch import Batch
 from mlxd.worker.engine.recovery import generation_failed
 from mlxd.worker.engine.rows import Event, Row, Submission
 from mlxd.worker.engine.sched.admission import admit
-from mlxd.worker.engine.sched.planner import PlanConfig, Prefilling, plan_chunk
+from mlxd.worker.engine.sched.planner import PlanConfig, Prefilling, PrefillPace, plan_chunk
 from mlxd.worker.engine.sched.preempt import park, resumable, resume
 from mlxd.worker.kv.budget import KvBudget, row_tokens
 from mlxd.worker.kv.reserve import Held, first_reservation, plan_growth
@@ -63,6 +63,8 @@ class Scheduler:
         # One row prefilling at a time, for a model whose layers ignore a prefill's padding
         # (model/prefill_check.py): rows then never share a padded prefill forward.
         self.serial_prefill = False
+        # Prompt tokens per second of the steps that prefilled (a busy step's time target).
+        self.pace = PrefillPace()
 
     def __len__(self) -> int:
         return len(self.waiting)
@@ -236,7 +238,9 @@ class Scheduler:
         rows = self.batch.rows.values()
         decoding = sum(1 for r in rows if r.todo == 0)
         pre = [Prefilling(r.todo, r.started) for r in rows if r.todo > 0]
-        chunk = plan_chunk(decoding, pre, self.plan_cfg)
+        chunk = plan_chunk(
+            decoding, pre, self.plan_cfg, self.pace.tokens_in(self.plan_cfg.step_target_s)
+        )
         if self.oom_divisor > 1:
             chunk = max(min(chunk, self.plan_cfg.min_chunk), chunk // self.oom_divisor)
         seam.set_prefill_chunk(self.batch.generator(), chunk)
