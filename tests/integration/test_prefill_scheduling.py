@@ -79,6 +79,19 @@ def _engine(loaded, rows: Rows, **kw) -> Engine:
     return engine
 
 
+def _long_then_short_at_step_2(engine: Engine, rows: Rows, long, short) -> None:
+    """Submit `long`, then `short` once step 2 is traced (the long one prefilling); wait for
+    both."""
+
+    def submit_short_at_step_2(st):
+        if st.step == 2:
+            engine.submit(short)
+
+    rows.on_step = submit_short_at_step_2
+    engine.submit(long)
+    rows.wait("long", "short")
+
+
 def _close(engine: Engine) -> None:
     engine.stop()
     assert engine.join(30)
@@ -96,13 +109,7 @@ def test_a_short_request_during_a_long_prefill_decodes_before_the_long_one_is_pr
     # first token; in mlx-lm's order it waits for a decode forward of its own.
     held_back = 0 if fold else 1
 
-    def submit_short_at_step_2(st):
-        if st.step == 2:
-            engine.submit(short)
-
-    rows.on_step = submit_short_at_step_2
-    engine.submit(long)
-    rows.wait("long", "short")
+    _long_then_short_at_step_2(engine, rows, long, short)
     _close(engine)
 
     by_step = {st.step: st for st in rows.steps}
@@ -325,13 +332,7 @@ def test_with_a_step_time_target_busy_steps_shrink_to_the_measured_pace(loaded):
     plan = PlanConfig(idle_chunk=64, step_budget=64, min_chunk=8, step_target_s=1e-6)
     engine = _engine(loaded, rows, batch=4, plan=plan)
 
-    def submit_short_at_step_2(st):
-        if st.step == 2:
-            engine.submit(short)
-
-    rows.on_step = submit_short_at_step_2
-    engine.submit(long)
-    rows.wait("long", "short")
+    _long_then_short_at_step_2(engine, rows, long, short)
     stats = engine.stats()
     _close(engine)
     by_step = {st.step: st for st in rows.steps}
