@@ -342,3 +342,20 @@ def test_with_a_step_time_target_busy_steps_shrink_to_the_measured_pace(loaded):
     assert all(by_step[s].chunks["long"][1] == 8 for s in range(a, finished + 1))
     assert by_step[finished + 1].chunks["long"][1] == 64  # alone again: idle chunks
     assert stats["prefill_target_s"] == 1e-6 and stats["prefill_pace_tps"] > 0
+    # Greedy identity: chunks cut by the pace change no token (mlx-lm's own generation).
+    for rid, sub in (("long", long), ("short", short)):
+        text = "".join(e.text for e in rows.events[rid])
+        assert text and text == _mlx_lm_text(loaded, sub.prompt, sub.params.max_tokens), rid
+
+
+def _mlx_lm_text(loaded, prompt: list[int], max_tokens: int) -> str:
+    """mlx-lm's greedy generation on `prompt`, decoded, up to an end-of-sequence token."""
+    import mlx.core as mx
+    from mlx_lm.generate import generate_step
+
+    ids = []
+    for token, _ in generate_step(mx.array(prompt), loaded.model, max_tokens=max_tokens):
+        if int(token) in loaded.eos_ids:
+            break
+        ids.append(int(token))
+    return loaded.tokenizer.decode(ids)
