@@ -112,7 +112,7 @@ async def decode(data: bytes, filename: str, max_s: float) -> Audio:
     fmt = sniff(data, filename)
     if fmt is None:
         raise unsupported(filename)
-    if fmt not in ("mp3", "mpeg", "mpga") and (tag := _id3_size(data)):
+    if DEMUXERS[fmt] != "mp3" and (tag := _id3_size(data)):
         data = data[tag:]  # a tag before another container: its demuxer may not look past it
     audio = await asyncio.to_thread(read_wav, data, max_s) if fmt == "wav" else None
     if audio is None:

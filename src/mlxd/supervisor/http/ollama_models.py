@@ -33,7 +33,7 @@ from mlxd.supervisor.catalog.cards import facts_of
 from mlxd.supervisor.catalog.discovery import ModelEntry
 from mlxd.supervisor.catalog.folder_info import FolderInfo, folder_info
 from mlxd.supervisor.lifecycle.states import State
-from mlxd.supervisor.registry.adapters import adapters_of
+from mlxd.supervisor.registry.adapters import check_mounted
 from mlxd.supervisor.registry.registry import Registry
 
 FOREVER_S = 292 * 365.25 * 86400  # what Ollama shows as a keep_alive of -1's expiry
@@ -56,13 +56,8 @@ async def entry_for(
     base's card); else a 400 saying `adapters` (what acts on a whole model: delete, copy,
     create from, embed, must never act on the base an adapter name reached)."""
     entry, adapter = await route_for(reg, name)
-    if adapter is None:
-        return entry
-    if adapter not in adapters_of(reg, entry.id):
-        raise NotFound(
-            f"No adapter named '{adapter[:100]}' is mounted on '{entry.id}'", param=param
-        )
-    if adapters is not None:
+    check_mounted(reg, entry.id, adapter, param)
+    if adapter is not None and adapters is not None:
         what = f"'{name[:200]}' is the LoRA adapter '{adapter}' on '{entry.id}', not a model"
         raise BadRequest(f"{what}: {adapters.format(model=entry.id, adapter=adapter)}", param=param)
     return entry

@@ -25,9 +25,10 @@ def adapter_ids(reg: Registry, model_id: str) -> dict[str, str]:
     return out
 
 
-def check_mounted(reg: Registry, model_id: str, adapter: str | None) -> None:
+def check_mounted(reg: Registry, model_id: str, adapter: str | None, param: str = "model") -> None:
     """A 404 for a request naming an adapter `model_id` does not mount, before its lease: a
     typo'd "model:adapter" must not load the model (evicting others) to be refused, nor
     unload it (Ollama's keep_alive 0)."""
     if adapter is not None and adapter not in adapters_of(reg, model_id):
-        raise NotFound(f"No adapter named {adapter!r} is mounted on {model_id!r}", param="model")
+        named = adapter[:100]  # a client's text, echoed bounded
+        raise NotFound(f"No adapter named {named!r} is mounted on {model_id!r}", param=param)
