@@ -8,7 +8,6 @@ Readable tables by default, `--json` for scripts; any failure exits non-zero wit
 from __future__ import annotations
 
 import argparse
-import math
 import os
 import sys
 import time
@@ -24,7 +23,7 @@ from mlxd.supervisor.ctl import target
 from mlxd.supervisor.ctl.adapters import add_adapter_commands
 from mlxd.supervisor.ctl.client import AdminClient, CtlError, model_path
 from mlxd.supervisor.ctl.fit_table import fit_text
-from mlxd.supervisor.ctl.parser import OneLineParser
+from mlxd.supervisor.ctl.parser import OneLineParser, seconds
 from mlxd.supervisor.ctl.progress import run_with_progress
 from mlxd.supervisor.ctl.tables import out
 
@@ -178,22 +177,6 @@ def cmd_rm(args, client: AdminClient) -> int:
 def cmd_import_gguf(args, client: AdminClient | None) -> int:
     # The importer prints its own progress and its one error line; its exit status is ours.
     return ctl_local.import_gguf(args.file, args.home / "models", args.id, args.overwrite)
-
-
-MAX_TIMEOUT_S = 1e6  # about 11 days; far beyond, sockets refuse the value (OverflowError)
-
-
-def seconds(text: str) -> float:
-    """A positive, finite number of seconds (argparse's type for --timeout)."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
-    if not math.isfinite(value) or not 0 < value <= MAX_TIMEOUT_S:
-        raise argparse.ArgumentTypeError(
-            f"{text!r}: give a number of seconds above 0 and at most {MAX_TIMEOUT_S:g}"
-        )
-    return value
 
 
 def build_parser() -> argparse.ArgumentParser:
