@@ -1,4 +1,5 @@
-"""The SSD tier of the prompt cache: the store that scans, reads, writes and evicts entries.
+"""The SSD tier of the prompt cache: the store that reads, writes and evicts entries (its scans
+of the folder are ssd_scan.py).
 
 Files live in `<cache root>/<model id>/<fingerprint>/` (layout.py); what their bytes are, how
 they are written and how they are verified on every read is format.py; what is indexed, and
@@ -19,10 +20,9 @@ from pathlib import Path
 
 import numpy as np
 
+from mlxd.worker.cache import ssd_scan
 from mlxd.worker.cache.digest import PIECE_BYTES
 from mlxd.worker.cache.format import (
-    DATA_SUFFIX,
-    META_SUFFIX,
     Layout,
     LayoutMismatch,
     SsdEntry,
@@ -31,14 +31,13 @@ from mlxd.worker.cache.format import (
     entry_key,
     entry_paths,
     fsync_dir,
-    read_entry,
     write_entry,
 )
 from mlxd.worker.cache.kinds import trims
 from mlxd.worker.cache.quiet_log import QuietLog
 from mlxd.worker.cache.restore_read import Buffers, read_checked
 from mlxd.worker.cache.ssd_index import SsdIndex
-from mlxd.worker.cache.ssd_leftovers import Leftovers, is_temporary
+from mlxd.worker.cache.ssd_leftovers import Leftovers
 
 log = logging.getLogger("mlxd.worker.ssd")
 
@@ -106,72 +105,14 @@ class SsdStore:
 
     # -- index ------------------------------------------------------------------------------
     def scan(self) -> int:
-        """Index what a previous run left (restart survival); drop what is incomplete.
-
-        A folder that cannot be made or listed turns the tier off; a file that cannot be read
-        or removed is skipped. Neither stops the worker."""
-        try:
-            self.dir.mkdir(parents=True, exist_ok=True)
-            names = os.listdir(self.dir)
-        except OSError as exc:
-            self.stats["scan_errors"] += 1
-            self.disable(f"cannot use {self.dir}: {exc}")
-            return 0
-        if not os.access(self.dir, os.W_OK | os.X_OK):
-            self.read_only = True
-            log.warning("SSD prompt cache folder %s is read-only: no writes", self.dir)
-        now = time.time()
-        for name in names:
-            if is_temporary(name):
-                self.leftovers.consider(name, now)
-        for name in sorted(names):
-            if name.endswith(META_SUFFIX):
-                self._index(name[: -len(META_SUFFIX)])
-        for name in names:  # data without its metadata
-            if name.endswith(DATA_SUFFIX) and name[: -len(DATA_SUFFIX)] not in self.index:
-                self.leftovers.consider(name, now)
-        self._enforce_cap()
-        return len(self.index)
+        """Index what a previous run left (restart survival); drop what is incomplete
+        (ssd_scan.scan)."""
+        return ssd_scan.scan(self)
 
     def rescan(self) -> int:
-        """Bring the index in line with the folder after another process wrote to it (the
-        generation a hot reload replaced drains into it after this one scanned it): entries
-        whose files are gone are forgotten, new ones indexed, except those of a session
-        closed here meanwhile (the other process never heard of the close). How many were
-        added. Under the lock a write takes to index its entry, so an entry this tier is
-        writing is never taken for gone."""
-        if self.disabled is not None:
-            return 0
-        added = 0
-        with self._lock:
-            try:
-                names = os.listdir(self.dir)
-            except OSError as exc:
-                self.stats["scan_errors"] += 1
-                self._quiet.warn("SSD prompt cache rescan", exc)
-                return 0
-            there = {n[: -len(META_SUFFIX)] for n in names if n.endswith(META_SUFFIX)}
-            for e in self.index.entries():
-                if e.key not in there:
-                    self.index.forget(e)  # removed by the other process: nothing to delete
-            for key in sorted(there):
-                if key in self.index:
-                    continue
-                try:
-                    e = read_entry(self.dir, key)
-                except (FileNotFoundError, ValueError):  # going away, or the scan's to judge
-                    continue
-                except OSError as exc:
-                    self.stats["scan_errors"] += 1
-                    self._quiet.warn("SSD prompt cache rescan", exc)
-                    continue
-                if e.session is not None and e.session in self._closed_sessions:
-                    self._delete_files(key)
-                    continue
-                self.index.add(e)
-                added += 1
-        self._enforce_cap()
-        return added
+        """Bring the index in line with the folder after another process wrote to it
+        (ssd_scan.rescan); how many entries were added."""
+        return ssd_scan.rescan(self)
 
     def sweep_leftovers(self, now: float | None = None) -> int:
         """Remove the leftovers the scan found too recent, once old enough; how many went."""
@@ -181,19 +122,6 @@ class SsdStore:
         if n:
             log.info("SSD prompt cache: removed %d leftover files from %s", n, self.dir)
         return n
-
-    def _index(self, key: str) -> None:
-        try:
-            e = read_entry(self.dir, key)
-        except (FileNotFoundError, ValueError):  # incomplete or damaged (orjson's error too)
-            self.stats["corrupt"] += 1
-        except OSError as exc:  # unreadable, or a folder under an entry's name
-            self.stats["scan_errors"] += 1
-            self._quiet.warn("SSD prompt cache scan", exc)
-        else:
-            self.index.add(e)
-            return
-        self._delete_files(key)
 
     def _delete_failed(self, exc: OSError) -> None:
         self.stats["delete_errors"] += 1
